@@ -1,0 +1,1 @@
+"""CPU (llvm) schedule templates."""

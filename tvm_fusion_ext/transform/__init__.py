@@ -1,0 +1,29 @@
+"""Semantic-aware Relax passes. Every pass is a ``tvm.transform.Pass`` usable alone in any Relax pipeline.
+
+Names resolve lazily so that importing one pass (or the rule engine) does not import every rule.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "Canonicalize": ".canonicalize",
+    "FuseBiasResidualLayerNorm": ".layernorm",
+    "FuseMatmulBiasActivation": ".dense",
+    "FuseMultiHeadAttention": ".attention",
+    "FuseQKVProjection": ".qkv",
+    "SemanticFusion": ".pipeline",
+    "FusionReport": ".report",
+    "FusionRule": ".rule",
+    "Match": ".rule",
+    "Variant": ".rule",
+    "apply_rules": ".rule",
+    "rule_pass": ".rule",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,85 @@
+"""FuseBiasResidualLayerNorm: ``LayerNorm((x [+ bias]) + residual)`` → one ``fused_layernorm`` call.
+
+Pattern
+    ``layer_norm(add(add(x, bias), residual), gamma, beta)`` or ``layer_norm(add(x, residual), gamma, beta)``
+    (decomposed LayerNorms are canonicalised to ``layer_norm`` earlier; adds match in either operand order).
+Check
+    normalisation over the last axis only; gamma/beta are vectors of the row width; ``x`` and ``residual``
+    have the output's shape (a broadcast residual is a different op); the bias is a per-column vector.
+Rewrite
+    ``fused_layernorm(x, residual, bias?, gamma, beta; eps)``: the row sum is formed once, in registers,
+    instead of being written to memory and read back by a separate LayerNorm kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from tvm import relax
+from tvm.relax.dpl import is_op, wildcard
+
+from ..ops import call_op
+from .rule import FusionRule, Match, Variant, int_list, rule_pass, static_shape
+
+
+class BiasResidualLayerNormRule(FusionRule):
+    name = "FuseBiasResidualLayerNorm"
+    kind = "layernorm"
+
+    def variants(self):
+        out = []
+        for bias in (True, False):
+            x, b, r, g, be = wildcard(), wildcard(), wildcard(), wildcard(), wildcard()
+            s = is_op("relax.add")(is_op("relax.add")(x, b), r) if bias else is_op("relax.add")(x, r)
+            root = is_op("relax.nn.layer_norm")(s, g, be)
+            names = {"x": x, "residual": r, "gamma": g, "beta": be, "ln": root}
+            if bias:
+                names["bias"] = b
+            out.append(Variant(root, names, {"bias": bias}, "relax.nn.layer_norm"))
+        return out
+
+    def check(self, m: Match) -> Optional[str]:
+        out = m.shape("ln")
+        if out is None:
+            return "shape is not static"
+        rank = len(out)
+        axes = [a % rank for a in int_list(m["ln"].attrs.axes)]
+        if axes != [rank - 1]:
+            return f"normalises over axes {axes}, not the last axis only"
+        if not (bool(m["ln"].attrs.center) and bool(m["ln"].attrs.scale)):
+            return "layer_norm with centre or scale switched off"
+        n = out[-1]
+        for name in ("gamma", "beta"):
+            shape = m.shape(name)
+            if shape != [n]:
+                return f"{name} of shape {shape} is not a vector of width {n}"
+        for name in ("x", "residual"):
+            if m.shape(name) != out:
+                return f"{name} of shape {m.shape(name)} is broadcast to {out}"
+            if m.dtype(name) != m.dtype("ln"):
+                return f"{name} dtype {m.dtype(name)} differs from {m.dtype('ln')}"
+        if m.tag["bias"]:
+            bs = m.shape("bias")
+            if bs is None or len(bs) > rank or bs[-1] != n or any(d != 1 for d in bs[:-1]):
+                return f"bias of shape {bs} is not a per-column vector of width {n}"
+        return None
+
+    def rewrite(self, m: Match, bb: relax.BlockBuilder) -> relax.Expr:
+        attrs = m["ln"].attrs
+        bias = None
+        if m.tag["bias"]:
+            bias = m.arg("bias")
+            shape = static_shape(bias)
+            if len(shape) != 1:
+                bias = bb.emit(relax.op.reshape(bias, [shape[-1]]))
+        inputs = {"x": m.arg("x"), "residual": m.arg("residual"), "bias": bias,
+                  "gamma": m.arg("gamma"), "beta": m.arg("beta")}
+        return call_op(bb, "fused_layernorm", inputs, {"eps": float(attrs.epsilon)})
+
+    def describe(self, m: Match) -> str:
+        return "bias + residual" if m.tag["bias"] else "residual"
+
+
+def FuseBiasResidualLayerNorm():  # noqa: N802
+    """Module pass: (x [+ bias]) + residual → LayerNorm  ⇒  ``fused_layernorm``."""
+    return rule_pass("tfx.FuseBiasResidualLayerNorm", [BiasResidualLayerNormRule()])

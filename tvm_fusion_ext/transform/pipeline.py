@@ -1,0 +1,29 @@
+"""SemanticFusion: the ordered pipeline of every pass in this package."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .attention import FuseMultiHeadAttention
+from .canonicalize import Canonicalize
+from .dense import FuseMatmulBiasActivation
+from .layernorm import FuseBiasResidualLayerNorm
+from .qkv import FuseQKVProjection
+
+
+def SemanticFusion() -> tvm.transform.Pass:  # noqa: N802
+    """Canonicalise, then fuse: QKV first (it needs the three separate projections), attention next (it
+    absorbs head split/merge reshapes that dense fusion would otherwise leave stranded), then dense epilogues,
+    then residual LayerNorms (which see the dense outputs as their inputs)."""
+    return tvm.transform.Sequential(
+        [
+            relax.transform.CanonicalizeBindings(),
+            Canonicalize(),
+            FuseQKVProjection(),
+            FuseMultiHeadAttention(),
+            FuseMatmulBiasActivation(),
+            FuseBiasResidualLayerNorm(),
+        ],
+        name="tfx.SemanticFusion",
+    )

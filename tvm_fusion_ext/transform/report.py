@@ -1,0 +1,114 @@
+"""FusionReport: what fired where, and every near miss with the reason it was refused.
+
+Passes report into every active collector, so a user can wrap any pipeline:
+
+    with FusionReport.collect() as report:
+        mod = SemanticFusion()(mod)
+    print(report.summary())
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from dataclasses import dataclass, field
+
+#: fused kinds always present in ``FusionReport.fused`` (the CLI's JSON contract)
+FUSED_KINDS = ("dense", "attention", "layernorm", "qkv")
+
+_active = threading.local()
+
+
+@dataclass
+class FusionEvent:
+    rule: str  # e.g. "FuseMatmulBiasActivation"
+    kind: str  # report bucket: dense / attention / layernorm / qkv / canonical
+    function: str  # relax function name
+    at: str  # name of the bound variable the rule was anchored at
+    detail: str = ""  # accepted: what was built ("gelu, bias"); refused: the reason
+
+    def to_dict(self, detail_key: str = "detail") -> dict:
+        return {"rule": self.rule, "kind": self.kind, "function": self.function, "at": self.at,
+                detail_key: self.detail}
+
+
+@dataclass
+class FusionReport:
+    applied: list = field(default_factory=list)
+    refused: list = field(default_factory=list)
+
+    # -- collection ---------------------------------------------------------------------------------
+    @classmethod
+    @contextlib.contextmanager
+    def collect(cls):
+        report = cls()
+        stack = _stack()
+        stack.append(report)
+        try:
+            yield report
+        finally:
+            stack.remove(report)
+
+    @property
+    def fused(self) -> dict:
+        counts = {k: 0 for k in FUSED_KINDS}
+        for e in self.applied:
+            if e.kind in counts:
+                counts[e.kind] += 1
+        return counts
+
+    @property
+    def canonicalized(self) -> dict:
+        counts: dict = {}
+        for e in self.applied:
+            if e.kind == "canonical":
+                counts[e.rule] = counts.get(e.rule, 0) + 1
+        return counts
+
+    def count(self, rule: str) -> int:
+        return sum(1 for e in self.applied if e.rule == rule)
+
+    # -- output -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "fused": self.fused,
+            "canonicalized": self.canonicalized,
+            "applied": [e.to_dict() for e in self.applied],
+            "refused": [e.to_dict("reason") for e in self.refused],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def summary(self) -> str:
+        lines = ["Fused operators:"]
+        for k, v in self.fused.items():
+            lines.append(f"  {k:<10} {v}")
+        if self.canonicalized:
+            lines.append("Canonicalised exporter idioms:")
+            for k, v in sorted(self.canonicalized.items()):
+                lines.append(f"  {k:<28} {v}")
+        if self.refused:
+            lines.append(f"Near misses ({len(self.refused)}):")
+            for e in self.refused:
+                lines.append(f"  {e.rule} at {e.function}:{e.at}: {e.detail}")
+        else:
+            lines.append("Near misses: none")
+        return "\n".join(lines)
+
+
+def _stack() -> list:
+    if not hasattr(_active, "stack"):
+        _active.stack = []
+    return _active.stack
+
+
+def record_applied(event: FusionEvent) -> None:
+    for r in _stack():
+        r.applied.append(event)
+
+
+def record_refused(event: FusionEvent) -> None:
+    for r in _stack():
+        r.refused.append(event)
