@@ -1,0 +1,442 @@
+"""ONNX → Relax, with static input shapes, weights bound as constants and one-line errors.
+
+What this adds over ``tvm.relax.frontend.onnx.from_onnx``:
+
+* files are read here, external data (dynamo exports write ``<model>.onnx.data``) is resolved relative to the
+  model file, and missing / truncated / non-ONNX files become a :class:`ModelLoadError` naming the file;
+* every graph input must end up with a static shape: symbolic dims (``dim_param``, ``0`` or ``-1``) need
+  ``shapes=``; otherwise the error names the input and the dim;
+* ops TVM cannot import are refused before importing, naming op type and node; a failure inside a converter is
+  reported naming the node instead of a raw TVM traceback;
+* legacy-exporter graphs (``torch.onnx.export(..., dynamo=False)``) import despite TVM 0.27's
+  ``ConstantOfShape`` bug (see :class:`_ConstantOfShape`). The fix lives in a private importer subclass, so
+  TVM itself is never patched;
+* the ONNX input/output names are kept: TVM sanitises parameter names (``a.b`` → ``a_b``), so ``main`` carries
+  the attrs ``onnx_input_names`` (one per parameter, in parameter order) and ``onnx_output_names`` (in output
+  order; ``main`` returns a single tensor for one output, else a tuple). Read them with :func:`input_names`
+  and :func:`output_names`; :func:`input_specs` adds shapes and dtypes.
+
+Every graph input becomes a parameter of ``main`` even when no node uses it (TVM's importer does this and we
+keep it), so a runner can always feed inputs by ONNX name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError, ModelLoadError
+
+ONNX_INPUT_NAMES_ATTR = "onnx_input_names"
+ONNX_OUTPUT_NAMES_ATTR = "onnx_output_names"
+
+# Ops the importer handles outside its converter map.
+_DIRECT_OPS = {"If", "Constant"}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------------------------------------------
+def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
+              dtypes: Mapping[str, str] | None = None, opset: int | None = None):
+    """Import an ONNX model (path or ``onnx.ModelProto``) as a Relax ``IRModule`` with static input shapes.
+
+    ``shapes`` fixes input dims by ONNX input name (required for symbolic dims; a dim the model fixes cannot be
+    changed, since static exports bake it into Reshape constants). ``dtypes`` overrides input element types;
+    ``opset`` overrides the model's opset. Weights become constants. Raises :class:`ModelLoadError` for the
+    model, :class:`InputError` for bad ``shapes``/``dtypes``; both carry a one-line message.
+    """
+    import onnx
+
+    proto, label = _read_model(model)
+    if proto.functions:
+        # Local functions (some dynamo exports) would otherwise reach the importer as unknown op types.
+        proto = onnx.inliner.inline_local_functions(proto)
+    graph = proto.graph
+    init_names = {t.name for t in graph.initializer}
+    graph_inputs = [i for i in graph.input if i.name not in init_names]
+    shape_dict = _static_shapes(graph_inputs, shapes, label)
+    dtype_dict = _check_dtypes(graph_inputs, dtypes, label)
+    _check_ops(graph, label)
+    mod = _import(proto, label, shape_dict, dtype_dict, opset)
+
+    main = mod["main"]
+    n_in = len(graph_inputs)
+    if len(main.params) != n_in:  # defensive: the importer's param order is what the attr below relies on
+        raise ModelLoadError(f"{label}: imported 'main' has {len(main.params)} parameters for {n_in} graph inputs")
+    mod["main"] = main.with_attrs({
+        ONNX_INPUT_NAMES_ATTR: [i.name for i in graph_inputs],
+        ONNX_OUTPUT_NAMES_ATTR: [o.name for o in graph.output],
+    })
+    return mod
+
+
+def input_names(mod) -> list[str]:
+    """ONNX input names of ``mod["main"]``'s parameters, in parameter order (Relax names if not imported here)."""
+    main = _main(mod)
+    names = _attr_list(main, ONNX_INPUT_NAMES_ATTR)
+    return names if names is not None else [p.name for p in main.params]
+
+
+def output_names(mod) -> list[str]:
+    """ONNX output names of ``mod["main"]``, in output order (``output_<i>`` if not imported here)."""
+    main = _main(mod)
+    names = _attr_list(main, ONNX_OUTPUT_NAMES_ATTR)
+    if names is not None:
+        return names
+    from tvm import relax
+
+    ty = main.ret_ty if hasattr(main, "ret_ty") else main.body.ty
+    n = len(ty.fields) if isinstance(ty, relax.TupleType) else 1
+    return [f"output_{i}" for i in range(n)]
+
+
+def input_specs(mod) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{onnx_input_name: (static shape, dtype)}`` for ``mod["main"]``'s parameters, in parameter order."""
+    main = _main(mod)
+    specs = {}
+    for name, param in zip(input_names(mod), main.params):
+        ty = param.ty
+        specs[name] = (tuple(int(d) for d in ty.shape.values), str(ty.dtype))
+    return specs
+
+
+_SHAPE_ITEM = re.compile(r"^\s*(?P<name>[^:,]+?)\s*:\s*(?P<dims>\d+(?:\s*[x×]\s*\d+)*)\s*$")
+
+
+def parse_shape_arg(text: str) -> dict[str, list[int]]:
+    """Parse ``"input_ids:1x128,attention_mask:1x128"`` into ``{"input_ids": [1, 128], ...}``.
+
+    Input names may contain anything but ``:`` and ``,``; a scalar input cannot be written this way (it
+    needs no shape). Raises :class:`InputError` naming the bad item.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise InputError(f"empty shape argument {text!r}; expected NAME:DxD[,NAME:DxD...] e.g. input_ids:1x128")
+    out: dict[str, list[int]] = {}
+    for item in text.split(","):
+        m = _SHAPE_ITEM.match(item)
+        if m is None:
+            raise InputError(f"bad shape item {item.strip()!r} in {text!r}; expected NAME:DxD e.g. input_ids:1x128")
+        name = m.group("name")
+        dims = [int(d) for d in re.split(r"\s*[x×]\s*", m.group("dims"))]
+        if any(d <= 0 for d in dims):
+            raise InputError(f"shape item {item.strip()!r} has a dimension <= 0")
+        if name in out:
+            raise InputError(f"input {name!r} is given twice in shape argument {text!r}")
+        out[name] = dims
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# reading the file
+# --------------------------------------------------------------------------------------------------------------
+def _read_model(model):
+    """Return ``(ModelProto with all tensor data loaded, label used in error messages)``."""
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        label = f"ONNX model {model.graph.name!r}" if model.graph.name else "ONNX model"
+        for t in _external_tensors(model):
+            if not t.HasField("raw_data"):
+                raise ModelLoadError(
+                    f"{label}: tensor {t.name!r} has its data in external file {_ext_location(t)!r} that is "
+                    f"not loaded; pass the model's file path instead of a ModelProto")
+        _check_is_model(model, label)
+        return model, label
+    if not isinstance(model, (str, os.PathLike)):
+        raise ModelLoadError(f"expected an ONNX file path or onnx.ModelProto, got {type(model).__name__}")
+    path = os.fspath(model)
+    label = path
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{path}: is a directory, not an ONNX file")
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except Exception as err:  # protobuf DecodeError and friends: a truncated or foreign file
+        raise ModelLoadError(f"{path}: not a readable ONNX model ({_one_line(err)})") from None
+    _check_is_model(proto, label)
+    base = os.path.dirname(os.path.abspath(path))
+    ext = _external_tensors(proto)
+    for t in ext:
+        # Checked here so a missing or short .data file is named, instead of failing later in numpy.
+        info = {e.key: e.value for e in t.external_data}
+        loc = os.path.join(base, info["location"])
+        if not os.path.isfile(loc):
+            raise ModelLoadError(f"{path}: external data file {info['location']!r} (tensor {t.name!r}) not found "
+                                 f"next to the model")
+        end = int(info.get("offset", 0)) + int(info.get("length", 0))
+        if end > os.path.getsize(loc):
+            raise ModelLoadError(f"{path}: external data file {info['location']!r} is truncated (tensor {t.name!r} "
+                                 f"needs {end} bytes, file has {os.path.getsize(loc)})")
+    if ext:
+        try:
+            from onnx.external_data_helper import load_external_data_for_model
+
+            load_external_data_for_model(proto, base)
+        except Exception as err:
+            raise ModelLoadError(f"{path}: cannot read external data ({_one_line(err)})") from None
+    return proto, label
+
+
+def _external_tensors(proto):
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    return [t for t in _get_all_tensors(proto) if uses_external_data(t)]
+
+
+def _ext_location(t) -> str:
+    return {e.key: e.value for e in t.external_data}.get("location", "?")
+
+
+def _check_is_model(proto, label):
+    # Protobuf happily parses many foreign byte strings into an "empty" ModelProto: catch that here.
+    if proto.ir_version <= 0 or not proto.graph.output or not proto.opset_import:
+        raise ModelLoadError(f"{label}: not an ONNX model (no ir_version, opset or graph outputs)")
+    if proto.ir_version < 3:
+        raise ModelLoadError(f"{label}: ONNX IR version {proto.ir_version} is too old (need >= 3)")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# checks before importing
+# --------------------------------------------------------------------------------------------------------------
+def _static_shapes(graph_inputs, shapes, label) -> dict[str, list[int]]:
+    shapes = dict(shapes or {})
+    known = [i.name for i in graph_inputs]
+    for name in shapes:
+        if name not in known:
+            raise InputError(f"{label}: shapes names unknown input {name!r}; model inputs are: {', '.join(known)}")
+    out = {}
+    for vi in graph_inputs:
+        name = vi.name
+        if not vi.type.HasField("tensor_type"):
+            raise ModelLoadError(f"{label}: input {name!r} is not a tensor (only tensor inputs are supported)")
+        tt = vi.type.tensor_type
+        declared = None
+        if tt.HasField("shape"):
+            declared = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+                        else (d.dim_param or "?") for d in tt.shape.dim]
+        if name in shapes:
+            given = [_as_dim(d, name, label) for d in shapes[name]]
+            if declared is not None:
+                if len(given) != len(declared):
+                    raise InputError(f"{label}: shape {given} for input {name!r} has rank {len(given)} but the "
+                                     f"model declares rank {len(declared)} {declared}")
+                for k, (g, d) in enumerate(zip(given, declared)):
+                    if isinstance(d, int) and g != d:
+                        # Static exports bake sizes into Reshape constants: a different size cannot work.
+                        raise InputError(f"{label}: input {name!r} dim {k} is fixed to {d} in the model; "
+                                         f"shapes gives {g}")
+            out[name] = given
+            continue
+        if declared is None:
+            raise ModelLoadError(f"{label}: input {name!r} has unknown rank; pass shapes=... "
+                                 f"e.g. {{{name!r}: [1, 128]}}")
+        for k, d in enumerate(declared):
+            if not isinstance(d, int):
+                dims = [str(x) if isinstance(x, int) else f"<{x if x != '?' else 'dim' + str(j)}>"
+                        for j, x in enumerate(declared)]
+                raise ModelLoadError(f"{label}: input {name!r} has dynamic dimension {d!r} (dim {k}); pass "
+                                     f"shapes=... e.g. shapes={{{name!r}: [{', '.join(dims)}]}} "
+                                     f"(CLI form {name}:{'x'.join(dims)})")
+        out[name] = list(declared)
+    return out
+
+
+def _as_dim(d, name, label) -> int:
+    try:
+        v = int(d)
+    except (TypeError, ValueError):
+        raise InputError(f"{label}: shape of input {name!r} has non-integer dimension {d!r}") from None
+    if v <= 0 or v != d:
+        raise InputError(f"{label}: shape of input {name!r} has invalid dimension {d!r} (must be a positive integer)")
+    return v
+
+
+def _check_dtypes(graph_inputs, dtypes, label) -> dict[str, str]:
+    from tvm.relax.frontend.onnx.onnx_frontend import get_type
+
+    known = [i.name for i in graph_inputs]
+    dtypes = dict(dtypes or {})
+    for name, dt in dtypes.items():
+        if name not in known:
+            raise InputError(f"{label}: dtypes names unknown input {name!r}; model inputs are: {', '.join(known)}")
+        try:
+            np.dtype(dt)
+        except TypeError:
+            raise InputError(f"{label}: dtype {dt!r} for input {name!r} is not a dtype") from None
+    out = {}
+    for vi in graph_inputs:
+        if vi.name in dtypes:
+            out[vi.name] = str(np.dtype(dtypes[vi.name]))
+            continue
+        et = vi.type.tensor_type.elem_type
+        try:
+            out[vi.name] = get_type(et)
+        except Exception:
+            raise ModelLoadError(f"{label}: input {vi.name!r} has element type {et} that TVM cannot import") from None
+    return out
+
+
+def _convert_map() -> dict[str, Any]:
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    cmap = dict(onnx_frontend._get_convert_map())
+    cmap["ConstantOfShape"] = _constant_of_shape_class()
+    return cmap
+
+
+def _iter_nodes(graph):
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.HasField("g"):
+                yield from _iter_nodes(a.g)
+            for g in a.graphs:
+                yield from _iter_nodes(g)
+
+
+def _check_ops(graph, label):
+    cmap = _convert_map()
+    bad = []
+    for node in _iter_nodes(graph):
+        if node.op_type not in cmap and node.op_type not in _DIRECT_OPS:
+            bad.append(node)
+    if bad:
+        first = bad[0]
+        op = f"{first.domain}.{first.op_type}" if first.domain not in ("", "ai.onnx") else first.op_type
+        others = sorted({n.op_type for n in bad[1:]} - {first.op_type})
+        more = f" (and {len(bad) - 1} more unsupported node(s){': ' + ', '.join(others) if others else ''})" \
+            if len(bad) > 1 else ""
+        raise ModelLoadError(f"{label}: op {op!r} (node {first.name or '<unnamed>'!r}) is not supported by TVM's "
+                             f"ONNX importer{more}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# importing
+# --------------------------------------------------------------------------------------------------------------
+def _import(proto, label, shape_dict, dtype_dict, opset):
+    model_opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
+    opset = model_opset if opset is None else int(opset)
+    importer = _importer_class()(label, shape_dict, dtype_dict, keep_params_in_input=False, sanitize=True)
+    with warnings.catch_warnings():
+        # We record the ONNX names ourselves, so TVM's per-input rename warnings are noise.
+        warnings.filterwarnings("ignore", message=r"Renaming name ")
+        # TVM prints every failing node's full inputs to stdout before re-raising; our error replaces that.
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                return importer.from_onnx(proto.graph, opset)
+            except ModelLoadError:
+                raise
+            except Exception as err:  # anything else from deep inside TVM
+                raise ModelLoadError(f"{label}: TVM's ONNX importer failed: {_one_line(err)}") from None
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def _constant_of_shape_class():
+    """Fixed ``ConstantOfShape`` converter (built lazily so importing this module does not import TVM).
+
+    Root cause of the stock failure: ONNX stores ``value`` as a one-element tensor of shape ``[1]``. The stock
+    converter keeps that rank-1 tensor and calls ``broadcast_to(value, shape)``. The legacy exporter emits
+    ``ConstantOfShape`` with an *empty* shape input (the result is a scalar, used to build the attention mask),
+    and broadcasting a rank-1 tensor to rank 0 is illegal ("broadcast_to expects the input shape to have the
+    number of ndim at least as the input tensor's"). Its constant-shape fast path only covers rank-1 results.
+    The fix: take ``value`` as a scalar (the spec says it has exactly one element) and fold any fully constant
+    shape, including the empty one, to a constant.
+    """
+    if "ConstantOfShape" in _CLASSES:
+        return _CLASSES["ConstantOfShape"]
+    import tvm
+    from tvm import relax, tirx
+    from tvm.relax.frontend.onnx import onnx_frontend as of
+
+    class _ConstantOfShape(of.ConstantOfShape):
+        @classmethod
+        def _impl_v9(cls, bb, inputs, attr, params):
+            shape = of.get_constant(inputs[0], params)
+            attr_value = attr.get("value")
+            value = of.get_numpy(attr_value).reshape(()) if attr_value is not None else np.array(0, "float32")
+            dtype = str(value.dtype)
+            dims = None
+            if isinstance(shape, tvm.ir.GenericConst):
+                dims = [int(x) for x in shape.value.numpy().reshape(-1)]
+            elif isinstance(shape, relax.ShapeExpr) and all(isinstance(x, tirx.IntImm) for x in shape.values):
+                dims = [int(x) for x in shape.values]
+            if dims is not None:
+                return relax.const(np.full(dims, value, dtype), dtype)
+            if not isinstance(shape, relax.ShapeExpr):
+                shape = relax.op.tensor_to_shape(shape)
+            return relax.op.broadcast_to(relax.const(value, dtype), shape)
+
+    _CLASSES["ConstantOfShape"] = _ConstantOfShape
+    return _ConstantOfShape
+
+
+def _importer_class():
+    """TVM's graph importer with our converter map and node-naming errors (a subclass: TVM is not patched)."""
+    if "Importer" in _CLASSES:
+        return _CLASSES["Importer"]
+    from tvm.relax.frontend.onnx import onnx_frontend as of
+
+    class _Importer(of.ONNXGraphImporter):
+        def __init__(self, label, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._label = label
+            self._cmap = _convert_map()
+
+        def _check_for_unsupported_ops(self, graph):
+            pass  # done by _check_ops before we get here, with node names
+
+        def _convert_operator(self, op_name, inputs, attrs, opset):
+            node = attrs.get("tvm_custom", {}).get("name") or "<unnamed>"
+            if op_name not in self._cmap:
+                raise ModelLoadError(f"{self._label}: op {op_name!r} (node {node!r}) is not supported by TVM's "
+                                     f"ONNX importer")
+            try:
+                sym = self._cmap[op_name].get_converter(opset)(self.bb, inputs, attrs, [self._nodes, self._params])
+                if isinstance(sym, of.relax.Expr):
+                    sym = self.bb.normalize(sym)
+            except ModelLoadError:
+                raise
+            except Exception as err:
+                raise ModelLoadError(f"{self._label}: TVM cannot import node {node!r} (op {op_name}): "
+                                     f"{_one_line(err)}") from None
+            return sym
+
+    _CLASSES["Importer"] = _Importer
+    return _Importer
+
+
+# --------------------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------------------
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    # Keep the message, drop any traceback lines TVM may have appended, and bound the length.
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith(("File ", "^", "Traceback", "at "))]
+    msg = " ".join(lines)
+    msg = f"{type(err).__name__}: {msg}" if msg else type(err).__name__
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def _main(mod):
+    try:
+        return mod["main"]
+    except Exception:
+        raise InputError("module has no 'main' function") from None
+
+
+def _attr_list(func, key):
+    attrs = func.attrs
+    if attrs is None or key not in attrs:
+        return None
+    return [str(x) for x in attrs[key]]
