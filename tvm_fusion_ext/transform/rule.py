@@ -24,7 +24,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
-from tvm.relax.dpl import DFPattern
+from tvm.relax.dpl import DFPattern, WildcardPattern
 
 from .report import FusionEvent, record_applied, record_refused
 
@@ -44,7 +44,7 @@ class Match:
     """A structural match of one variant, anchored at one binding of the original function."""
 
     def __init__(self, rule, variant: Variant, func_name: str, root_var: relax.Var,
-                 matched: dict, var2val: dict):
+                 matched: dict, var2val: dict, val2var: Optional[dict] = None):
         self.rule = rule
         self.variant = variant
         self.tag = variant.tag
@@ -52,6 +52,7 @@ class Match:
         self.root_var = root_var
         self._matched = matched
         self._var2val = var2val
+        self._val2var = val2var or {}
         self._remap: Optional[Callable] = None
 
     # -- reading the match (original graph) ---------------------------------------------------------
@@ -60,7 +61,12 @@ class Match:
         return pat is not None and pat in self._matched
 
     def __getitem__(self, name: str) -> relax.Expr:
-        return self._matched[self.variant.names[name]]
+        pat = self.variant.names[name]
+        e = self._matched[pat]
+        if isinstance(pat, WildcardPattern):
+            # dpl records a wildcard bound to a variable as the variable's *value*; an input is the variable
+            return self._val2var.get(e, e)
+        return e
 
     def value(self, name: str) -> relax.Expr:
         """The matched expression with one level of variable binding looked through."""
@@ -208,9 +214,10 @@ def _plan(func: relax.Function, func_name: str, rules: List[FusionRule]):
                     matched = variant.root.extract_matched_expr(binding.value, var2val)
                     if matched is None:
                         continue
-                    m = Match(rule, variant, func_name, binding.var, matched, var2val)
-                    inner = {val2var[e] for e in matched.values()
-                             if isinstance(e, (relax.Call, relax.Tuple, relax.TupleGetItem)) and e in val2var}
+                    m = Match(rule, variant, func_name, binding.var, matched, var2val, val2var)
+                    inner = {val2var[e] for pat, e in matched.items()
+                             if not isinstance(pat, WildcardPattern)  # wildcards are the match's inputs
+                             and isinstance(e, (relax.Call, relax.Tuple, relax.TupleGetItem)) and e in val2var}
                     inner.discard(binding.var)
                     reason = _leak(inner, users, binding.var) or rule.check(m)
                     if reason is None:
@@ -267,7 +274,9 @@ class _Rewriter(relax.PyExprMutator):
         if not tvm_ffi.structural_equal(old_ty, new_ty):
             raise RuntimeError(f"{m.rule.name} rewrote '{binding.var.name}' from {old_ty} to {new_ty} "
                                "(a rule must preserve the type of what it replaces)")
-        if isinstance(binding.var, relax.DataflowVar):
+        if isinstance(binding.var, relax.DataflowVar) and isinstance(new_value, relax.Var):
+            new_var = new_value  # the rewrite is an existing value (x*1 → x): no alias binding
+        elif isinstance(binding.var, relax.DataflowVar):
             new_var = self.builder_.emit(new_value, name_hint=binding.var.name)
         else:
             new_var = self.builder_.emit_output(new_value, name_hint=binding.var.name)
@@ -285,6 +294,7 @@ def apply_rules(mod: tvm.IRModule, rules: List[FusionRule]) -> tvm.IRModule:
                 plans[gv] = plan
     if not plans:
         return mod
+    mod = mod.clone()  # the builder below adds to and updates its module: never the caller's
     for gv, plan in plans.items():
         rw = _Rewriter(mod, plan)
         new_func = rw.visit_expr(mod[gv])

@@ -1,0 +1,281 @@
+"""FuseMultiHeadAttention: every spelling fuses to one fused_attention with no S×T score tensor left, and
+computes what the unfused graph computes; near misses are refused with a reason and leave the module alone."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from tvm_fusion_ext.ops import params_of
+from tvm_fusion_ext.testing import fused_calls, random_inputs, run_relax, tensor_shapes
+from tvm_fusion_ext.transform import Canonicalize, FuseMultiHeadAttention, FusionReport
+
+from _attention_graphs import B, D, F32_MIN, H, S, T, attention_module, numpy_attention
+
+
+def _fuse(mod, canonicalize=False):
+    with FusionReport.collect() as report:
+        if canonicalize:
+            mod = Canonicalize()(mod)
+        fused = FuseMultiHeadAttention()(mod)
+    return fused, report
+
+
+def _no_scores_left(mod, s=S, t=T):
+    """No tensor holding per-head scores/probabilities (B·H·S·T elements, last axes S×T) is left."""
+    return [sh for sh in tensor_shapes(mod) if sh[-2:] == [s, t] and int(np.prod(sh)) >= B * H * s * t] == []
+
+
+def _attention_params(mod):
+    calls = [v for gv, v in mod.functions_items() if isinstance(v, tvm.tirx.PrimFunc)]
+    return [params_of(f) for f in calls if f.attrs is not None and "tfx.op" in f.attrs]
+
+
+def _assert_fused(mod, canonicalize=False, seed=0, s=S, t=T, rtol=1e-5, atol=1e-5, inputs=None):
+    fused, report = _fuse(mod, canonicalize)
+    assert report.fused["attention"] == 1, report.summary()
+    assert fused_calls(fused) == {"fused_attention": 1}
+    assert _no_scores_left(fused, s, t), tensor_shapes(fused)
+    inputs = inputs if inputs is not None else random_inputs(mod, seed=seed)
+    expected = run_relax(mod, inputs)
+    actual = run_relax(fused, inputs)
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol)
+    return fused, report, inputs, actual
+
+
+# --- positive cases: scale spellings, head split/merge, plain BHSD, 3-D --------------------------------
+
+@pytest.mark.parametrize("scale", ["div", "mul", "q"])
+def test_scale_spellings_fuse(scale):
+    mod = attention_module("bshd", scale=scale)
+    fused, _, inputs, actual = _assert_fused(mod)
+    (params,) = _attention_params(fused)
+    assert params["scale"] == pytest.approx(1 / np.sqrt(D), rel=1e-6)
+    assert params["q_layout"] == params["k_layout"] == params["v_layout"] == params["out_layout"] == "BSHD"
+    np.testing.assert_allclose(actual, numpy_attention(inputs), rtol=1e-4, atol=1e-5)
+
+
+def test_split_sdpa_scale_fuses_after_canonicalize():
+    mod = attention_module("bshd", scale="split")
+    _, report, _, _ = _assert_fused(mod, canonicalize=True)
+    assert report.canonicalized.get("MergeSplitAttentionScale") == 1
+
+
+def test_split_scale_is_read_directly_too():
+    # without Canonicalize the scales on q and kᵀ are walked as part of the operands
+    _assert_fused(attention_module("bshd", scale="split"))
+
+
+def test_k_split_via_two_permutes():
+    fused, _, _, _ = _assert_fused(attention_module("bshd", k_split="0213+T"))
+    (params,) = _attention_params(fused)
+    assert params["k_layout"] == "BSHD"
+
+
+def test_plain_bhsd_inputs():
+    fused, _, inputs, actual = _assert_fused(attention_module("bhsd", mask=(B, 1, 1, T)))
+    (params,) = _attention_params(fused)
+    assert params["q_layout"] == params["out_layout"] == "BHSD"
+    np.testing.assert_allclose(actual, numpy_attention(inputs, "bhsd", mask=(B, 1, 1, T)), rtol=1e-4, atol=1e-5)
+
+
+def test_3d_batch_heads_inputs():
+    _assert_fused(attention_module("3d", scale="mul", mask=(1, S, T)))
+
+
+def test_output_without_head_merge_keeps_bhsd():
+    fused, _, _, _ = _assert_fused(attention_module("bshd", head_merge=False))
+    (params,) = _attention_params(fused)
+    assert params["out_layout"] == "BHSD"
+
+
+def test_cross_attention_s_ne_t():
+    _assert_fused(attention_module("bshd", s=3, t=T), s=3)
+
+
+# --- masks ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(B, 1, 1, T), (B, 1, S, T), (1, 1, S, T), (S, T), (T,)])
+def test_additive_mask_shapes(shape):
+    fused, _, inputs, actual = _assert_fused(attention_module("bshd", mask=shape))
+    assert _attention_params(fused)[0]["causal"] is False
+    np.testing.assert_allclose(actual, numpy_attention(inputs, mask=shape), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask_value", [float("-inf"), F32_MIN])
+def test_constant_causal_mask_becomes_causal_flag(mask_value):
+    mod = attention_module("bshd", mask="causal_add", mask_value=mask_value)
+    fused, _, inputs, actual = _assert_fused(mod)
+    assert _attention_params(fused)[0]["causal"] is True
+    assert [sh for sh in tensor_shapes(fused) if sh[-2:] == [S, T]] == []  # not even the mask is left
+    np.testing.assert_allclose(actual, numpy_attention(inputs, mask="causal_add"), rtol=1e-4, atol=1e-5)
+
+
+def test_causal_where_fuses_after_canonicalize():
+    mod = attention_module("bshd", s=T, mask="causal_where")
+    fused, report, _, _ = _assert_fused(mod, canonicalize=True, s=T)
+    assert report.canonicalized.get("BoolMaskToAdditive") == 1
+    assert _attention_params(fused)[0]["causal"] is True
+
+
+def test_non_causal_constant_mask_stays_a_mask():
+    # -10000 is an ordinary (finite) score, not the op's -inf: it must be passed as a mask
+    mod = attention_module("bshd", mask="causal_add", mask_value=-10000.0)
+    fused, _, _, _ = _assert_fused(mod)
+    assert _attention_params(fused)[0]["causal"] is False
+
+
+def test_bool_mask_fuses_after_canonicalize():
+    mod = attention_module("bshd", mask="bool", guard=True)
+    inputs = random_inputs(mod, seed=3)
+    inputs[3][0, 0, 0, :] = False  # batch 0: every key hidden -> NaN rows, zeroed by the guard
+    fused, report, _, actual = _assert_fused(mod, canonicalize=True, inputs=inputs)
+    assert report.canonicalized.get("BoolMaskToAdditive") == 1
+    assert np.all(actual[0] == 0) and np.isfinite(actual).all()
+    np.testing.assert_allclose(actual, numpy_attention(inputs, mask="bool", guard=True), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask_value", [F32_MIN, -10000.0])
+def test_nan_guard_over_finite_mask_is_dropped_then_fused(mask_value):
+    # the dynamo SDPA form: where(mask, 0, -3.4e38) cannot make a row all -inf, so the guard is a no-op
+    mod = attention_module("bshd", mask="bool_add", mask_value=mask_value, guard=True)
+    inputs = random_inputs(mod, seed=2)
+    inputs[3][1] = False  # a fully masked batch: uniform rows, identical with and without the guard
+    _, report, _, actual = _assert_fused(mod, canonicalize=True, inputs=inputs)
+    assert report.canonicalized.get("DropSoftmaxNanGuard") == 1
+    if mask_value == F32_MIN:  # (s - 10000 keeps only ~3 digits of s in fp32: compare with the fp32 graph only)
+        np.testing.assert_allclose(actual, numpy_attention(inputs, mask="bool_add", mask_value=mask_value),
+                                   rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask", ["bool_add", (B, 1, 1, T)])
+def test_nan_guard_over_inf_mask_is_absorbed(mask):
+    # the legacy SDPA form (where(mask, 0, -inf)) or a float mask input can hide whole rows: the guard stays
+    # through Canonicalize and the op's "no visible key -> 0" takes its place
+    mod = attention_module("bshd", mask=mask, guard=True)
+    inputs = random_inputs(mod, seed=1)
+    if mask == "bool_add":
+        inputs[3][1] = False
+    else:
+        inputs[3][...] = 0.0
+        inputs[3][1] = float("-inf")
+    with FusionReport.collect() as report:
+        Canonicalize()(mod)
+    assert report.canonicalized.get("DropSoftmaxNanGuard") is None
+    assert any("-inf" in e.detail for e in report.refused)
+    fused, _, _, actual = _assert_fused(mod, canonicalize=True, inputs=inputs)
+    assert np.all(actual[1] == 0) and np.isfinite(actual).all()
+    assert "nan-guard" in [e for e in _applied(mod)][0]
+
+
+def _applied(mod):
+    with FusionReport.collect() as report:
+        FuseMultiHeadAttention()(Canonicalize()(mod))
+    return [e.detail for e in report.applied if e.kind == "attention"]
+
+
+def test_fuses_every_layer():
+    mod = attention_module("bshd", mask=(B, 1, 1, T), s=T, layers=3)
+    fused, report = _fuse(mod)
+    assert report.fused["attention"] == 3
+    assert fused_calls(fused) == {"fused_attention": 3}
+    assert _no_scores_left(fused, T, T)
+
+
+# --- negatives: near misses are refused with a reason and the module is left exactly as it was ------------
+
+def _assert_refused(mod, reason_part, canonicalize=False):
+    if canonicalize:
+        mod = Canonicalize()(mod)
+    fused, report = _fuse(mod)
+    assert report.fused["attention"] == 0
+    tvm.ir.assert_structural_equal(fused, mod)
+    reasons = [e.detail for e in report.refused if e.rule == "FuseMultiHeadAttention"]
+    assert any(reason_part in r for r in reasons), reasons
+    return reasons
+
+
+def test_softmax_not_over_keys_is_refused():
+    _assert_refused(attention_module("bshd", softmax_axis=2), "softmax is over axis 2")
+
+
+def test_probs_used_elsewhere_is_refused():
+    _assert_refused(attention_module("bshd", probs_used=True), "is also used by")
+
+
+def test_non_constant_scale_is_refused():
+    _assert_refused(attention_module("bshd", scale_var=True), "scale is not a scalar constant")
+
+
+def _custom(build, params):
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _var(name, shape, dtype="float32"):
+    return relax.Var(name, relax.TensorType(shape, dtype))
+
+
+def _attend(bb, q, kt, v, scores_fn):
+    sc = scores_fn(bb.emit(relax.op.matmul(q, kt)))
+    return bb.emit(relax.op.matmul(bb.emit(relax.op.nn.softmax(sc)), v))
+
+
+def test_mask_over_merged_batch_heads_is_refused():
+    # 4-D heads viewed as [B·H, S, D]: a mask with a B·H axis cannot be broadcast against (B, H, S, T)
+    q, k, v, m = _var("q", (B, H, S, D)), _var("k", (B, H, T, D)), _var("v", (B, H, T, D)), _var("m", (B * H, 1, T))
+
+    def build(bb):
+        q3, k3, v3 = (bb.emit(relax.op.reshape(x, (B * H, n, D))) for x, n in ((q, S), (k, T), (v, T)))
+        kt = bb.emit(relax.op.permute_dims(k3, [0, 2, 1]))
+        return _attend(bb, q3, kt, v3, lambda sc: bb.emit(relax.op.add(sc, m)))
+
+    _assert_refused(_custom(build, [q, k, v, m]), "does not broadcast to (B, H, S, T)")
+
+
+def test_mask_over_merged_batch_heads_without_batch_axis_fuses():
+    # the same graph with a mask that has no B·H axis is fine
+    q, k, v, m = _var("q", (B, H, S, D)), _var("k", (B, H, T, D)), _var("v", (B, H, T, D)), _var("m", (1, 1, T))
+
+    def build(bb):
+        q3, k3, v3 = (bb.emit(relax.op.reshape(x, (B * H, n, D))) for x, n in ((q, S), (k, T), (v, T)))
+        kt = bb.emit(relax.op.permute_dims(k3, [0, 2, 1]))
+        return _attend(bb, q3, kt, v3, lambda sc: bb.emit(relax.op.add(sc, m)))
+
+    fused, _, _, _ = _assert_fused(_custom(build, [q, k, v, m]))
+    (params,) = _attention_params(fused)
+    assert params["q_layout"] == "BHSD"  # read from the 4-D tensors, not their [B·H, S, D] views
+
+
+def test_interleaved_head_split_is_refused():
+    # k split as [B, T, D, H] (head index innermost): a valid graph the op's layouts cannot express
+    q, xk, v = _var("q", (B, H, S, D)), _var("xk", (B, T, H * D)), _var("v", (B, H, T, D))
+
+    def build(bb):
+        k4 = bb.emit(relax.op.reshape(xk, (B, T, D, H)))
+        kt = bb.emit(relax.op.permute_dims(k4, [0, 3, 2, 1]))
+        return _attend(bb, q, kt, v, lambda sc: sc)
+
+    _assert_refused(_custom(build, [q, xk, v]), "k is not a head-split view")
+
+
+def test_multiplicative_mask_is_refused():
+    q, k, v, m = _var("q", (B, H, S, D)), _var("k", (B, H, T, D)), _var("v", (B, H, T, D)), _var("m", (B, 1, 1, T))
+
+    def build(bb):
+        kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+        return _attend(bb, q, kt, v, lambda sc: bb.emit(relax.op.multiply(sc, m)))
+
+    _assert_refused(_custom(build, [q, k, v, m]), "multiplied by a tensor")
+
+
+def test_bool_mask_without_canonicalize_is_not_fused():
+    # where(mask, s, -inf) is not additive: only Canonicalize turns it into s + where(mask, 0, -inf)
+    mod = attention_module("bshd", mask="bool")
+    fused, report = _fuse(mod)
+    assert report.fused["attention"] == 0
+    tvm.ir.assert_structural_equal(fused, mod)

@@ -1,0 +1,216 @@
+"""Attention-side canonicalisations: NaN guard after softmax, boolean masks, split SDPA scale.
+
+Each rewrite is checked against the graph it replaced (both compiled by TVM) on random inputs, including the
+rows where the idioms matter (fully masked rows); each refusal leaves the module as it was and says why.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from tvm_fusion_ext.testing import random_inputs, run_relax
+from tvm_fusion_ext.transform import FusionReport
+from tvm_fusion_ext.transform.canonical.attention_scale import MergeSplitAttentionScale
+from tvm_fusion_ext.transform.canonical.bool_mask import BoolMaskToAdditive
+from tvm_fusion_ext.transform.canonical.softmax_nan_guard import DropSoftmaxNanGuard
+from tvm_fusion_ext.transform.rule import rule_pass
+
+B, H, S, T, D = 2, 3, 5, 7, 4
+F32_MIN = float(np.finfo(np.float32).min)
+NEG_INF = float("-inf")
+
+
+def _c(v, dtype="float32"):
+    return relax.const(v, dtype)
+
+
+def _var(name, shape, dtype="float32"):
+    return relax.Var(name, relax.TensorType(shape, dtype))
+
+
+def _module(params, build):
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _apply(rule_cls, mod):
+    with FusionReport.collect() as report:
+        out = rule_pass(rule_cls.__name__, [rule_cls()])(mod)
+    return out, report
+
+
+def _ops(mod):
+    return [b.value.op.name for blk in mod["main"].body.blocks for b in blk.bindings
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+
+
+def _assert_same_numbers(before, after, inputs):
+    np.testing.assert_allclose(run_relax(after, inputs), run_relax(before, inputs), rtol=1e-5, atol=1e-6)
+
+
+def _assert_refused(rule_cls, mod, reason_part):
+    out, report = _apply(rule_cls, mod)
+    assert report.count(rule_cls.__name__) == 0
+    tvm.ir.assert_structural_equal(out, mod)
+    reasons = [e.detail for e in report.refused if e.rule == rule_cls.__name__]
+    assert any(reason_part in r for r in reasons), reasons
+
+
+# --- DropSoftmaxNanGuard ------------------------------------------------------------------------------
+
+def _guarded_probs(mask_kind, mask_value=F32_MIN, guarded="softmax", zero=0.0):
+    """where(isnan(p), zero, p) with p = softmax(x + mask); mask_kind: "bool" (where(m, 0, NEG) built from a
+    boolean input, the exports' form), "const" (a constant additive mask), "float_input" (a float mask input)."""
+    q, kt = _var("q", (B, H, S, D)), _var("kt", (B, H, D, T))
+    params = [q, kt]
+    if mask_kind == "bool":
+        m = _var("m", (B, 1, 1, T), "bool")
+        params.append(m)
+    elif mask_kind == "float_input":
+        m = _var("m", (B, 1, 1, T))
+        params.append(m)
+
+    def build(bb):
+        if mask_kind == "bool":
+            add = bb.emit(relax.op.where(m, _c(0.0), _c(mask_value)))
+        elif mask_kind == "const":
+            add = relax.const(np.where(np.arange(T) > 3, mask_value, 0.0).astype("float32"))
+        else:
+            add = m
+        s = bb.emit(relax.op.add(bb.emit(relax.op.matmul(q, kt)), add))
+        p = bb.emit(relax.op.nn.softmax(s) if guarded == "softmax" else relax.op.exp(s))
+        return bb.emit(relax.op.where(bb.emit(relax.op.isnan(p)), _c(zero), p))
+
+    return _module(params, build)
+
+
+@pytest.mark.parametrize("mask_kind, mask_value", [("bool", F32_MIN), ("bool", -10000.0), ("const", F32_MIN)])
+def test_guard_over_finite_mask_is_dropped(mask_kind, mask_value):
+    mod = _guarded_probs(mask_kind, mask_value)
+    out, report = _apply(DropSoftmaxNanGuard, mod)
+    assert report.count("DropSoftmaxNanGuard") == 1
+    assert "relax.isnan" not in _ops(out) and "relax.nn.softmax" in _ops(out)
+    inputs = random_inputs(mod, seed=0)
+    if mask_kind == "bool":
+        inputs[2][0] = False  # batch 0 fully masked: uniform rows either way, no NaN to guard
+    _assert_same_numbers(mod, out, inputs)
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "const", "float_input"])
+def test_guard_over_possible_inf_mask_is_kept(mask_kind):
+    # -inf from a constant, or any value from a float mask input: a row can be all -inf, the guard matters
+    mod = _guarded_probs(mask_kind, mask_value=NEG_INF)
+    _assert_refused(DropSoftmaxNanGuard, mod, "may hold -inf")
+    inputs = random_inputs(mod, seed=1)
+    if mask_kind == "bool":
+        inputs[2][0] = False
+        out = run_relax(mod, inputs)
+        assert np.all(out[0] == 0) and not np.isnan(out).any()  # what the guard is for
+
+
+def test_guard_over_non_softmax_is_refused():
+    _assert_refused(DropSoftmaxNanGuard, _guarded_probs("bool", guarded="exp"), "not a softmax")
+
+
+def test_guard_with_nonzero_fill_is_refused():
+    _assert_refused(DropSoftmaxNanGuard, _guarded_probs("bool", zero=1.0), "not the constant 0")
+
+
+# --- BoolMaskToAdditive -------------------------------------------------------------------------------
+
+def _where_softmax(neg, keep_first=True, extra=False, mask_shape=(B, 1, 1, T)):
+    x, m = _var("x", (B, H, S, T)), _var("m", mask_shape, "bool")
+    params = [x, m]
+    if extra:
+        pad = _var("pad", (B, 1, 1, T))
+        params.append(pad)
+
+    def build(bb):
+        sel = relax.op.where(m, x, _c(neg)) if keep_first else relax.op.where(m, _c(neg), x)
+        s = bb.emit(sel)
+        if extra:
+            s = bb.emit(relax.op.add(s, pad))
+        return bb.emit(relax.op.nn.softmax(s))
+
+    return _module(params, build)
+
+
+@pytest.mark.parametrize("neg", [NEG_INF, F32_MIN])
+@pytest.mark.parametrize("keep_first", [True, False])
+@pytest.mark.parametrize("extra", [False, True])
+def test_where_mask_becomes_additive(neg, keep_first, extra):
+    mod = _where_softmax(neg, keep_first, extra)
+    out, report = _apply(BoolMaskToAdditive, mod)
+    assert report.count("BoolMaskToAdditive") == 1
+    # the select now runs at the mask's shape and is added to the scores
+    wheres = [b for blk in out["main"].body.blocks for b in blk.bindings
+              if isinstance(b.value, relax.Call) and b.value.op.name == "relax.where"]
+    assert [[int(d) for d in w.var.ty.shape.values] for w in wheres] == [[B, 1, 1, T]]
+    inputs = random_inputs(mod, seed=2)
+    inputs[1][1] = not keep_first  # batch 1: every key hidden (NaN rows with -inf, uniform rows with F32_MIN)
+    _assert_same_numbers(mod, out, inputs)
+
+
+def test_small_negative_fill_is_refused():
+    # where(m, s, -10000) and s + where(m, 0, -10000) differ on fully masked rows (uniform vs softmax(s))
+    _assert_refused(BoolMaskToAdditive, _where_softmax(-10000.0), "not -inf")
+
+
+def test_already_additive_mask_is_left_alone():
+    x, m = _var("x", (B, H, S, T)), _var("m", (B, 1, 1, T), "bool")
+    mod = _module([x, m], lambda bb: bb.emit(relax.op.nn.softmax(
+        bb.emit(relax.op.add(x, bb.emit(relax.op.where(m, _c(0.0), _c(NEG_INF))))))))
+    out, report = _apply(BoolMaskToAdditive, mod)
+    tvm.ir.assert_structural_equal(out, mod)
+    assert report.applied == [] and report.refused == []
+
+
+# --- MergeSplitAttentionScale -------------------------------------------------------------------------
+
+def _split_scale(op_q="multiply", op_k="multiply", cq=D ** -0.25, ck=D ** -0.25, k_factor_shape=()):
+    q, kt = _var("q", (B, H, S, D)), _var("kt", (B, H, D, T))
+
+    def build(bb):
+        fq = relax.op.multiply if op_q == "multiply" else relax.op.divide
+        fk = relax.op.multiply if op_k == "multiply" else relax.op.divide
+        ck_const = relax.const(np.full(k_factor_shape, ck, "float32")) if k_factor_shape else _c(ck)
+        return bb.emit(relax.op.matmul(bb.emit(fq(q, _c(cq))), bb.emit(fk(kt, ck_const))))
+
+    return _module([q, kt], build)
+
+
+@pytest.mark.parametrize("op_q, op_k, cq, ck, expected", [
+    ("multiply", "multiply", D ** -0.25, D ** -0.25, 1 / math.sqrt(D)),
+    ("divide", "divide", D ** 0.25, D ** 0.25, 1 / math.sqrt(D)),
+    ("multiply", "divide", -0.5, 4.0, -0.125),
+])
+def test_split_scale_moves_after_matmul(op_q, op_k, cq, ck, expected):
+    mod = _split_scale(op_q, op_k, cq, ck)
+    out, report = _apply(MergeSplitAttentionScale, mod)
+    assert report.count("MergeSplitAttentionScale") == 1
+    ops = _ops(out)
+    assert ops == ["relax.matmul", "relax.multiply"], ops
+    factor = [b.value.args[1] for blk in out["main"].body.blocks for b in blk.bindings
+              if isinstance(b.value, relax.Call) and b.value.op.name == "relax.multiply"][0]
+    assert float(factor.value.numpy()) == pytest.approx(expected, rel=1e-6)
+    _assert_same_numbers(mod, out, random_inputs(mod, seed=3))
+
+
+def test_tensor_factor_is_refused():
+    # a per-column factor on kᵀ scales the product's columns: it does not commute out as one scalar
+    _assert_refused(MergeSplitAttentionScale, _split_scale(k_factor_shape=(T,)), "not a nonzero scalar constant")
+
+
+def test_one_sided_scale_is_left_alone():
+    q, kt = _var("q", (B, H, S, D)), _var("kt", (B, H, D, T))
+    mod = _module([q, kt], lambda bb: bb.emit(relax.op.matmul(bb.emit(relax.op.multiply(q, _c(0.5))), kt)))
+    out, report = _apply(MergeSplitAttentionScale, mod)
+    tvm.ir.assert_structural_equal(out, mod)
+    assert report.applied == []
