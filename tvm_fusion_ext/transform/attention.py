@@ -39,6 +39,7 @@ import tvm
 from tvm import relax
 
 from ..ops import call_op
+from .mask_compaction import compact_mask
 from .rule import FusionRule, Match, Variant, int_list, rule_pass, scalar_value, static_shape
 
 #: masks at or below this are "minus infinity" for detecting a causal mask: exp(s + m - max) underflows to
@@ -524,7 +525,8 @@ class MultiHeadAttentionRule(FusionRule):
             inputs[name] = x
         mask = None
         for i, (_, factor) in enumerate(p.masks):
-            mi = m.arg(f"mask{i}")
+            # the op broadcasts its mask: pass it at the size it varies over (no S×T tensor left)
+            mi = compact_mask(m[f"mask{i}"], m._var2val, m.arg_remap, bb)
             if factor != 1.0:
                 mi = bb.emit(relax.op.multiply(mi, relax.const(factor, str(mi.ty.dtype))))
             mask = mi if mask is None else bb.emit(relax.op.add(mask, mi))

@@ -90,6 +90,10 @@ class Match:
         """The matched input as it exists in the function being rebuilt (use inside ``rewrite``)."""
         return self._remap(self[name])
 
+    def arg_remap(self, expr: relax.Expr) -> relax.Expr:
+        """Any expression of the original graph as it exists in the function being rebuilt."""
+        return self._remap(expr)
+
 
 class FusionRule:
     """Base class. Subclasses set ``name`` and ``kind`` and implement the three methods below."""
