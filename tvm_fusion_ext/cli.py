@@ -40,11 +40,15 @@ def cmd_fuse(args) -> int:
 def cmd_run(args) -> int:
     import numpy as np
 
-    from .runtime import CompiledModel
+    from .frontend import input_specs, load_onnx
+    from .runtime import CompiledModel, check_inputs
+    from .targets import resolve_target
 
     inputs = _load_npz(args.inputs)
-    model = CompiledModel.from_onnx(args.model, target=args.target, shapes=_shapes(args), logs=args.logs,
-                                    fuse=not args.no_fusion)
+    target = resolve_target(args.target)
+    mod = load_onnx(args.model, shapes=_shapes(args))
+    check_inputs(input_specs(mod), inputs, args.model)  # before the build: bad inputs fail in a second
+    model = CompiledModel.from_module(mod, target, logs=args.logs, fuse=not args.no_fusion, label=args.model)
     outputs = model.run(inputs)
     atomic_write(args.output, lambda f: np.savez(f, **outputs), binary=True)
     for name, value in outputs.items():

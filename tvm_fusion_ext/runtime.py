@@ -45,23 +45,7 @@ class CompiledModel:
 
     # -- inputs ---------------------------------------------------------------------------------------
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> List[np.ndarray]:
-        """Arrays in parameter order, or an InputError naming the first problem."""
-        missing = [n for n in self.input_specs if n not in inputs]
-        if missing:
-            raise InputError(f"{self.label}: missing input '{missing[0]}' (expected {list(self.input_specs)})")
-        unknown = [n for n in inputs if n not in self.input_specs]
-        if unknown:
-            raise InputError(f"{self.label}: unknown input '{unknown[0]}' (expected {list(self.input_specs)})")
-        arrays = []
-        for name, (shape, dtype) in self.input_specs.items():
-            a = np.asarray(inputs[name])
-            if tuple(a.shape) != tuple(shape):
-                raise InputError(f"{self.label}: input '{name}' has shape {list(a.shape)}, the model was built "
-                                 f"for {list(shape)}")
-            if str(a.dtype) != dtype:
-                raise InputError(f"{self.label}: input '{name}' has dtype {a.dtype}, expected {dtype}")
-            arrays.append(np.ascontiguousarray(a))
-        return arrays
+        return check_inputs(self.input_specs, inputs, self.label)
 
     # -- running --------------------------------------------------------------------------------------
     def _call(self, tensors):
@@ -84,6 +68,25 @@ class CompiledModel:
             self.device.sync()
 
         return call
+
+
+def check_inputs(specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray], label: str = "model") -> List[np.ndarray]:
+    """Arrays in parameter order, or an InputError naming the first problem (before anything is built or run)."""
+    missing = [n for n in specs if n not in inputs]
+    if missing:
+        raise InputError(f"{label}: missing input '{missing[0]}' (expected {list(specs)})")
+    unknown = [n for n in inputs if n not in specs]
+    if unknown:
+        raise InputError(f"{label}: unknown input '{unknown[0]}' (expected {list(specs)})")
+    arrays = []
+    for name, (shape, dtype) in specs.items():
+        a = np.asarray(inputs[name])
+        if tuple(a.shape) != tuple(shape):
+            raise InputError(f"{label}: input '{name}' has shape {list(a.shape)}, the model was built for {list(shape)}")
+        if str(a.dtype) != dtype:
+            raise InputError(f"{label}: input '{name}' has dtype {a.dtype}, expected {dtype}")
+        arrays.append(np.ascontiguousarray(a))
+    return arrays
 
 
 def _flatten(result) -> List[np.ndarray]:

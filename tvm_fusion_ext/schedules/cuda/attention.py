@@ -1,0 +1,102 @@
+"""CUDA (SIMT, fp32 accumulation) template for ``fused_attention``: one thread block per query tile.
+
+Shape of the schedule (``rows`` = query rows per block on threadIdx.y, a warp on threadIdx.x)::
+
+    kernel 1: kt = K transposed per key block                     (global, coalesced writes)
+    kernel 2: blockIdx.x = (b, h, query tile)
+        running (max, sum, out)[row, d]   in registers: thread (row, d mod 32) owns its columns
+        for key block:                                             # the flash loop
+            qk[row, key]  shared   thread (row, key mod 32), dot over d
+            bmax, bsum    shared   warp all-reduce per row
+            p[row, key]   shared
+            bo[row, d]    local    thread (row, d mod 32), sum over the block's keys
+            fold (bmax, bsum, bo) into the running state
+        out[row, d] = running out / running sum
+
+The score tile is ``rows × key_block`` in shared memory; nothing of size S×T exists. Knobs (MetaSchedule
+decisions): ``rows`` (perfect tile ``[tiles, rows]`` of the query axis), ``unroll`` (index into UNROLL).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from tvm import s_tir
+
+from ..cpu.attention import _STAGES, _categorical, _out_loops_bhsd, _stages  # block lookup shared with cpu
+from ..registry import register_template
+
+UNROLL = (0, 16, 64)
+WARP = 32
+
+
+def _bind_rows_lanes(sch, row_loop, lane_loop, lanes):
+    """row → threadIdx.y; the lane loop split so that its inner ``lanes``-sized part is threadIdx.x."""
+    sch.bind(row_loop, "threadIdx.y")
+    outer, inner = sch.split(lane_loop, [None, lanes])
+    sch.bind(inner, "threadIdx.x")
+    return outer, inner
+
+
+@register_template("tfx.attention", "cuda")
+def attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = None) -> None:
+    st = _stages(sch, block)
+    online, bo, bsum, p, bmax, qk, kt = (st[n] for n in _STAGES)
+    knobs = knobs or {}
+    max_threads = int(target.attrs.get("max_num_threads", 1024) or 1024)
+    # one lane width for the whole kernel; key blocks are powers of two ≥ 8, so the key loops split evenly
+    # (a partial lane group there would put the all-reduces under a lane predicate, cf. rows below)
+    lanes = min(WARP, int(sch.get(sch.get_loops(qk)[-2]).extent))
+    b, h, s, d = _out_loops_bhsd(sch, block)
+    # a perfect split: a partial last tile would put the warp all-reduces and their barriers under a
+    # row predicate, which ThreadSync refuses ("Cannot insert syncs inside condition")
+    n_rows = int(sch.get(s).extent)
+    rows = max(r for r in range(1, min(max_threads // lanes, 8) + 1) if n_rows % r == 0)
+    decision = knobs.get("rows", [n_rows // rows, rows])
+    s0, s1 = sch.split(s, sch.sample_perfect_tile(s, n=2, max_innermost_factor=max_threads // lanes,
+                                                   decision=list(decision)))
+    sch.reorder(b, h, s0, s1, d)
+    task = sch.fuse(b, h, s0)
+    sch.bind(task, "blockIdx.x")
+    _bind_rows_lanes(sch, s1, d, lanes)
+
+    sch.compute_at(online, task, preserve_unit_loops=True)
+    *_, ob, oh, oi, od, rb = sch.get_loops(online)
+    sch.reorder(rb, ob, oh, oi, od)
+    _bind_rows_lanes(sch, oi, od, lanes)
+    sch.decompose_reduction(online, rb)
+    for i in range(3):  # running max, sum, numerator: per-thread registers
+        sch.set_scope(online, i, "local")
+
+    for blk in (bo, bsum, p, bmax, qk):  # consumers first
+        sch.compute_at(blk, rb, preserve_unit_loops=True)
+
+    *_, qi, _, qj, _ = sch.get_loops(qk)
+    _, q_lane = _bind_rows_lanes(sch, qi, qj, lanes)
+    # accumulate each score in a register, store it to shared once: accumulating in shared memory makes
+    # ThreadSync put two barriers in every step of the dot product
+    sch.set_scope(qk, 0, "shared")
+    qk_store = sch.cache_write(qk, 0, "local")
+    sch.reverse_compute_at(qk_store, q_lane, preserve_unit_loops=True)
+
+    for red in (bmax, bsum):  # row reductions as warp all-reduces
+        *_, ri, _, rj = sch.get_loops(red)
+        _bind_rows_lanes(sch, ri, rj, lanes)
+        sch.set_scope(red, 0, "shared")
+
+    *_, pi, _, pj = sch.get_loops(p)
+    _bind_rows_lanes(sch, pi, pj, lanes)
+    sch.set_scope(p, 0, "shared")
+
+    *_, vi, _, vd, _ = sch.get_loops(bo)
+    _bind_rows_lanes(sch, vi, vd, lanes)
+    sch.set_scope(bo, 0, "local")
+
+    kt_loop = sch.fuse(*sch.get_loops(kt))
+    kt_blocks, kt_threads = sch.split(kt_loop, [None, 256])
+    sch.bind(kt_blocks, "blockIdx.x")
+    sch.bind(kt_threads, "threadIdx.x")
+
+    unroll = _categorical(sch, UNROLL, "unroll", 64, knobs)
+    sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
+    sch.annotate(task, "pragma_unroll_explicit", 1)

@@ -1,0 +1,34 @@
+"""ClampGatherIndices: embedding lookups must not read out of bounds on a bad token id.
+
+TVM's ONNX importer lowers ``Gather`` to ``R.take(..., mode="fast")``, which does no bounds check: an id
+outside the vocabulary reads (or segfaults on) memory past the table. ``mode="clip"`` clamps ids into range
+instead: identical results for every valid id, a defined result (the first or last row) for an invalid one,
+and the cost of one min/max per index. The runtime also rejects out-of-range ids with a clear error before a
+call when it knows the table size; this pass is the guarantee that nothing crashes when it does not.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+
+@relax.expr_functor.mutator
+class _Clamp(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.take"
+                and str(call.attrs.mode) == "fast"):
+            axis = call.attrs.axis
+            return relax.op.take(call.args[0], call.args[1], axis=None if axis is None else int(axis), mode="clip")
+        return call
+
+
+def ClampGatherIndices() -> tvm.transform.Pass:  # noqa: N802
+    def _transform(mod, _ctx):
+        for gv, func in list(mod.functions_items()):
+            if isinstance(func, relax.Function):
+                mod[gv] = _Clamp(mod).visit_expr(func)
+        return mod
+
+    return tvm.transform.module_pass(_transform, opt_level=0, name="tfx.ClampGatherIndices")
