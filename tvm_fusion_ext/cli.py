@@ -135,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logs", help="tuning-log directory to apply")
     p.add_argument("--no-minilm", action="store_true", help="only the built-in tiny encoder")
     p.set_defaults(func=cmd_demo)
+
+    from . import inspect_cuda
+    from .tune import cli as tune_cli
+
+    tune_cli.add_parser(sub)
+    inspect_cuda.add_parser(sub)
     return parser
 
 

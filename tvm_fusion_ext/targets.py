@@ -59,9 +59,15 @@ def resolve_target(spec: TargetSpec = None) -> tvm.target.Target:
     if text in ("llvm", "cpu"):
         return host_cpu_target()
     if text == "cuda":
-        return cuda_target("sm_90")
+        dev = tvm.cuda(0)  # the local GPU's architecture when there is one
+        return cuda_target("sm_" + str(dev.compute_version).replace(".", "") if dev.exist else "sm_90")
     if text.startswith("cuda:"):
         return cuda_target(text.split(":", 1)[1])
+    if "/" in text:  # a TVM tag such as "nvidia/nvidia-h100"
+        try:
+            return _complete(tvm.target.Target(text, host=host_cpu_target()))
+        except Exception:  # noqa: BLE001
+            pass
     raise TargetError(f"unknown target '{text}' (use llvm, cuda or cuda:sm_80 / cuda:sm_90)")
 
 

@@ -1,0 +1,80 @@
+"""The CLI contract: subcommand names, flags, JSON fields, one-line errors, no partial outputs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tvm_fusion_ext.cli import main
+
+
+def _cli(*args):
+    """Run the real console entry point in a subprocess (as a user would)."""
+    return subprocess.run([sys.executable, "-m", "tvm_fusion_ext.cli", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_fuse_json_contract(tiny_encoder_path, capsys):
+    assert main(["fuse", tiny_encoder_path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["fused"]) >= {"dense", "attention", "layernorm", "qkv"}
+    layers = 2  # build_encoder_onnx default
+    assert report["fused"]["attention"] == layers
+    assert report["fused"]["qkv"] == layers
+    assert report["fused"]["layernorm"] >= 2 * layers
+    assert isinstance(report["refused"], list)
+
+
+def test_fuse_text_report(tiny_encoder_path, capsys):
+    assert main(["fuse", tiny_encoder_path]) == 0
+    out = capsys.readouterr().out
+    assert "attention" in out and "Near misses" in out
+
+
+def test_run_matches_onnxruntime(tiny_encoder_path, tmp_path, run_ort):
+    from tvm_fusion_ext.models import sample_inputs
+
+    feeds = sample_inputs(tiny_encoder_path, seed=3)
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, **feeds)
+    for extra in ([], ["--no-fusion"]):
+        out = tmp_path / f"y{len(extra)}.npz"
+        assert main(["run", tiny_encoder_path, "--inputs", str(inputs), "--output", str(out), *extra]) == 0
+        got = np.load(out)
+        ref = run_ort(tiny_encoder_path, feeds)[0]
+        np.testing.assert_allclose(got["last_hidden_state"], ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["missing_model", "not_onnx", "bad_input_name", "bad_shape", "bad_target"])
+def test_errors_are_one_line_and_leave_no_output(case, tiny_encoder_path, tmp_path):
+    from tvm_fusion_ext.models import sample_inputs
+
+    feeds = sample_inputs(tiny_encoder_path)
+    model, target = tiny_encoder_path, "llvm"
+    if case == "missing_model":
+        model = str(tmp_path / "nope.onnx")
+    elif case == "not_onnx":
+        model = str(tmp_path / "junk.onnx")
+        with open(model, "wb") as f:
+            f.write(b"this is not a protobuf" * 10)
+    elif case == "bad_input_name":
+        feeds = {("wrong_" + k if i == 0 else k): v for i, (k, v) in enumerate(feeds.items())}
+    elif case == "bad_shape":
+        feeds = {k: np.concatenate([v, v], axis=-1) for k, v in feeds.items()}
+    elif case == "bad_target":
+        target = "tpu"
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, **feeds)
+    out = tmp_path / "y.npz"
+    r = _cli("run", model, "--inputs", str(inputs), "--output", str(out), "--target", target)
+    assert r.returncode == 2, r.stderr
+    lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    expected = {"missing_model": "nope.onnx", "not_onnx": "junk.onnx", "bad_input_name": "wrong_",
+                "bad_shape": "shape", "bad_target": "tpu"}[case]
+    assert expected in lines[0]
+    assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]

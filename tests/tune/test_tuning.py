@@ -1,0 +1,385 @@
+"""The tuning driver on CPU with tiny budgets: records that the build applies, both spaces, resume, crash
+safety, RPC measurement on loopback, and expert rules rejecting an over-limit CUDA candidate unbuilt."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+ENCODER = dict(num_layers=1, hidden=32, heads=2, intermediate=64, seq=16)
+TINY = dict(per_iter=2, population=16)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.models import build_encoder_onnx
+
+    path = str(tmp_path_factory.mktemp("model") / "tiny.onnx")
+    import onnx
+
+    onnx.save(build_encoder_onnx(**ENCODER), path)
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": rng.integers(0, 100, (1, ENCODER["seq"])).astype("int64"),
+             "attention_mask": np.ones((1, ENCODER["seq"]), "int64")}
+    feeds["attention_mask"][0, -3:] = 0
+    return path, load_onnx(path), feeds
+
+
+@pytest.fixture(scope="module")
+def lowered(model):
+    """The lowering the build runs, for checking that records name its PrimFuncs."""
+    from tvm_fusion_ext.build import lower
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.transform.pipeline import SemanticFusion
+
+    return lower(SemanticFusion()(model[1]), resolve_target("llvm"))
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    """Untuned build's outputs (templates with default knobs)."""
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    return CompiledModel.from_module(model[1], "llvm").run(model[2])
+
+
+def _tune(mod, logs, trials, **kw):
+    from tvm_fusion_ext.tune.driver import TuneOptions, tune
+
+    return tune(mod, "llvm", logs=str(logs), workload="tiny",
+                options=TuneOptions(trials=trials, progress=None, **{**TINY, **kw}))
+
+
+def _record_dir(root):
+    (sub,) = [d for d in os.listdir(root) if d.startswith("tiny-")]
+    return os.path.join(root, sub)
+
+
+def _records(path):
+    from tvm_fusion_ext.tune.logs import open_database
+
+    db = open_database(path)
+    return db, [(str(r.trace), [float(s) for s in r.run_secs]) for r in db.get_all_tuning_records()]
+
+
+def _check_records_apply(path, manifest, lowered, target):
+    """Every task the manifest says was tuned has a record, and its workload is a PrimFunc of the build's
+    lowering (so ``build(..., logs=)`` finds it): queried through MetaSchedule's own database API."""
+    import tvm
+    import tvm_ffi
+
+    db, _ = _records(path)
+    funcs = [f for _, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    tuned = [name for name, t in manifest["tasks"].items() if t["trials"] > 0 and t["best_us"] is not None]
+    assert tuned, manifest
+    workloads = {int(tvm_ffi.structural_hash(r.workload.mod)): r.workload.mod for r in db.get_all_tuning_records()}
+    assert len(workloads) == len(tuned)
+    for mod in workloads.values():
+        rec = db.query_tuning_record(mod, target, "main")
+        assert rec is not None and rec.run_secs
+        main = mod["main"].without_attr("global_symbol")
+        assert any(tvm_ffi.structural_equal(main, f.without_attr("global_symbol")) for f in funcs)
+    return tuned
+
+
+@pytest.fixture(scope="module")
+def template_logs(model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("logs_template")
+    manifest = _tune(model[1], root, trials=4, space="template")
+    return root, manifest
+
+
+def test_template_records_apply_in_build(model, template_logs, lowered, reference):
+    from tvm_fusion_ext.runtime import CompiledModel
+    from tvm_fusion_ext.targets import resolve_target
+
+    root, manifest = template_logs
+    path = _record_dir(root)
+    assert manifest["trials"] == 4 and manifest["target"].startswith("llvm")
+    tuned = _check_records_apply(path, manifest, lowered, resolve_target("llvm"))
+    assert all(manifest["tasks"][t]["space"] == "template" for t in tuned)
+    # light tasks were not given trials
+    assert any(why == "elementwise" for why in manifest["skipped"].values())
+    out = CompiledModel.from_module(model[1], "llvm", logs=path).run(model[2])
+    for name, ref in reference.items():
+        np.testing.assert_allclose(out[name], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_auto_space_records_apply_in_build(model, lowered, reference, tmp_path):
+    from tvm_fusion_ext.runtime import CompiledModel
+    from tvm_fusion_ext.targets import resolve_target
+
+    manifest = _tune(model[1], tmp_path, trials=4, space="auto", scheduler="round-robin")
+    path = _record_dir(tmp_path)
+    tuned = _check_records_apply(path, manifest, lowered, resolve_target("llvm"))
+    assert all(manifest["tasks"][t]["space"] == "auto" for t in tuned)
+    assert manifest["scheduler"] == "round-robin"
+    out = CompiledModel.from_module(model[1], "llvm", logs=path).run(model[2])
+    for name, ref in reference.items():
+        np.testing.assert_allclose(out[name], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_resume_keeps_records_and_tops_up(model, template_logs):
+    from tvm_fusion_ext.tune.logs import read_manifest, select
+
+    root, _ = template_logs
+    path = _record_dir(root)
+    _, before = _records(path)
+    manifest = _tune(model[1], root, trials=6)
+    _, after = _records(path)
+    assert len(after) == 6 and manifest["trials"] == 6
+    assert all(rec in after for rec in before)  # nothing lost or rewritten
+    # asking for what is already there measures nothing
+    _tune(model[1], root, trials=6)
+    assert len(_records(path)[1]) == 6 and read_manifest(path)["trials"] == 6
+    # a root of record directories picks the one matching this model and target
+    import tvm_fusion_ext.targets as targets
+
+    chosen, msg = select(str(root), model[1], targets.resolve_target("llvm"))
+    assert chosen == path and path in msg
+
+
+def test_select_reports_no_match(tmp_path, template_logs):
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.models import build_encoder_onnx
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.tune.logs import select
+
+    root, _ = template_logs
+    other = load_onnx(build_encoder_onnx(**{**ENCODER, "seed": 1}))
+    chosen, msg = select(str(root), other, resolve_target("llvm"))
+    assert chosen is None and "no tuning records" in msg
+
+
+_KILL_SCRIPT = textwrap.dedent("""
+    import sys
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.tune.driver import TuneOptions, tune
+    tune(load_onnx(sys.argv[1]), "llvm", logs=sys.argv[2], workload="tiny",
+         options=TuneOptions(trials=200, per_iter=2, population=16))
+""")
+
+
+def test_kill_9_leaves_loadable_database(model, tmp_path):
+    from tvm_fusion_ext.tune.logs import RECORD_FILE, open_database
+
+    root = tmp_path / "logs"
+    proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, model[0], str(root)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 150
+        complete = 0
+        while time.time() < deadline and proc.poll() is None:
+            dirs = [d for d in root.glob("tiny-*")] if root.exists() else []
+            if dirs and (dirs[0] / RECORD_FILE).exists():
+                complete = (dirs[0] / RECORD_FILE).read_bytes().count(b"\n")
+                if complete >= 3:
+                    break
+            time.sleep(0.2)
+        assert proc.poll() is None, "tuning ended before it could be killed"
+        assert complete >= 3, "no records written in time"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    path = str(next(root.glob("tiny-*")))
+    records = open_database(path).get_all_tuning_records()
+    assert len(records) >= complete
+    # a kill in the middle of a line: the partial line is dropped, everything before it loads
+    with open(os.path.join(path, RECORD_FILE), "ab") as f:
+        f.write(b'[0, [[[["GetSBlock",[],["dense"')
+    assert len(open_database(path).get_all_tuning_records()) == len(records)
+    assert json.load(open(os.path.join(path, "manifest.json")))["model_hash"]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rpc_runner_measures_through_tracker(model, tmp_path):
+    from tvm_fusion_ext.tune.remote import make_runner
+
+    port, server_port = _free_port(), _free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
+                               "--port", str(port), "--port-end", str(port + 1), "--silent"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
+    try:
+        time.sleep(1.0)
+        procs.append(subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
+                                       "--port", str(server_port), "--port-end", str(server_port + 10),
+                                       "--tracker", f"127.0.0.1:{port}", "--key", "tfx-test", "--silent"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        runner = None
+        deadline = time.time() + 60
+        while runner is None:
+            try:
+                runner = make_runner(f"127.0.0.1:{port}", "tfx-test")
+            except Exception:  # noqa: BLE001  (server not registered yet)
+                if time.time() > deadline:
+                    raise
+                time.sleep(1.0)
+        manifest = _tune(model[1], tmp_path, trials=2, runner=runner)
+        _, records = _records(_record_dir(tmp_path))
+        assert len(records) == 2 and manifest["trials"] == 2
+        assert all(secs and min(secs) > 0 for _, secs in records)  # measured, not error placeholders
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def test_rpc_errors_are_one_line():
+    from tvm_fusion_ext.errors import FusionExtError
+    from tvm_fusion_ext.tune.remote import make_runner
+
+    with pytest.raises(FusionExtError, match="HOST:PORT"):
+        make_runner("nohost", "k")
+    with pytest.raises(FusionExtError, match="cannot reach"):
+        make_runner(f"127.0.0.1:{_free_port()}", "k")
+
+
+# ----------------------------------------------------------------------------------------------- expert rules
+
+def _matmul_mod(n: int = 512):
+    import tvm
+    from tvm import te
+
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), "k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+
+
+def _cuda_matmul(tile: int, sch=None):
+    from tvm import s_tir
+
+    sch = sch if sch is not None else s_tir.Schedule(_matmul_mod())
+    blk = sch.get_sblock("C")
+    i, j, kk = sch.get_loops(blk)
+    i0, i1 = sch.split(i, [None, tile])
+    j0, j1 = sch.split(j, [None, tile])
+    k0, _ = sch.split(kk, [None, 64])
+    sch.reorder(i0, j0, k0, i1, j1)
+    sch.bind(i0, "blockIdx.y")
+    sch.bind(j0, "blockIdx.x")
+    for idx in (0, 1):  # A and B tiles of tile x 64 fp32 each in shared memory
+        sch.compute_at(sch.cache_read(blk, idx, "shared"), k0)
+    _, t = sch.split(sch.fuse(i1, j1), [None, 128])
+    sch.bind(t, "threadIdx.x")
+    return sch
+
+
+def test_expert_rules_reject_over_limit_shared_memory_before_build():
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.tune.expert import ExpertRules, RuleStats
+
+    target = resolve_target("cuda:sm_90")
+    limit = int(target.attrs["max_shared_memory_per_block"])
+    assert 2 * 128 * 64 * 4 > limit >= 2 * 16 * 64 * 4  # the two schedules below straddle the limit
+    stats = RuleStats()
+    rules = ExpertRules(stats, target)
+    assert rules.apply(_cuda_matmul(16)) is True
+    assert rules.apply(_cuda_matmul(128)) is False
+    assert stats.to_dict()["rejected"]["shared_memory"] == 1 and stats.checked == 2
+
+    # Inside MetaSchedule: the candidate is dropped while candidates are generated, i.e. before any builder.
+    from tvm_fusion_ext.tune.driver import _stub_tensor_intrin
+
+    space = ms.space_generator.ScheduleFn(lambda sch: _cuda_matmul(128, sch), sch_rules=[],
+                                          postprocs=[ExpertRules(stats)], mutator_probs={})
+    with _stub_tensor_intrin(True):  # TuneContext imports the 30 s tensor-intrinsic registry otherwise
+        ctx = ms.TuneContext(mod=_matmul_mod(), target=target, space_generator=space,
+                             search_strategy=ms.search_strategy.ReplayTrace(), task_name="over", rand_state=1,
+                             num_threads=1)
+        ctx.pre_tuning(max_trials=4, num_trials_per_iter=4, design_spaces=ctx.generate_design_space())
+        candidates = ctx.generate_measure_candidates()
+    assert not candidates  # nothing reaches a builder
+    assert stats.to_dict()["rejected"]["shared_memory"] > 1
+
+
+def test_expert_vector_rule_on_cpu():
+    import tvm
+    from tvm import s_tir, te
+
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.tune.expert import check, cpu_vector_bits
+
+    target = resolve_target("llvm")
+    lanes = cpu_vector_bits(target) // 32
+
+    def vec(n):
+        a = te.placeholder((n,), name="A")
+        b = te.compute((n,), lambda i: a[i] * 2.0, name="B")
+        sch = s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([a, b])}))
+        sch.vectorize(sch.get_loops(sch.get_sblock("B"))[0])
+        return sch.mod["main"]
+
+    assert check(vec(2 * lanes), target) is None
+    assert check(vec(lanes // 2), target) is None
+    assert check(vec(lanes + 1), target) == "vector_width"
+
+
+# ----------------------------------------------------------------------------------------------- small pieces
+
+def test_quality_metrics():
+    from tvm_fusion_ext.tune.quality import spearman, task_quality, trials_to_within
+
+    x = [0.3, 0.1, 0.7, 0.5]
+    assert spearman(x, [2 * v + 1 for v in x]) == pytest.approx(1.0)
+    assert spearman(x, [-v for v in x]) == pytest.approx(-1.0)
+    assert spearman(x[:2], x[:2]) is None
+    lat = [5e-6, None, 3e-6, 2.05e-6, 2e-6]
+    assert trials_to_within(lat) == 4
+    q = task_quality([(lat_, None if lat_ is None else 1 / lat_) for lat_ in lat])
+    assert q["failed"] == 1 and q["spearman"] == pytest.approx(1.0) and q["trials_to_5pct"] == 4
+
+
+def test_repair_cuts_only_the_partial_last_line(tmp_path):
+    from tvm_fusion_ext.errors import TuningLogError
+    from tvm_fusion_ext.tune.logs import RECORD_FILE, WORKLOAD_FILE, repair
+
+    (tmp_path / WORKLOAD_FILE).write_bytes(b'["1", "a"]\n["2", "b"]\n["3", ')
+    (tmp_path / RECORD_FILE).write_bytes(b'[0, 1]\n[1, 2]\n')
+    assert repair(str(tmp_path)) == 1
+    assert (tmp_path / WORKLOAD_FILE).read_bytes() == b'["1", "a"]\n["2", "b"]\n'
+    assert (tmp_path / RECORD_FILE).read_bytes() == b'[0, 1]\n[1, 2]\n'
+    (tmp_path / WORKLOAD_FILE).write_bytes(b'["1", "a"]\n["2\n["3", "c"]\n')
+    with pytest.raises(TuningLogError, match="corrupt"):
+        repair(str(tmp_path))
+
+
+def test_cli_parser_registers_tune():
+    import argparse
+
+    from tvm_fusion_ext.tune.cli import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["tune", "m.onnx", "--target", "cuda:sm_90", "--trials", "8", "--logs", "L",
+                              "--space", "auto", "--rpc", "127.0.0.1:9190", "--key", "h100",
+                              "--scheduler", "round-robin"])
+    assert (args.target, args.trials, args.logs, args.space, args.rpc, args.key, args.scheduler) == \
+        ("cuda:sm_90", 8, "L", "auto", "127.0.0.1:9190", "h100", "round-robin")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["tune", "m.onnx", "--space", "bogus"])

@@ -1,0 +1,87 @@
+"""fused_dense: ``act(x @ W + bias)`` in one kernel.
+
+``x``: (..., K); ``w``: (K, N), or (N, K) with ``transpose_b`` (ONNX Gemm transB / torch Linear layout), or
+pre-packed (``w_layout="packed"``): (ceil(N / nr), K, nr) with zero padding past N, so the micro-kernel of
+the CPU template streams one contiguous K×nr panel per output tile. The build path packs constant weights at
+compile time (:func:`pack_weight`), the way ONNX Runtime pre-packs its GEMM weights.
+
+Accumulates in fp32 whatever the input dtype; the epilogue (bias, activation, cast) runs on the accumulator
+so it never makes another trip through memory. Activations use :mod:`.fastmath` so the epilogue vectorises.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from tvm import te, tirx
+
+from . import fastmath
+from .registry import register_op
+
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+W_LAYOUTS = ("plain", "packed")
+
+
+def activation(v, act: str):
+    c = lambda x: tirx.const(x, v.ty)  # noqa: E731
+    if act == "none":
+        return v
+    if act == "relu":
+        return tirx.max(v, c(0.0))
+    if act == "gelu":
+        return c(0.5) * v * (c(1.0) + fastmath.erf(v * c(1.0 / math.sqrt(2.0))))
+    if act == "gelu_tanh":
+        return c(0.5) * v * (c(1.0) + fastmath.tanh(c(math.sqrt(2.0 / math.pi)) * (v + c(0.044715) * v * v * v)))
+    if act == "silu":
+        return v * fastmath.sigmoid(v)
+    if act == "sigmoid":
+        return fastmath.sigmoid(v)
+    if act == "tanh":
+        return fastmath.tanh(v)
+    raise ValueError(f"fused_dense: unknown activation '{act}' (known: {', '.join(ACTIVATIONS)})")
+
+
+def pack_weight(w: np.ndarray, nr: int, transpose_b: bool = False) -> np.ndarray:
+    """(K, N) or (N, K) weight -> (ceil(N / nr), K, nr) panels, zero-padded past N."""
+    wk = np.ascontiguousarray(w.T if transpose_b else w)  # (K, N)
+    K, N = wk.shape
+    tiles = -(-N // nr)
+    padded = np.zeros((K, tiles * nr), dtype=wk.dtype)
+    padded[:, :N] = wk
+    return np.ascontiguousarray(padded.reshape(K, tiles, nr).transpose(1, 0, 2))
+
+
+@register_op("fused_dense", inputs=("x", "w", "bias"))
+def fused_dense(x, w, bias=None, *, act="none", transpose_b=False, w_layout="plain", out_features=None,
+                acc_dtype="float32", out_dtype=None):
+    if w_layout not in W_LAYOUTS:
+        raise ValueError(f"fused_dense: unknown weight layout '{w_layout}' (known: {', '.join(W_LAYOUTS)})")
+    out_dtype = out_dtype or x.dtype
+    *batch, K = x.shape
+    if w_layout == "packed":
+        nr = int(w.shape[2])
+        N = int(out_features) if out_features is not None else int(w.shape[0]) * nr
+    else:
+        N = w.shape[0] if transpose_b else w.shape[1]
+    k = te.reduce_axis((0, K), name="k")
+
+    def weight(j):
+        if w_layout == "packed":
+            return w[j // nr, k, j % nr]
+        return w[j, k] if transpose_b else w[k, j]
+
+    def matmul(*idx):
+        *b, j = idx
+        return te.sum(x[(*b, k)].astype(acc_dtype) * weight(j).astype(acc_dtype), axis=k)
+
+    acc = te.compute((*batch, N), matmul, name="dense", attrs={"schedule_rule": "tfx.dense"})
+
+    def epilogue(*idx):
+        v = acc(*idx)  # a full index gives a PrimExpr; acc[idx] with a tuple is a TensorSlice
+        if bias is not None:
+            v = v + bias[idx[-1]].astype(acc_dtype)
+        return activation(v, act).astype(out_dtype)
+
+    # "None": MetaSchedule's generic rules leave the epilogue to the dense template, which inlines it.
+    return te.compute((*batch, N), epilogue, name="dense_epilogue", attrs={"schedule_rule": "None"})

@@ -1,0 +1,184 @@
+"""CPU template for ``fused_dense``: a register-blocked GEMM micro-kernel with a fused epilogue.
+
+Loop nest (outer to inner)::
+
+    par = fuse(ip, j0)        parallel over output tiles (M split ip ways × N/nr column panels)
+      i0                      row tiles of mr rows inside the task
+        acc[mr, nr] = 0       accumulator tile: small enough for LLVM to keep in vector registers
+        k0, k1                K loop outside the micro-kernel (k1: the unrolled k-block)
+          i1 (unrolled, mr)   one broadcast of x per row ...
+            j1 (vector, nr)   ... times one nr-wide panel row of W: mr*nr/8 FMAs per k
+        write-back            bias + activation + cast, vectorised over nr, straight from the tile
+
+W is read from the pre-packed (N/nr, K, nr) layout when the build path packed it (constant weights): the
+micro-kernel then streams one contiguous panel, the way BLIS/ORT kernels do; nr is the layout's and not a
+knob. With a plain (K, N) weight nr is a knob. A transposed plain weight (N, K) is read with stride K per
+lane, which is correct but slow; the build path packs every constant weight, so only runtime weights see it.
+
+Knobs (``sample_perfect_tile`` decisions unless said otherwise):
+    ``i``: [ip, i0, mr]   ``j``: [j0, nr] (plain weights only)   ``k``: [k0, kc]
+    ``unroll``: index into :data:`UNROLL_STEPS` (``sample_categorical``).
+Odd sizes get exact tiles (divisors), except a packed N, whose last panel is zero-padded and predicated.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import List, Optional, Sequence
+
+import tvm
+from tvm import s_tir
+from tvm.tirx import IndexMap
+
+from ..registry import register_template
+from .common import inline_consumers, num_cores
+
+#: AVX2: 8 fp32 lanes; 16 ymm registers bound mr*nr/8 + nr/8 + 1 <= 16.
+VECTOR_LANES = 8
+MR_MAX = 8
+NR_MAX = 64
+KC_MAX = 512
+UNROLL_STEPS = (0, 16, 64, 256)
+PACK_NR = 16
+
+
+def pack_nr(n: int, target: Optional[tvm.target.Target] = None) -> int:
+    """Panel width used when the build path pre-packs a constant (K, n) weight for this template."""
+    for nr in (16, 24, 32, 8):
+        if n % nr == 0:
+            return nr
+    return PACK_NR if n >= PACK_NR else VECTOR_LANES
+
+
+def _divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def default_mr(m: int) -> int:
+    # Prefer 4..6 rows (8..12 accumulators with nr=16), else the largest divisor that fits the registers.
+    ds = [d for d in _divisors(m) if d <= MR_MAX]
+    for want in (4, 6, 5, 8, 3, 7, 2):
+        if want in ds:
+            return want
+    return max(ds)
+
+
+def default_nr(n: int) -> int:
+    ds = [d for d in _divisors(n) if d <= NR_MAX]
+    for want in (16, 24, 32, 8, 48, 40, 56, 64):
+        if want in ds:
+            return want
+    return max(ds)
+
+
+def default_kc(k: int) -> int:
+    ds = [d for d in _divisors(k) if d <= KC_MAX]
+    best = max(ds)
+    # A k-block this short would reload the accumulators every few FMAs: no blocking beats that.
+    return best if best >= 64 or best == k else k
+
+
+def default_ip(m_tiles: int, n_tiles: int, cores: int) -> int:
+    """Split the rows across tasks only when the column panels alone cannot keep every core busy."""
+    want = 4 * cores
+    if n_tiles >= want:
+        return 1
+    for d in _divisors(m_tiles):
+        if d * n_tiles >= want:
+            return d
+    return m_tiles
+
+
+def _extent(sch: s_tir.Schedule, loop) -> int:
+    return int(sch.get(loop).extent)
+
+
+def _packed_nr(sch: s_tir.Schedule, block) -> Optional[int]:
+    """nr of a packed-layout ``fused_dense`` (from the op's params, not guessed from shapes: a batched
+    matmul handed to this template by the fallback also has a 3-D right operand)."""
+    attrs = sch.mod["main"].attrs
+    if attrs is None or "tfx.params" not in attrs or json.loads(str(attrs["tfx.params"])).get("w_layout") != "packed":
+        return None
+    return int(sch.get(block).reads[1].source.shape[2])
+
+
+@register_template("tfx.dense", "cpu")
+def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
+              knobs: Optional[dict] = None) -> None:
+    knobs = knobs or {}
+    packed_nr = _packed_nr(sch, block)
+
+    *batch, j, k = sch.get_loops(block)
+    if not batch:
+        batch = [sch.add_unit_loop(j)]  # x is a vector: one row
+    batch_shape = [_extent(sch, lp) for lp in batch]
+    idx_dtype = str(sch.get(j).extent.ty)
+    if len(batch) > 1:
+        # Rows are the flattened batch dims. Flatten the block's iteration space (not just its loops): the
+        # accumulator tile and its write-back must be rectangles in (row, col), else compute-at regions are
+        # bounding boxes in (b, s) that spill over into rows of other tiles.
+        sch.transform_block_layout(block, _flatten_rows(batch_shape, 2, idx_dtype))
+        *_, i, j, k = sch.get_loops(block)
+    else:
+        i = batch[0]
+    M, N, K = _extent(sch, i), _extent(sch, j), _extent(sch, k)
+    if packed_nr is None:
+        nr = default_nr(N)
+        j_dec = _decision(knobs.get("j"), [N // nr, nr])
+        j0, j1 = sch.split(j, sch.sample_perfect_tile(j, n=2, max_innermost_factor=max(NR_MAX, j_dec[-1]),
+                                                      decision=j_dec))
+        n_tiles = N // nr
+    else:
+        # Layout-fixed panel width; a partial last panel is predicated (its padding is zeros).
+        j0, j1 = sch.split(j, [None, packed_nr])
+        n_tiles = _extent(sch, j0)
+
+    mr = default_mr(M)
+    ip = default_ip(M // mr, n_tiles, num_cores(target))
+    i_dec = _decision(knobs.get("i"), [ip, M // (ip * mr), mr])
+    ip_, i0, i1 = sch.split(i, sch.sample_perfect_tile(i, n=3, max_innermost_factor=max(MR_MAX, i_dec[-1]),
+                                                       decision=i_dec))
+    kc = default_kc(K)
+    k_dec = _decision(knobs.get("k"), [K // kc, kc])
+    k0, k1 = sch.split(k, sch.sample_perfect_tile(k, n=2, max_innermost_factor=max(KC_MAX, k_dec[-1]),
+                                                  decision=k_dec))
+    sch.reorder(ip_, j0, i0, k0, k1, i1, j1)
+
+    # The mr×nr accumulator tile lives under i0; the write-back block applies the epilogue from it.
+    acc = sch.cache_write(block, 0, "local")
+    inline_consumers(sch, acc)
+    if len(batch_shape) > 1:
+        sch.transform_layout(block, ("write", 0), _flatten_rows(batch_shape, 1, idx_dtype))
+        sch.transform_block_layout(acc, _flatten_rows(batch_shape, 1, idx_dtype))
+    sch.reverse_compute_at(acc, i0, preserve_unit_loops=True)
+    par = sch.fuse(ip_, j0)
+    sch.parallel(par)
+
+    wb_loops = sch.get_loops(acc)
+    sch.unroll(wb_loops[-2])
+    sch.vectorize(wb_loops[-1])
+    sch.unroll(i1)
+    sch.vectorize(j1)  # before decompose_reduction: the init block inherits the vector loop
+    init = sch.decompose_reduction(block, k0)
+    sch.unroll(sch.get_loops(init)[-2])
+
+    u = sch.sample_categorical(list(UNROLL_STEPS), [1.0 / len(UNROLL_STEPS)] * len(UNROLL_STEPS),
+                               decision=knobs.get("unroll", 1))
+    sch.annotate(par, "pragma_auto_unroll_max_step", u)
+    sch.annotate(par, "pragma_unroll_explicit", 1)
+
+
+def _flatten_rows(batch_shape: Sequence[int], extra: int, index_dtype: str) -> IndexMap:
+    """(*batch, *rest) -> (flat row, *rest), ``extra`` trailing axes kept as they are."""
+
+    def fn(*iv):
+        row = iv[0]
+        for d, v in zip(batch_shape[1:], iv[1:len(batch_shape)]):
+            row = row * d + v
+        return (row, *iv[len(batch_shape):])
+
+    return IndexMap.from_func(fn, ndim=len(batch_shape) + extra, index_dtype=index_dtype)
+
+
+def _decision(given: Optional[Sequence[int]], default: List[int]) -> List[int]:
+    return [int(v) for v in given] if given is not None else default

@@ -1,0 +1,158 @@
+"""CPU fallback schedule for every PrimFunc no template and no tuning record covers.
+
+* A kernel whose main block is a matmul (what FuseOps makes of a matmul SemanticFusion did not claim, with
+  its elementwise epilogue) gets the ``tfx.dense`` register-blocked template with default knobs: a generic
+  parallel loop would leave it 50-100x slower than the dense template.
+* Everything else (reshapes, transposes, softmax, gathers, elementwise leftovers): inline what can be
+  inlined, then per remaining block fuse the spatial loops into one parallel loop and split off an exact
+  vector-width inner loop (spatial blocks), or keep the reduction loops serial inside it (reduction blocks).
+  Kernels too small to pay for a thread-pool launch stay on one thread but are still vectorised.
+
+A dlight rule, so it composes with ``ApplyDefaultSchedule``. It never raises: a step that fails is skipped,
+and a function it cannot schedule at all is returned unscheduled (``None``), which TVM still compiles.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+
+from .dense import dense_cpu
+from .common import vector_lanes
+
+#: Iterations below which a kernel runs on the calling thread (a pool launch costs a few microseconds).
+MIN_PARALLEL_WORK = 4096
+#: Smallest spatial / reduction extent for which a matmul is worth the register-blocked template.
+MIN_MATMUL_EXTENT = 8
+
+_DATA_PAR, _COMM_REDUCE = 0, 2
+
+
+def _const_extent(sch: s_tir.Schedule, loop) -> Optional[int]:
+    extent = sch.get(loop).extent
+    return int(extent) if isinstance(extent, tirx.IntImm) else None
+
+
+def _matmul_block(sch: s_tir.Schedule):
+    """The root block computing ``sum_k A[..., k] * B[..k.., j]`` with loops (*spatial, j, k), if any."""
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        b = sch.get(block)
+        kinds = [int(iv.iter_type) for iv in b.iter_vars]
+        loops = sch.get_loops(block)
+        if (len(kinds) < 2 or kinds[-1] != _COMM_REDUCE or any(k != _DATA_PAR for k in kinds[:-1])
+                or len(loops) != len(kinds) or len(b.reads) != 2
+                or not isinstance(b.body, tirx.BufferStore) or not isinstance(b.body.value, tirx.Add)
+                or not isinstance(b.body.value.b, tirx.Mul)):
+            continue
+        extents = [_const_extent(sch, lp) for lp in loops]
+        if None in extents or extents[-1] < MIN_MATMUL_EXTENT or extents[-2] < MIN_MATMUL_EXTENT:
+            continue
+        return block
+    return None
+
+
+def _already_parallel(sch: s_tir.Schedule, block) -> bool:
+    return any(sch.get(lp).kind == tirx.ForKind.PARALLEL for lp in sch.get_loops(block))
+
+
+def _loop_kinds(sch: s_tir.Schedule, block) -> Optional[List[str]]:
+    """'S'/'R' per loop when each loop drives exactly one block iterator (trivial bindings), else None."""
+    b = sch.get(block)
+    loops = sch.get_loops(block)
+    if len(loops) != len(b.iter_vars):
+        return None
+    kinds = []
+    for iv in b.iter_vars:
+        if int(iv.iter_type) == _DATA_PAR:
+            kinds.append("S")
+        elif int(iv.iter_type) == _COMM_REDUCE:
+            kinds.append("R")
+        else:
+            return None
+    return kinds
+
+
+class Fallback(CPUScheduleRule):
+    """Dense template for leftover matmuls; parallel outer + vectorised inner loop for everything else."""
+
+    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool) -> Optional[s_tir.Schedule]:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        try:
+            return self._schedule(func, target)
+        except Exception:  # noqa: BLE001  (a fallback must never break a build: leave the function as it is)
+            return None
+
+    def _schedule(self, func: tirx.PrimFunc, target: tvm.target.Target) -> Optional[s_tir.Schedule]:
+        sch = self._try_matmul(func, target)
+        if sch is None:
+            sch = s_tir.Schedule(func)
+            infos = normalize_prim_func(sch)
+            if infos is None:
+                return None
+            dl.try_inline(sch, infos)
+        lanes = vector_lanes(target)
+        reductions = []
+        for block in sch.get_child_blocks(sch.get_sblock("root")):
+            if _already_parallel(sch, block):
+                continue
+            try:
+                r_loop = self._parallel_vectorise(sch, block, lanes)
+            except s_tir.ScheduleError:
+                continue
+            if r_loop is not None:
+                reductions.append((block, r_loop))
+        for block, r_loop in reductions:
+            try:
+                sch.decompose_reduction(block, r_loop)
+            except s_tir.ScheduleError:
+                pass
+        return sch
+
+    @staticmethod
+    def _try_matmul(func: tirx.PrimFunc, target: tvm.target.Target) -> Optional[s_tir.Schedule]:
+        sch = s_tir.Schedule(func)
+        block = _matmul_block(sch)
+        if block is None:
+            return None
+        try:
+            dense_cpu(sch, block, target)
+        except Exception:  # noqa: BLE001  (not the shape the template expects after all)
+            return None
+        return sch
+
+    @staticmethod
+    def _parallel_vectorise(sch: s_tir.Schedule, block, lanes: int):
+        """Schedule one root block; returns its first reduction loop (to decompose later) or None."""
+        loops = sch.get_loops(block)
+        kinds = _loop_kinds(sch, block)
+        if not loops or kinds is None:
+            return None
+        s_loops = [lp for lp, k in zip(loops, kinds) if k == "S"]
+        r_loops = [lp for lp, k in zip(loops, kinds) if k == "R"]
+        if not s_loops:
+            return None
+        if r_loops:
+            sch.reorder(*s_loops, *r_loops)
+        work = 1
+        for lp in loops:
+            e = _const_extent(sch, lp)
+            work *= e if e is not None else MIN_PARALLEL_WORK
+        fused = sch.fuse(*s_loops) if len(s_loops) > 1 else s_loops[0]
+        extent = _const_extent(sch, fused)
+        outer = fused
+        if not r_loops and extent is not None:
+            if extent % lanes == 0 and extent > lanes:
+                outer, inner = sch.split(fused, [None, lanes])
+                sch.vectorize(inner)
+            elif extent <= lanes:
+                sch.vectorize(fused)
+                outer = None
+        if outer is not None and work >= MIN_PARALLEL_WORK and (extent is None or extent > 1):
+            sch.parallel(outer)
+        return r_loops[0] if r_loops else None

@@ -1,0 +1,57 @@
+"""``tvm-fusion tune MODEL.onnx ...``: the tuning subcommand (the lead wires :func:`add_parser` into the CLI)."""
+
+from __future__ import annotations
+
+import os
+
+
+def cmd_tune(args) -> int:
+    from ..frontend import load_onnx, parse_shape_arg
+    from .driver import TuneOptions, tune
+    from .remote import make_runner
+
+    if args.trials < 0:
+        from ..errors import FusionExtError
+
+        raise FusionExtError(f"--trials must be >= 0, got {args.trials}")
+    shapes = parse_shape_arg(args.shape) if getattr(args, "shape", None) else None
+    mod = load_onnx(args.model, shapes=shapes)
+    runner = None
+    if args.rpc or args.key:
+        if not args.rpc:
+            from ..errors import FusionExtError
+
+            raise FusionExtError("--key needs --rpc HOST:PORT (the RPC tracker)")
+        runner = make_runner(args.rpc, args.key)
+    workload = os.path.splitext(os.path.basename(args.model))[0]
+    opts = TuneOptions(trials=args.trials, space=args.space, scheduler=args.scheduler, runner=runner,
+                       per_iter=args.per_iter, population=args.population)
+    manifest = tune(mod, args.target, logs=args.logs, workload=workload, options=opts, fuse=not args.no_fusion)
+    for name, task in sorted(manifest.get("tasks", {}).items()):
+        best = task.get("best_us")
+        q = task.get("quality") or {}
+        print(f"  {name:<40} {task.get('space', ''):<8} trials {task.get('trials', 0):>4}  best "
+              f"{'-' if best is None else f'{best:.2f} us'}  spearman {q.get('spearman')}  "
+              f"to-5% {q.get('trials_to_5pct')}  expert-rejected "
+              f"{(task.get('expert_rules') or {}).get('rejected_total', 0)}")
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("tune", help="tune the model's fused kernels with MetaSchedule into a log directory")
+    p.add_argument("model", help="ONNX model file")
+    p.add_argument("--shape", help="static input shapes for dynamic dims, e.g. input_ids:1x128")
+    p.add_argument("--target", default="llvm", help="llvm (default), cuda or cuda:sm_80 / cuda:sm_90")
+    p.add_argument("--trials", type=int, default=64,
+                   help="total measured trials for the record directory (a rerun resumes up to this number)")
+    p.add_argument("--logs", default="tuning_logs",
+                   help="root of tuning-log directories (records go to LOGS/<model>-<target>/)")
+    p.add_argument("--space", choices=("template", "auto"), default="template",
+                   help="template: our templates' knobs; auto: MetaSchedule's sketches (template where they fail)")
+    p.add_argument("--scheduler", choices=("gradient", "round-robin"), default="gradient", help="task scheduler")
+    p.add_argument("--rpc", metavar="HOST:PORT", help="measure through this TVM RPC tracker")
+    p.add_argument("--key", help="RPC device key (with --rpc)")
+    p.add_argument("--per-iter", type=int, default=8, help="candidates measured per task per round")
+    p.add_argument("--population", type=int, default=64, help="evolutionary-search population size")
+    p.add_argument("--no-fusion", action="store_true", help="tune the model without the fusion passes")
+    p.set_defaults(func=cmd_tune)

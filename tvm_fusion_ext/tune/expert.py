@@ -1,0 +1,225 @@
+"""Expert hard rules (Faith-style) that discard a candidate before it is built or measured.
+
+MetaSchedule runs postprocessors on every sampled candidate inside the search strategy, before the builder
+sees it; a postprocessor returning ``False`` drops the candidate. :class:`ExpertRules` is such a
+postprocessor. Its rules read every limit from the target (``resolve_target`` fills them in), never from
+constants:
+
+* ``shared_memory``  shared (static + dynamic) bytes per block > ``max_shared_memory_per_block``
+* ``threads``        threads per block > ``max_threads_per_block``
+* ``registers``      register estimate (local bytes / 4 + a base per thread, times threads) >
+                     ``registers_per_block``, or > 255 per thread
+* ``tensor_core``    a tensor-core fragment (``wmma.*`` / ``m16n8k8.*`` buffer) not a multiple of its tile
+* ``vector_width``   a vectorised loop the hardware cannot issue as whole vectors: CUDA: more than 16 bytes
+                     or not a power of two; CPU: neither a multiple nor a divisor of the SIMD width
+
+Shared and local sizes are read after the same buffer compaction MetaSchedule's ``VerifyGPUCode`` runs (an
+unlowered schedule still declares cached buffers at full size). Rejections are counted per rule in
+:attr:`ExpertRules.stats`, shared by clones, and written to the manifest by the driver.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, Optional
+
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.postproc import PyPostproc
+from tvm.tirx import ForKind
+
+RULES = ("shared_memory", "threads", "registers", "tensor_core", "vector_width")
+# A thread needs registers beyond its arrays (indices, addresses, loop counters): ptxas reports ~24-40 for
+# our simple kernels (guide §5), so 32 is the base of the estimate.
+BASE_REGISTERS = 32
+MAX_REGISTERS_PER_THREAD = 255
+CUDA_MAX_VECTOR_BYTES = 16
+FRAGMENT_TILES = {"wmma.matrix_a": 16, "wmma.matrix_b": 16, "wmma.accumulator": 16,
+                  "m16n8k8.matrixA": 8, "m16n8k8.matrixB": 8, "m16n8k8.matrixC": 8}
+
+
+class RuleStats:
+    """Thread-safe counters (the search applies postprocessors from several threads)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.checked = 0
+        self.rejected: Dict[str, int] = {r: 0 for r in RULES}
+
+    def add(self, rule: Optional[str]) -> None:
+        with self._lock:
+            self.checked += 1
+            if rule is not None:
+                self.rejected[rule] = self.rejected.get(rule, 0) + 1
+
+    def to_dict(self) -> dict:
+        with self._lock:
+            return {"checked": self.checked, "rejected": dict(self.rejected),
+                    "rejected_total": sum(self.rejected.values())}
+
+
+# ----------------------------------------------------------------------------------------------- IR walks
+
+def _children(node):
+    for name in ("body", "then_case", "else_case", "block", "init"):
+        child = getattr(node, name, None)
+        if isinstance(child, tvm.tirx.Stmt):
+            yield child
+    seq = getattr(node, "seq", None)
+    if seq is not None:
+        yield from seq
+
+
+def _loops(stmt):
+    """Every For node under ``stmt`` (s_tir functions: loops sit inside SBlockRealize/SBlock bodies)."""
+    stack = [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, tvm.tirx.For):
+            yield node
+        stack.extend(_children(node))
+
+
+def _int(expr) -> Optional[int]:
+    return int(expr.value) if isinstance(expr, tvm.tirx.IntImm) else None
+
+
+def _bits(dtype) -> int:
+    return tvm.runtime.DataType(str(dtype)).bits
+
+
+def _fragment_buffers(func):
+    """Buffers allocated in blocks of ``func`` (where cache_read/write and tensor-core scopes live)."""
+    stack = [func.body]
+    while stack:
+        node = stack.pop()
+        for buf in getattr(node, "alloc_buffers", None) or []:
+            yield buf
+        stack.extend(_children(node))
+
+
+def _lower_for_limits(func, target) -> tvm.IRModule:
+    """The buffer-compaction part of MetaSchedule's VerifyGPUCode lowering: enough to size allocations."""
+    from tvm.s_tir import transform as st
+    from tvm.tirx import transform as tt
+
+    func = func.with_attr("global_symbol", "main").with_attr("target", target)
+    passes = [st.LowerCrossThreadReduction(), st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(),
+              st.ConvertBlocksToOpaque(), st.LiftThreadBinding(), st.ManifestSharedMemoryLocalStage(),
+              st.CompactBufferAllocation(), tt.StmtSimplify(), st.LowerAutoCopy(), st.UnifyThreadBinding(),
+              st.LowerMatchBuffer(), st.LowerOpaqueBlock(), tt.FlattenBuffer()]
+    return tvm.transform.Sequential(passes)(tvm.IRModule({"main": func}))
+
+
+# ----------------------------------------------------------------------------------------------- rules
+
+def _limit(target, name: str, default: int) -> int:
+    value = target.attrs.get(name)
+    return int(value) if value is not None else default
+
+
+def cpu_vector_bits(target) -> int:
+    mcpu = str(target.attrs.get("mcpu") or "")
+    mattr = " ".join(str(a) for a in (target.attrs.get("mattr") or []))
+    wide = ("avx512" in mattr or mcpu.startswith(("skylake-avx512", "cascadelake", "cooperlake", "icelake",
+                                                   "tigerlake", "sapphirerapids", "znver4", "znver5")))
+    return 512 if wide else 256
+
+
+def check(func, target) -> Optional[str]:
+    """The first rule ``func`` (a scheduled s_tir PrimFunc) breaks on ``target``, or None."""
+    gpu = target.kind.name == "cuda"
+    threads: Dict[str, int] = {}
+    for loop in _loops(func.body):
+        extent = _int(loop.extent)
+        if loop.kind == ForKind.THREAD_BINDING and loop.thread_binding is not None:
+            tag = str(loop.thread_binding.thread_tag)
+            if tag.startswith("threadIdx") and extent is not None:
+                threads[tag] = max(threads.get(tag, 1), extent)
+        elif loop.kind == ForKind.VECTORIZED and extent is not None:
+            if _vector_rule_broken(func, loop, extent, target, gpu):
+                return "vector_width"
+    if not gpu:
+        return None
+    per_block = 1
+    for extent in threads.values():
+        per_block *= extent
+    if per_block > _limit(target, "max_threads_per_block", 1024):
+        return "threads"
+    for buf in _fragment_buffers(func):
+        tile = FRAGMENT_TILES.get(str(buf.scope()))
+        dims = [_int(d) for d in buf.shape[-2:]]
+        if tile and any(d is None or d % tile for d in dims):
+            return "tensor_core"
+    try:
+        lowered = _lower_for_limits(func, target)
+    except Exception:  # noqa: BLE001  (unlowerable here = VerifyGPUCode rejects it too; not our rule)
+        return None
+    from tvm.s_tir.analysis import calculate_allocated_bytes
+
+    sizes = {str(k): int(v) for k, v in dict(calculate_allocated_bytes(lowered["main"])).get("main", {}).items()}
+    shared = sum(v for k, v in sizes.items() if k.startswith("shared"))
+    if shared > _limit(target, "max_shared_memory_per_block", 49152):
+        return "shared_memory"
+    regs = BASE_REGISTERS + (sizes.get("local", 0) + 3) // 4
+    if regs > MAX_REGISTERS_PER_THREAD or regs * per_block > _limit(target, "registers_per_block", 65536):
+        return "registers"
+    return None
+
+
+def _vector_rule_broken(func, loop, extent: int, target, gpu: bool) -> bool:
+    bits = _store_bits(loop)
+    if gpu:
+        return extent & (extent - 1) != 0 or extent * bits // 8 > CUDA_MAX_VECTOR_BYTES
+    lanes = max(1, cpu_vector_bits(target) // bits)
+    return extent % lanes != 0 and lanes % extent != 0
+
+
+def _region_buffer(region):
+    return region.source if hasattr(region, "source") else region.buffer
+
+
+def _store_bits(loop) -> int:
+    """Element width of what the vector loop stores (fp32 when nothing is found)."""
+    stack = [loop.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, tvm.tirx.BufferStore):
+            return _bits(node.buffer.dtype)
+        if type(node).__name__ == "SBlock":
+            if len(node.writes):
+                return _bits(_region_buffer(node.writes[0]).dtype)
+        stack.extend(_children(node))
+    return 32
+
+
+# ----------------------------------------------------------------------------------------------- postproc
+
+@derived_object
+class ExpertRules(PyPostproc):
+    """Postprocessor: ``False`` (candidate dropped before building) when :func:`check` finds a broken rule."""
+
+    def __init__(self, stats: Optional[RuleStats] = None, target=None):
+        super().__init__()
+        self.stats = stats if stats is not None else RuleStats()
+        self.target = target
+
+    def _initialize_with_tune_context(self, context) -> None:
+        if context.target is not None:
+            self.target = context.target
+
+    def apply(self, sch) -> bool:
+        rule = None
+        try:
+            for _, func in sch.mod.functions_items():
+                if isinstance(func, tvm.tirx.PrimFunc):
+                    rule = check(func, self.target)
+                    if rule is not None:
+                        break
+        except Exception:  # noqa: BLE001  (a rule that cannot read a candidate must not stop the search)
+            rule = None
+        self.stats.add(rule)
+        return rule is None
+
+    def clone(self):
+        return ExpertRules(self.stats, self.target)

@@ -1,0 +1,60 @@
+"""Measuring on another machine through TVM's RPC tracker (``--rpc HOST:PORT --key KEY``).
+
+Candidates are still built here (for CUDA: nvcc on this machine); the runner asks the tracker for a
+server registered under ``KEY`` and uploads, loads and times each artifact there. On the GPU box::
+
+    python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port 9190            # anywhere reachable
+    python -m tvm.exec.rpc_server --tracker HOST:9190 --key h100          # on the GPU machine
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from ..errors import FusionExtError
+
+
+def parse_address(text: str) -> Tuple[str, int]:
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise FusionExtError(f"--rpc expects HOST:PORT of a TVM RPC tracker, got '{text}'")
+    return host, int(port)
+
+
+def check_tracker(host: str, port: int, key: str, timeout: float = 10.0) -> None:
+    """Fail in one line when the tracker is unreachable or has no free server for ``key``."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        raise FusionExtError(f"cannot reach the RPC tracker at {host}:{port} ({err.strerror or err})") from None
+    from tvm import rpc
+
+    try:
+        summary = rpc.connect_tracker(host, port).summary()
+    except Exception as err:  # noqa: BLE001
+        raise FusionExtError(f"{host}:{port} is not a TVM RPC tracker ({str(err).strip().splitlines()[-1]})") \
+            from None
+    keys = {str(k) for k in summary.get("queue_info", {})}
+    if key not in keys:
+        raise FusionExtError(f"no RPC server registered under key '{key}' at {host}:{port} "
+                             f"(registered: {', '.join(sorted(keys)) or 'none'})")
+
+
+def make_runner(address: str, key: str, session_timeout: int = 60, workers: int = 1,
+                number: int = 3, repeat: int = 1, check: bool = True):
+    """A MetaSchedule ``RPCRunner`` measuring on the servers registered at tracker ``address`` under ``key``."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if not key:
+        raise FusionExtError("--rpc needs --key KEY (the key the RPC server registered with)")
+    host, port = parse_address(address)
+    if check:
+        check_tracker(host, port, key)
+    return ms.runner.RPCRunner(
+        rpc_config=ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=key,
+                                       session_timeout_sec=session_timeout),
+        evaluator_config=ms.runner.EvaluatorConfig(number=number, repeat=repeat, min_repeat_ms=0,
+                                                   enable_cpu_cache_flush=False),
+        max_workers=workers)
