@@ -72,12 +72,12 @@ class CompiledModel:
 
 def check_inputs(specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray], label: str = "model") -> List[np.ndarray]:
     """Arrays in parameter order, or an InputError naming the first problem (before anything is built or run)."""
+    unknown = [n for n in inputs if n not in specs]  # first: a misspelt name explains the missing one
+    if unknown:
+        raise InputError(f"{label}: unknown input '{unknown[0]}' (expected {list(specs)})")
     missing = [n for n in specs if n not in inputs]
     if missing:
         raise InputError(f"{label}: missing input '{missing[0]}' (expected {list(specs)})")
-    unknown = [n for n in inputs if n not in specs]
-    if unknown:
-        raise InputError(f"{label}: unknown input '{unknown[0]}' (expected {list(specs)})")
     arrays = []
     for name, (shape, dtype) in specs.items():
         a = np.asarray(inputs[name])

@@ -1,0 +1,158 @@
+"""CUDA templates compile with nvcc (no GPU needed): zero spills, tensor cores where promised, and the
+``inspect-cuda`` report on the tiny encoder."""
+
+import json
+import shutil
+
+import pytest
+import tvm
+from tvm import relax, s_tir
+
+from tvm_fusion_ext.errors import TargetError
+from tvm_fusion_ext.inspect_cuda import (
+    FIELDS,
+    add_parser,
+    cuda_sources,
+    inspect_cuda,
+    kernel_report,
+    parse_ptxas,
+    tensor_core_kernels,
+)
+from tvm_fusion_ext.ops.registry import make_prim_func
+from tvm_fusion_ext.schedules.registry import get_template
+from tvm_fusion_ext.targets import resolve_target
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+
+
+@pytest.fixture(autouse=True)
+def _nvcc_mode(monkeypatch):
+    monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "nvcc")
+
+
+def _scheduled(op, inputs, params, rule, arch):
+    ty = lambda s, dt: relax.TensorType(list(s), dt)  # noqa: E731
+    func = make_prim_func(op, {k: ty(*v) for k, v in inputs.items()}, params)
+    sch = s_tir.Schedule(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), seed=1)
+    target = resolve_target(f"cuda:{arch}")
+    root = sch.get_child_blocks(sch.get_sblock("root"))
+    block = next(b for b in root if str(sch.get(b).annotations.get("schedule_rule", "")) == rule)
+    get_template(rule, target)(sch, block, target)
+    return sch.mod, target
+
+
+def _report(mod, target, arch):
+    (src,) = cuda_sources(tvm.compile(mod, target))
+    (row,) = kernel_report(src, arch)
+    return row, src
+
+
+def _dense(M, K, N, dtype, arch, transpose_b=False, act="gelu"):
+    inputs = {"x": ((1, M, K), dtype), "w": (((N, K) if transpose_b else (K, N)), dtype), "bias": ((N,), dtype)}
+    mod, target = _scheduled("fused_dense", inputs, {"act": act, "transpose_b": transpose_b}, "tfx.dense", arch)
+    return _report(mod, target, arch)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("M,K,N,dtype,arch,transpose_b", [
+    (128, 384, 1152, "float32", "sm_80", False),
+    (128, 1536, 384, "float32", "sm_90", True),
+    (128, 384, 384, "float16", "sm_90", False),
+    (128, 768, 3072, "float16", "sm_80", True),
+    (128, 3072, 768, "bfloat16", "sm_90", False),
+])
+def test_dense_compiles_without_spills(M, K, N, dtype, arch, transpose_b):
+    row, src = _dense(M, K, N, dtype, arch, transpose_b)
+    assert row["spill_bytes"] == 0 and row["stack_bytes"] == 0, row
+    assert 0 < row["threads_per_block"] <= 1024
+    assert row["smem_bytes"] <= resolve_target(f"cuda:{arch}").attrs["max_shared_memory_per_block"]
+    # fp16/bf16 at multiples of 16 must run on tensor cores (mma.sync in the PTX), fp32 must not
+    assert row["tensor_core"] == (dtype != "float32"), row
+    if dtype != "float32":
+        assert "ldmatrix" in src and "mma.sync.aligned.m16n8k16" in src
+
+
+@needs_nvcc
+def test_dense_fp16_odd_shape_takes_simt_path():
+    row, src = _dense(12, 40, 24, "float16", "sm_90", act="none")
+    assert not row["tensor_core"] and "mma" not in src
+    assert row["spill_bytes"] == 0
+
+
+@needs_nvcc
+@pytest.mark.parametrize("N,dtype,arch", [(384, "float32", "sm_90"), (768, "float16", "sm_80"),
+                                          (30, "float32", "sm_80"), (16384, "float32", "sm_90")])
+def test_layernorm_compiles(N, dtype, arch):
+    inputs = {"x": ((1, 128, N), dtype), "residual": ((1, 128, N), dtype), "bias": ((N,), dtype),
+              "gamma": ((N,), dtype), "beta": ((N,), dtype)}
+    mod, target = _scheduled("fused_layernorm", inputs, {"eps": 1e-12}, "tfx.layernorm", arch)
+    row, src = _report(mod, target, arch)
+    assert row["spill_bytes"] == 0 and row["stack_bytes"] == 0, row
+    assert row["threads_per_block"] % 32 == 0
+    assert "__shfl" in src  # the statistics are warp-shuffle reductions, not a serial loop
+
+
+def test_parse_ptxas_and_ptx():
+    log = """ptxas info    : Compiling entry function 'k_a' for 'sm_90'
+ptxas info    : Function properties for k_a
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 1280 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function 'k_b' for 'sm_90'
+ptxas info    : Function properties for k_b
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 10 registers, used 0 barriers, 380 bytes cmem[0]
+"""
+    res = parse_ptxas(log)
+    assert res["k_a"] == {"registers": 40, "smem_bytes": 1280, "stack_bytes": 8, "spill_bytes": 8}
+    assert res["k_b"] == {"registers": 10, "smem_bytes": 0, "stack_bytes": 0, "spill_bytes": 0}
+    ptx = (".visible .entry k_a(\n{\n\tmma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1}, ...;\n}\n"
+           ".visible .entry k_b(\n{\n\tfma.rn.f32 %f1, %f2, %f3, %f4;\n}\n")
+    assert tensor_core_kernels(ptx) == {"k_a": True, "k_b": False}
+
+
+def test_convert_dtype_float16_leaves_no_float32():
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.inspect_cuda import convert_dtype
+    from tvm_fusion_ext.models import default_model_path
+
+    mod = convert_dtype(load_onnx(default_model_path()), "float16")
+    text = mod["main"].script(show_meta=False)
+    assert 'dtype="float32"' not in text and '"float32")' not in text
+    assert 'dtype="float16"' in text
+    assert str(mod["main"].ret_ty.dtype) == "float16"
+
+
+def test_unknown_arch_is_a_target_error():
+    from tvm_fusion_ext.models import default_model_path
+
+    with pytest.raises(TargetError, match="sm_1x"):
+        inspect_cuda(default_model_path(), arch="sm_1x")
+
+
+@needs_nvcc
+def test_inspect_cuda_tiny_encoder():
+    from tvm_fusion_ext.models import default_model_path
+
+    rows = inspect_cuda(default_model_path(), arch="sm_90")
+    assert rows and all(set(FIELDS) <= set(r) for r in rows)
+    assert all(r["spill_bytes"] == 0 for r in rows), [r for r in rows if r["spill_bytes"]]
+    names = [r["name"] for r in rows]
+    assert any(n.startswith("fused_dense") for n in names) and any("layernorm" in n for n in names)
+    assert not any(r["tensor_core"] for r in rows)  # fp32 has no tensor-core path
+
+
+@needs_nvcc
+def test_inspect_cuda_cli_fp16_json(capsys):
+    import argparse
+
+    from tvm_fusion_ext.models import default_model_path
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["inspect-cuda", default_model_path(), "--arch", "sm_80", "--dtype", "float16", "--json"])
+    assert args.func(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert all(r["spill_bytes"] == 0 for r in rows)
+    dense = [r for r in rows if r["name"].startswith("fused_dense")]
+    assert dense and all(r["tensor_core"] for r in dense), dense
+

@@ -1,0 +1,106 @@
+"""CUDA templates against numpy on a real GPU (skipped without one)."""
+
+import math
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, s_tir
+
+from tvm_fusion_ext.ops.registry import make_prim_func
+from tvm_fusion_ext.schedules.registry import get_template
+from tvm_fusion_ext.targets import cuda_target
+
+pytestmark = pytest.mark.gpu
+_erf = np.vectorize(math.erf)
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    dev = tvm.cuda(0)
+    if not dev.exist:
+        pytest.skip("no CUDA GPU")
+    if shutil.which("nvcc"):  # TVM's default (nvrtc) needs the cuda-python bindings
+        os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
+    major, minor = (int(x) for x in str(dev.compute_version).split("."))
+    return dev, cuda_target(f"sm_{major}{minor}")
+
+
+def _np_dtype(dtype):
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        return ml_dtypes.bfloat16
+    return np.dtype(dtype)
+
+
+def _run(op, rule, inputs, params, out_shape, out_dtype, gpu):
+    dev, target = gpu
+    func = make_prim_func(op, {k: relax.TensorType(list(v.shape), d) for k, (v, d) in inputs.items()}, params)
+    sch = s_tir.Schedule(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), seed=1)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    block = next(b for b in blocks if str(sch.get(b).annotations.get("schedule_rule", "")) == rule)
+    get_template(rule, target)(sch, block, target)
+    lib = tvm.compile(sch.mod, target)
+    args = [tvm.runtime.tensor(v.astype(_np_dtype(d)), dev) for v, d in inputs.values()]
+    out = tvm.runtime.tensor(np.zeros(out_shape, _np_dtype(out_dtype)), dev)
+    lib(*args, out)
+    return out.numpy().astype("float32")
+
+
+@pytest.mark.parametrize("dtype,M,K,N,transpose_b,act", [
+    ("float32", 128, 384, 1152, False, "gelu"),
+    ("float32", 24, 40, 36, True, "none"),
+    ("float16", 128, 768, 384, False, "gelu"),
+    ("float16", 128, 384, 1536, True, "relu"),
+    ("float16", 12, 40, 24, False, "none"),      # SIMT path for fp16
+    ("bfloat16", 128, 384, 768, False, "gelu"),
+    ("bfloat16", 64, 256, 128, True, "none"),
+])
+def test_dense(gpu, dtype, M, K, N, transpose_b, act):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, M, K)).astype("float32")
+    w = (rng.standard_normal((N, K) if transpose_b else (K, N)) / math.sqrt(K)).astype("float32")
+    b = rng.standard_normal(N).astype("float32")
+    cast = lambda a: a.astype(_np_dtype(dtype)).astype("float64")  # noqa: E731  (the values the GPU sees)
+    got = _run("fused_dense", "tfx.dense", {"x": (x, dtype), "w": (w, dtype), "bias": (b, dtype)},
+               {"act": act, "transpose_b": transpose_b}, (1, M, N), dtype, gpu)
+    z = cast(x) @ (cast(w).T if transpose_b else cast(w)) + cast(b)
+    want = {"none": z, "relu": np.maximum(z, 0), "gelu": 0.5 * z * (1 + _erf(z / math.sqrt(2)))}[act]
+    tol = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 8e-2}[dtype]
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype,N", [("float32", 384), ("float32", 30), ("float16", 768)])
+def test_layernorm(gpu, dtype, N):
+    rng = np.random.default_rng(1)
+    x, r = (rng.standard_normal((1, 64, N)).astype("float32") * 3 + 1 for _ in range(2))
+    bias, gamma, beta = (rng.standard_normal(N).astype("float32") for _ in range(3))
+    inputs = {"x": (x, dtype), "residual": (r, dtype), "bias": (bias, dtype), "gamma": (gamma, dtype),
+              "beta": (beta, dtype)}
+    got = _run("fused_layernorm", "tfx.layernorm", inputs, {"eps": 1e-12}, x.shape, dtype, gpu)
+    cast = lambda a: a.astype(_np_dtype(dtype)).astype("float64")  # noqa: E731
+    h = cast(x) + cast(r) + cast(bias)
+    want = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-12) * cast(gamma) + cast(beta)
+    tol = 1e-4 if dtype == "float32" else 1e-2
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def test_attention(gpu):
+    if get_template("tfx.attention", gpu[1]) is None:
+        pytest.skip("no CUDA attention template registered")
+    rng = np.random.default_rng(2)
+    B, S, H, D = 1, 64, 4, 32
+    q, k, v = (rng.standard_normal((B, S, H, D)).astype("float32") for _ in range(3))
+    mask = np.where(rng.random((B, 1, 1, S)) < 0.8, 0.0, -10000.0).astype("float32")
+    scale = 1 / math.sqrt(D)
+    got = _run("fused_attention", "tfx.attention", {"q": (q, "float32"), "k": (k, "float32"),
+                                                      "v": (v, "float32"), "mask": (mask, "float32")},
+               {"scale": scale}, (B, S, H, D), "float32", gpu)
+    qh, kh, vh = (a.transpose(0, 2, 1, 3).astype("float64") for a in (q, k, v))
+    s = qh @ kh.transpose(0, 1, 3, 2) * scale + mask
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = (p @ vh).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
