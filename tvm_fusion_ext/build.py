@@ -15,7 +15,6 @@ import os
 import warnings
 from typing import Optional, Union
 
-import numpy as np
 import tvm
 from tvm import relax
 
@@ -250,6 +249,10 @@ def apply_database(mod: tvm.IRModule, target: tvm.target.Target, logs: str) -> t
         raise
     except Exception as err:  # noqa: BLE001
         raise TuningLogError(f"cannot read tuning logs in '{logs}': {str(err).splitlines()[-1]}") from None
+    if target.kind.name == "cuda":
+        from .schedules.cuda.tensorcore import register_intrinsics
+
+        register_intrinsics()  # tensor-core records replay traces that name our mma intrinsics
     with target, database:
         return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 
 import numpy as np
 
 from .errors import InputError, ModelLoadError
+from .fileio import atomic_write_bytes
 
 DEFAULT_MODEL_NAME = "tiny-bert"
 _CACHE_ENV = "TVM_FUSION_EXT_CACHE"
@@ -230,16 +230,7 @@ def default_model_path(cache_dir: str | os.PathLike | None = None) -> str:
     except OSError:
         pass
     try:
-        os.makedirs(cache, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache, prefix=f".{DEFAULT_MODEL_NAME}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write_bytes(path, data)
     except OSError as err:
         raise ModelLoadError(f"cannot write the default model to cache dir {cache}: {err.strerror or err}") from None
     return path
@@ -353,7 +344,24 @@ def export_hf_model(kind: str = "minilm", path: str | os.PathLike | None = None,
             torch.onnx.export(module, args, path, dynamo=False, opset_version=17, **kw)
         else:
             torch.onnx.export(module, args, path, dynamo=True, opset_version=18, verbose=False, **kw)
+    _record_export(path, dict(kind=kind, exporter=exporter, attn=attn, seq=seq, batch=batch, num_layers=num_layers,
+                              seed=seed))
     return path
+
+
+def _record_export(path: str, info: dict) -> None:
+    """Note in the file's ``metadata_props`` how it was made, so that ``tvm-fusion bench`` can rebuild the torch
+    module for its PyTorch-eager baseline (an ONNX file does not carry it)."""
+    import json
+
+    import onnx
+
+    from .bench import HF_EXPORT_KEY
+
+    proto = onnx.load(path, load_external_data=False)  # dynamo's external weights stay where they are
+    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props},
+                                        HF_EXPORT_KEY: json.dumps(info, sort_keys=True)})
+    atomic_write_bytes(path, proto.SerializeToString())
 
 
 # --------------------------------------------------------------------------------------------------------------

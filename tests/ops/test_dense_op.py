@@ -11,23 +11,9 @@ from tvm_fusion_ext.ops.dense import ACTIVATIONS, pack_weight
 from tvm_fusion_ext.ops.registry import make_prim_func
 from tvm_fusion_ext.schedules.cpu.dense import dense_cpu, pack_nr
 from tvm_fusion_ext.schedules.registry import get_template
+from tvm_fusion_ext.testing import numpy_activation
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
-_erf = np.vectorize(math.erf)
-
-
-def _ref_act(z, act):
-    return {
-        "none": lambda v: v,
-        "relu": lambda v: np.maximum(v, 0),
-        "gelu": lambda v: 0.5 * v * (1 + _erf(v / math.sqrt(2))),
-        "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))),
-        "silu": lambda v: v / (1 + np.exp(-v)),
-        "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
-        "tanh": np.tanh,
-    }[act](z)
-
-
 def _run_dense(x_shape, K, N, act="none", bias=True, transpose_b=False, packed=False, knobs=None, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((*x_shape, K)).astype("float32")
@@ -48,7 +34,7 @@ def _run_dense(x_shape, K, N, act="none", bias=True, transpose_b=False, packed=F
     out = tvm.runtime.tensor(np.zeros((*x_shape, N), "float32"), dev)
     lib(*[tvm.runtime.tensor(v, dev) for v in inputs.values()], out)
     z = x.astype("float64") @ (w.T if transpose_b else w).astype("float64") + (b if bias else 0)
-    return out.numpy(), _ref_act(z, act), sch.mod["main"].script()
+    return out.numpy(), numpy_activation(z, act), sch.mod["main"].script()
 
 
 def _close(got, want):

@@ -20,7 +20,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
 from ..ops import call_op
-from .rule import FusionRule, Match, Variant, int_list, rule_pass, static_shape
+from .rule import FusionRule, Match, Variant, as_vector, int_list, per_column_bias_error, rule_pass
 
 ACTIVATION_OPS = {
     "relax.nn.relu": "relu",
@@ -75,23 +75,15 @@ class MatmulBiasActivationRule(FusionRule):
                 return f"weight permutation {axes} is not a transpose"
         n = ws[0] if m.tag["transpose_b"] else ws[1]
         if m.tag["bias"]:
-            bs = m.shape("bias")
-            if bs is None:
-                return "bias shape is not static"
-            out_rank = len(xs)
-            if len(bs) > out_rank or bs[-1] != n or any(d != 1 for d in bs[:-1]):
-                return f"bias of shape {bs} is not a per-column bias for output width {n}"
+            reason = per_column_bias_error(m.shape("bias"), n, len(xs))
+            if reason:
+                return reason
             if m.dtype("bias") != m.dtype("x"):
                 return f"bias dtype {m.dtype('bias')} differs from input dtype {m.dtype('x')}"
         return None
 
     def rewrite(self, m: Match, bb: relax.BlockBuilder) -> relax.Expr:
-        bias = None
-        if m.tag["bias"]:
-            bias = m.arg("bias")
-            shape = static_shape(bias)
-            if len(shape) != 1:
-                bias = bb.emit(relax.op.reshape(bias, [shape[-1]]))
+        bias = as_vector(bb, m.arg("bias")) if m.tag["bias"] else None
         return call_op(bb, "fused_dense", {"x": m.arg("x"), "w": m.arg("w"), "bias": bias},
                        {"act": m.tag["act"], "transpose_b": bool(m.tag["transpose_b"])})
 

@@ -19,7 +19,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
 from ..ops import call_op
-from .rule import FusionRule, Match, Variant, int_list, rule_pass, static_shape
+from .rule import FusionRule, Match, Variant, as_vector, int_list, per_column_bias_error, rule_pass
 
 
 class BiasResidualLayerNormRule(FusionRule):
@@ -59,19 +59,14 @@ class BiasResidualLayerNormRule(FusionRule):
             if m.dtype(name) != m.dtype("ln"):
                 return f"{name} dtype {m.dtype(name)} differs from {m.dtype('ln')}"
         if m.tag["bias"]:
-            bs = m.shape("bias")
-            if bs is None or len(bs) > rank or bs[-1] != n or any(d != 1 for d in bs[:-1]):
-                return f"bias of shape {bs} is not a per-column vector of width {n}"
+            reason = per_column_bias_error(m.shape("bias"), n, rank)
+            if reason:
+                return reason
         return None
 
     def rewrite(self, m: Match, bb: relax.BlockBuilder) -> relax.Expr:
         attrs = m["ln"].attrs
-        bias = None
-        if m.tag["bias"]:
-            bias = m.arg("bias")
-            shape = static_shape(bias)
-            if len(shape) != 1:
-                bias = bb.emit(relax.op.reshape(bias, [shape[-1]]))
+        bias = as_vector(bb, m.arg("bias")) if m.tag["bias"] else None
         inputs = {"x": m.arg("x"), "residual": m.arg("residual"), "bias": bias,
                   "gamma": m.arg("gamma"), "beta": m.arg("beta")}
         return call_op(bb, "fused_layernorm", inputs, {"eps": float(attrs.epsilon)})

@@ -171,6 +171,19 @@ def static_shape(e) -> Optional[List[int]]:
         return None
 
 
+def per_column_bias_error(shape: Optional[List[int]], width: int, out_rank: int) -> Optional[str]:
+    """Why a bias of ``shape`` is not one value per output column (``[N]`` or ``[1, …, 1, N]``), else None."""
+    if shape is None or len(shape) > out_rank or shape[-1] != width or any(d != 1 for d in shape[:-1]):
+        return f"bias of shape {shape} is not a per-column bias for output width {width}"
+    return None
+
+
+def as_vector(bb: relax.BlockBuilder, bias: relax.Expr) -> relax.Expr:
+    """A ``[1, …, 1, N]`` bias as ``[N]`` (a free view); a vector is returned as is."""
+    shape = static_shape(bias)
+    return bias if len(shape) == 1 else bb.emit(relax.op.reshape(bias, [shape[-1]]))
+
+
 def int_list(arr) -> Optional[List[int]]:
     if arr is None:
         return None

@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import time
 from typing import Optional, Tuple
 
 from ..errors import TuningLogError
+from ..fileio import atomic_write_bytes
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
@@ -91,7 +91,7 @@ def repair(path: str) -> int:
             continue
         content, changed = _good_lines(file, keep_bad_middle=strict)
         if changed:
-            _atomic_write_bytes(file, content)
+            atomic_write_bytes(file, content)
             fixed += 1
     return fixed
 
@@ -114,24 +114,9 @@ def open_database(path: str, create: bool = False):
 
 # ----------------------------------------------------------------------------------------------- manifest
 
-def _atomic_write_bytes(path: str, data: bytes) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_manifest(path: str, manifest: dict) -> None:
     manifest = dict(manifest, version=MANIFEST_VERSION, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    _atomic_write_bytes(os.path.join(path, MANIFEST_FILE), json.dumps(manifest, indent=2, sort_keys=True).encode())
+    atomic_write_bytes(os.path.join(path, MANIFEST_FILE), json.dumps(manifest, indent=2, sort_keys=True).encode())
 
 
 def read_manifest(path: str) -> Optional[dict]:

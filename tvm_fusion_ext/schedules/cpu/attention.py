@@ -31,40 +31,17 @@ online-softmax fold is defined per block.
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Optional
 
 from tvm import s_tir
 
+from ..attention_blocks import STAGES, kernel_stages, output_loops_bhsd
+from ..common import categorical
 from ..registry import register_template
 
 QUERY_TILES = (1, 2, 4, 8, 16, 32, 64)
 ROW_STEPS = (1, 2, 4)
 UNROLL = (0, 8, 16)  # 64 unrolls the exp polynomials of whole key blocks: ~60 s to compile, no faster
-
-_STAGES = ("attn_online", "attn_bo", "attn_bsum", "attn_p", "attn_bmax", "attn_qk", "attn_kt")
-
-
-def _stages(sch: s_tir.Schedule, out) -> Dict[str, s_tir.schedule.SBlockRV]:
-    """The kernel's blocks by name, found through the producer graph (robust to function renaming)."""
-    found, todo = {}, [out]
-    while todo:
-        blk = todo.pop()
-        for prod in sch.get_producers(blk):
-            name = sch.get(prod).name_hint
-            if name not in found:
-                found[name] = prod
-                todo.append(prod)
-    missing = [n for n in _STAGES if n not in found]
-    if missing:
-        raise ValueError(f"tfx.attention: not a fused_attention kernel (missing blocks {missing})")
-    return found
-
-
-def _categorical(sch, candidates, knob, default, knobs):
-    """A categorical sample; its knob is the candidate *index* (what MetaSchedule records)."""
-    decision = (knobs or {}).get(knob, list(candidates).index(default))
-    return sch.sample_categorical(list(candidates), [1.0 / len(candidates)] * len(candidates), decision=decision)
-
 
 def _vector_split(sch, loop, knob, default, knobs, max_lanes):
     """Split ``loop`` into (outer, lanes); the knob is the perfect-tile decision ``[outer, lanes]``."""
@@ -79,15 +56,15 @@ def _vector_split(sch, loop, knob, default, knobs, max_lanes):
     return sch.split(loop, factors)
 
 
-def _out_loops_bhsd(sch, out):
-    """Loops of the output block in (b, h, s, d) order, whatever the output layout."""
-    block = sch.get(out)
-    loops = sch.get_loops(out)
-    ivars = [iv.var for iv in block.iter_vars]
-    # the output reads the running sum at [b, h, i, d]: its index vars name the block vars in BHSD order
-    region = [r for r in block.reads if str(r.source.name).startswith("attn_online")][0].region
-    order = [next(n for n, v in enumerate(ivars) if v.same_as(r.min)) for r in region]
-    return [loops[n] for n in order]
+def _micro_kernel(sch, block, rows_knob, vec_knob, lanes, knobs):
+    """(rows × vector lanes) accumulators in registers, the reduction loop outside them."""
+    *_, i, _, j, r = sch.get_loops(block)
+    i0, i1 = sch.split(i, [None, categorical(sch, ROW_STEPS, rows_knob, 4, knobs)])
+    j0, j1 = _vector_split(sch, j, vec_knob, 2 * lanes, knobs, 64)
+    sch.reorder(i0, j0, r, i1, j1)
+    sch.unroll(i1)
+    sch.vectorize(j1)
+    sch.decompose_reduction(block, r)
 
 
 def _simd_lanes(target) -> int:
@@ -121,17 +98,17 @@ def _vectorize_partials(sch, rf):
 
 @register_template("tfx.attention", "cpu")
 def attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = None) -> None:
-    st = _stages(sch, block)
-    online, bo, bsum, p, bmax, qk, kt = (st[n] for n in _STAGES)
+    st = kernel_stages(sch, block)
+    online, bo, bsum, p, bmax, qk, kt = (st[n] for n in STAGES)
     lanes = _simd_lanes(target)
     bmax_rf = _rfactor_row_reduce(sch, bmax, lanes)
     bsum_rf = _rfactor_row_reduce(sch, bsum, lanes)
 
     # parallel query tiles; the output epilogue runs per tile
-    b, h, s, d = _out_loops_bhsd(sch, block)
+    b, h, s, d = output_loops_bhsd(sch, block)
     n_rows = int(sch.get(s).extent)
     tile_default = min(32, max(t for t in QUERY_TILES if t <= max(n_rows, 1)))
-    tile = _categorical(sch, QUERY_TILES, "query_tile", tile_default, knobs)
+    tile = categorical(sch, QUERY_TILES, "query_tile", tile_default, knobs)
     s0, s1 = sch.split(s, [None, tile])
     sch.reorder(b, h, s0, s1, d)
     task = sch.fuse(b, h, s0)
@@ -149,26 +126,14 @@ def attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = No
         sch.compute_at(blk, rb, preserve_unit_loops=True)
 
     # qk: register-blocked (rows × key lanes) micro-kernel over the head dim
-    *_, qi, _, qj, qr = sch.get_loops(qk)
-    qi0, qi1 = sch.split(qi, [None, _categorical(sch, ROW_STEPS, "qk_rows", 4, knobs)])
-    qj0, qj1 = _vector_split(sch, qj, "qk_vec", 2 * lanes, knobs, 64)
-    sch.reorder(qi0, qj0, qr, qi1, qj1)
-    sch.unroll(qi1)
-    sch.vectorize(qj1)
-    sch.decompose_reduction(qk, qr)
+    _micro_kernel(sch, qk, "qk_rows", "qk_vec", lanes, knobs)
 
     sch.vectorize(_vector_split(sch, sch.get_loops(p)[-1], "p_vec", 2 * lanes, knobs, 64)[1])
     for rf in (bmax_rf, bsum_rf):
         _vectorize_partials(sch, rf)
 
     # p·v: (rows × head-dim lanes) micro-kernel over the keys of the block
-    *_, vi, _, vd, vr = sch.get_loops(bo)
-    vi0, vi1 = sch.split(vi, [None, _categorical(sch, ROW_STEPS, "pv_rows", 4, knobs)])
-    vd0, vd1 = _vector_split(sch, vd, "pv_vec", 2 * lanes, knobs, 64)
-    sch.reorder(vi0, vd0, vr, vi1, vd1)
-    sch.unroll(vi1)
-    sch.vectorize(vd1)
-    sch.decompose_reduction(bo, vr)
+    _micro_kernel(sch, bo, "pv_rows", "pv_vec", lanes, knobs)
 
     # K transposed once per (b, h, key block), in parallel
     kb_, kh, kjb, kd, kjj = sch.get_loops(kt)
@@ -176,7 +141,7 @@ def attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = No
     sch.parallel(kt_task)
     sch.vectorize(kjj)
 
-    unroll = _categorical(sch, UNROLL, "unroll", 16, knobs)
+    unroll = categorical(sch, UNROLL, "unroll", 16, knobs)
     for loop in (task, kt_task):
         sch.annotate(loop, "pragma_auto_unroll_max_step", unroll)
         sch.annotate(loop, "pragma_unroll_explicit", 1)

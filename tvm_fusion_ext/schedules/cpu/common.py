@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import tvm
-from tvm import s_tir
 
 
 def num_cores(target: tvm.target.Target) -> int:
@@ -20,15 +19,3 @@ def vector_lanes(target: tvm.target.Target, dtype_bits: int = 32) -> int:
     wide = any(tag in mcpu for tag in ("skylake-avx512", "cascadelake", "icelake", "sapphirerapids", "znver4",
                                        "znver5", "cooperlake", "tigerlake"))
     return (512 if wide else 256) // dtype_bits
-
-
-def inline_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
-    """Reverse-inline the elementwise chain after ``block`` (our epilogue, plus anything FuseOps appended)."""
-    while True:
-        consumers = sch.get_consumers(block)
-        if len(consumers) != 1:
-            return
-        try:
-            sch.reverse_compute_inline(consumers[0])
-        except s_tir.ScheduleError:
-            return

@@ -31,7 +31,8 @@ from tvm import s_tir
 from tvm.tirx import IndexMap
 
 from ..registry import register_template
-from .common import inline_consumers, num_cores
+from ..common import divisors, inline_consumers
+from .common import num_cores
 
 #: AVX2: 8 fp32 lanes; 16 ymm registers bound mr*nr/8 + nr/8 + 1 <= 16.
 VECTOR_LANES = 8
@@ -50,13 +51,9 @@ def pack_nr(n: int, target: Optional[tvm.target.Target] = None) -> int:
     return PACK_NR if n >= PACK_NR else VECTOR_LANES
 
 
-def _divisors(n: int) -> List[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def default_mr(m: int) -> int:
     # Prefer 4..6 rows (8..12 accumulators with nr=16), else the largest divisor that fits the registers.
-    ds = [d for d in _divisors(m) if d <= MR_MAX]
+    ds = [d for d in divisors(m) if d <= MR_MAX]
     for want in (4, 6, 5, 8, 3, 7, 2):
         if want in ds:
             return want
@@ -64,7 +61,7 @@ def default_mr(m: int) -> int:
 
 
 def default_nr(n: int) -> int:
-    ds = [d for d in _divisors(n) if d <= NR_MAX]
+    ds = [d for d in divisors(n) if d <= NR_MAX]
     for want in (16, 24, 32, 8, 48, 40, 56, 64):
         if want in ds:
             return want
@@ -72,7 +69,7 @@ def default_nr(n: int) -> int:
 
 
 def default_kc(k: int) -> int:
-    ds = [d for d in _divisors(k) if d <= KC_MAX]
+    ds = [d for d in divisors(k) if d <= KC_MAX]
     best = max(ds)
     # A k-block this short would reload the accumulators every few FMAs: no blocking beats that.
     return best if best >= 64 or best == k else k
@@ -83,7 +80,7 @@ def default_ip(m_tiles: int, n_tiles: int, cores: int) -> int:
     want = 4 * cores
     if n_tiles >= want:
         return 1
-    for d in _divisors(m_tiles):
+    for d in divisors(m_tiles):
         if d * n_tiles >= want:
             return d
     return m_tiles

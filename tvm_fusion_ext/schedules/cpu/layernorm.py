@@ -16,6 +16,7 @@ from typing import Optional
 import tvm
 from tvm import s_tir
 
+from ..common import row_loop
 from ..registry import register_template
 from .common import vector_lanes
 
@@ -63,10 +64,7 @@ def layernorm_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: t
     row_input, stats, out = block, [b for b in blocks[1:-1]], blocks[-1]
 
     rfs = [_rfactor_lanes(sch, stat, lanes) for stat in stats]
-    *rows, n = sch.get_loops(out)
-    if not rows:
-        rows = [sch.add_unit_loop(n)]  # x is a single row
-    row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    row, n = row_loop(sch, out)
     sch.parallel(row)
     vec = _split_vector(sch, n, lanes)
     if vec is not None:

@@ -23,7 +23,8 @@ from typing import Optional
 
 from tvm import s_tir
 
-from ..cpu.attention import _STAGES, _categorical, _out_loops_bhsd, _stages  # block lookup shared with cpu
+from ..attention_blocks import STAGES, kernel_stages, output_loops_bhsd
+from ..common import categorical
 from ..registry import register_template
 
 UNROLL = (0, 16, 64)
@@ -40,14 +41,14 @@ def _bind_rows_lanes(sch, row_loop, lane_loop, lanes):
 
 @register_template("tfx.attention", "cuda")
 def attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = None) -> None:
-    st = _stages(sch, block)
-    online, bo, bsum, p, bmax, qk, kt = (st[n] for n in _STAGES)
+    st = kernel_stages(sch, block)
+    online, bo, bsum, p, bmax, qk, kt = (st[n] for n in STAGES)
     knobs = knobs or {}
     max_threads = int(target.attrs.get("max_num_threads", 1024) or 1024)
     # one lane width for the whole kernel; key blocks are powers of two ≥ 8, so the key loops split evenly
     # (a partial lane group there would put the all-reduces under a lane predicate, cf. rows below)
     lanes = min(WARP, int(sch.get(sch.get_loops(qk)[-2]).extent))
-    b, h, s, d = _out_loops_bhsd(sch, block)
+    b, h, s, d = output_loops_bhsd(sch, block)
     # a perfect split: a partial last tile would put the warp all-reduces and their barriers under a
     # row predicate, which ThreadSync refuses ("Cannot insert syncs inside condition")
     n_rows = int(sch.get(s).extent)
@@ -97,6 +98,6 @@ def attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = N
     sch.bind(kt_blocks, "blockIdx.x")
     sch.bind(kt_threads, "threadIdx.x")
 
-    unroll = _categorical(sch, UNROLL, "unroll", 64, knobs)
+    unroll = categorical(sch, UNROLL, "unroll", 64, knobs)
     sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
     sch.annotate(task, "pragma_unroll_explicit", 1)

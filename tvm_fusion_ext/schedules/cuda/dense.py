@@ -27,6 +27,7 @@ import tvm
 from tvm import s_tir
 from tvm.tirx import IndexMap
 
+from ..common import inline_consumers, largest_divisor
 from ..registry import register_template
 
 VECTOR_WIDTHS = (1, 2, 4)
@@ -44,26 +45,6 @@ def limits(target: tvm.target.Target) -> dict:
     get = lambda k, d: int(target.attrs[k]) if target.attrs.get(k) is not None else d  # noqa: E731
     return {"threads": get("max_threads_per_block", 1024), "smem": get("max_shared_memory_per_block", 49152),
             "warp": get("thread_warp_size", 32), "registers": get("registers_per_block", 65536)}
-
-
-def divisors(n: int) -> List[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def largest_divisor(n: int, cap: int) -> int:
-    return max(d for d in divisors(n) if d <= max(cap, 1))
-
-
-def inline_consumers(sch: s_tir.Schedule, block) -> None:
-    """Reverse-inline the elementwise chain after ``block`` (our epilogue plus anything fused after it)."""
-    while True:
-        consumers = sch.get_consumers(block)
-        if len(consumers) != 1:
-            return
-        try:
-            sch.reverse_compute_inline(consumers[0])
-        except s_tir.ScheduleError:
-            return
 
 
 def flatten_rows(sch: s_tir.Schedule, block, extra: int):

@@ -25,7 +25,8 @@ import tvm
 from tvm import s_tir
 
 from ..registry import register_template
-from .dense import inline_consumers, limits
+from ..common import inline_consumers, row_loop
+from .dense import limits
 
 UNROLL_STEPS = (0, 16, 64)
 #: lanes per vector access: the statistics and the normalisation run in fp32, and TVM's CUDA codegen has
@@ -55,13 +56,6 @@ def _default_threads(cands: List[int]) -> int:
     return cands.index(max(below) if below else min(cands))
 
 
-def _row_loop(sch: s_tir.Schedule, block):
-    *rows, n = sch.get_loops(block)
-    if not rows:
-        rows = [sch.add_unit_loop(n)]
-    return (sch.fuse(*rows) if len(rows) > 1 else rows[0]), n
-
-
 @register_template("tfx.layernorm", "cuda")
 def layernorm_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
                    knobs: Optional[dict] = None) -> None:
@@ -77,7 +71,7 @@ def layernorm_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: 
     threads = sch.sample_categorical(cands, [1.0 / len(cands)] * len(cands),
                                      decision=knobs.get("threads", _default_threads(cands)))
 
-    row, col = _row_loop(sch, out)
+    row, col = row_loop(sch, out)
     sch.bind(row, "blockIdx.x")
     _, tx, v = sch.split(col, [None, threads, vec])
     sch.bind(tx, "threadIdx.x")

@@ -43,7 +43,8 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 from tvm.tirx import Cast
 
-from .dense import flatten_output, flatten_rows, inline_consumers, largest_divisor, limits
+from ..common import inline_consumers, largest_divisor
+from .dense import flatten_output, flatten_rows, limits
 
 WARP = 32
 TILE = 16  # m = n = k = 16 per tensorized tile (two m16n8k16 instructions)

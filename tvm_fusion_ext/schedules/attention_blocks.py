@@ -1,0 +1,36 @@
+"""The blocks of a ``fused_attention`` kernel (``ops/attention.py``), found the same way by every template."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from tvm import s_tir
+
+STAGES = ("attn_online", "attn_bo", "attn_bsum", "attn_p", "attn_bmax", "attn_qk", "attn_kt")
+
+
+def kernel_stages(sch: s_tir.Schedule, out) -> Dict[str, s_tir.schedule.SBlockRV]:
+    """The kernel's blocks by name, found through the producer graph (robust to function renaming)."""
+    found, todo = {}, [out]
+    while todo:
+        blk = todo.pop()
+        for prod in sch.get_producers(blk):
+            name = sch.get(prod).name_hint
+            if name not in found:
+                found[name] = prod
+                todo.append(prod)
+    missing = [n for n in STAGES if n not in found]
+    if missing:
+        raise ValueError(f"tfx.attention: not a fused_attention kernel (missing blocks {missing})")
+    return found
+
+
+def output_loops_bhsd(sch, out):
+    """Loops of the output block in (b, h, s, d) order, whatever the output layout."""
+    block = sch.get(out)
+    loops = sch.get_loops(out)
+    ivars = [iv.var for iv in block.iter_vars]
+    # the output reads the running sum at [b, h, i, d]: its index vars name the block vars in BHSD order
+    region = [r for r in block.reads if str(r.source.name).startswith("attn_online")][0].region
+    order = [next(n for n, v in enumerate(ivars) if v.same_as(r.min)) for r in region]
+    return [loops[n] for n in order]
