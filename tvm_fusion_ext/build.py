@@ -142,12 +142,14 @@ def VectorisableMath(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: 
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if not _is_cpu(target):
             return mod
+        out = None
         for gv, func in list(mod.functions_items()):
             if isinstance(func, tvm.tirx.PrimFunc):
                 new = tvm_ffi.structural_map(func, (tvm.ir.expr.Call, rewrite))
                 if not new.same_as(func):
-                    mod[gv] = new
-        return mod
+                    out = out if out is not None else mod.clone()  # a Python module pass gets the caller's module
+                    out[gv] = new
+        return out if out is not None else mod
 
     return _pass
 
@@ -207,6 +209,7 @@ def ApplyTemplates(target: TargetLike = None, knobs: Optional[dict] = None) -> t
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from tvm import s_tir
 
+        mod = mod.clone()  # a Python module pass gets the caller's module: never schedule it in place
         for gv, func in list(mod.functions_items()):
             if not isinstance(func, tvm.tirx.PrimFunc) or _is_scheduled(func):
                 continue

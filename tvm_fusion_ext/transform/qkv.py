@@ -177,6 +177,7 @@ def FuseQKVProjection():  # noqa: N802
             plan = _plan(func, gv.name_hint)
             if not plan:
                 continue
+            mod = mod.clone()  # a Python module pass gets the caller's module
             rw = _Horizontal(mod, plan, gv.name_hint)
             new_func = relax.analysis.remove_all_unused(rw.visit_expr(func))
             mod = rw.builder_.get()

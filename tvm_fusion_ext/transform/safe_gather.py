@@ -26,9 +26,10 @@ class _Clamp(relax.PyExprMutator):
 
 def ClampGatherIndices() -> tvm.transform.Pass:  # noqa: N802
     def _transform(mod, _ctx):
+        out = mod.clone()  # a Python module pass gets the caller's module
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
-                mod[gv] = _Clamp(mod).visit_expr(func)
-        return mod
+                out[gv] = _Clamp(mod).visit_expr(func)
+        return out
 
     return tvm.transform.module_pass(_transform, opt_level=0, name="tfx.ClampGatherIndices")
