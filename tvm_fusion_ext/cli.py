@@ -10,10 +10,10 @@ import argparse
 import json
 import os
 import sys
-import tempfile
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from .errors import FusionExtError, InputError
+from .fileio import atomic_write
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
@@ -86,23 +86,6 @@ def _load_npz(path: str):
         raise InputError(f"{path}: not a readable .npz file ({str(err).splitlines()[0]})") from None
 
 
-def atomic_write(path: str, write: Callable, binary: bool = False) -> None:
-    """Write via a temporary file in the same directory and rename: readers never see a partial file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=directory)
-    try:
-        with os.fdopen(fd, "wb" if binary else "w") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 # ---------------------------------------------------------------------------------------------------------
 # parser
 # ---------------------------------------------------------------------------------------------------------
@@ -135,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logs", help="tuning-log directory to apply")
     p.add_argument("--no-minilm", action="store_true", help="only the built-in tiny encoder")
     p.set_defaults(func=cmd_demo)
+
+    from . import bench
+
+    bench.add_parser(sub)
 
     from . import inspect_cuda
     from .tune import cli as tune_cli

@@ -9,79 +9,21 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
-import time
 from typing import List, Optional
 
-import numpy as np
-
-from .timing import Timing, time_block
-
-
-def _ort_session(path: str, threads: Optional[int]):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads:
-        opts.intra_op_num_threads = threads
-    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+from .bench import bench_model
 
 
 def demo_model(path: str, label: str, logs: Optional[str] = None, repeat: int = 20, stock_tvm: bool = True,
                out=print) -> dict:
-    from .api import fuse
-    from .frontend import load_onnx
-    from .models import sample_inputs
-    from .runtime import CompiledModel
-
+    """One model through ``tvm-fusion bench`` against ONNX Runtime (and stock TVM): report, check, table."""
     out(f"== {label} ({os.path.basename(path)})")
-    t0 = time.perf_counter()
-    mod = load_onnx(path)
-    _, report = fuse(mod)
-    out(report.summary())
-    feeds = sample_inputs(path, seed=0)
-
-    ours = CompiledModel.from_module(mod, logs=logs, fuse=True, label=label)
-    out(f"built with fusion + templates in {time.perf_counter() - t0:.1f} s")
-    got = ours.run(feeds)
-    rows: List[Timing] = [time_block("tvm_fusion_ext", ours.bind(feeds), repeat=repeat)]
-
-    result = {"model": label, "fused": report.fused, "max_abs_diff_vs_ort": None}
-    if importlib.util.find_spec("onnxruntime") is not None:
-        sess = _ort_session(path, threads=ours.target.attrs.get("num-cores"))
-        names = {i.name for i in sess.get_inputs()}
-        ort_feeds = {k: v for k, v in feeds.items() if k in names}
-        ref = sess.run(None, ort_feeds)
-        diff = max(float(np.abs(got[n] - r).max()) for n, r in zip(ours.output_names, ref))
-        result["max_abs_diff_vs_ort"] = diff
-        out(f"max |ours - onnxruntime| = {diff:.2e}")
-        rows.append(time_block("onnxruntime", lambda: sess.run(None, ort_feeds), repeat=repeat))
-    if stock_tvm:
-        stock = _stock_tvm(mod, ours)
-        rows.append(time_block("tvm (stock tvm.compile)", stock.bind(feeds), warmup=1, repeat=3, max_seconds=10))
-    out(format_table(rows))
-    result["timings"] = [r.to_dict() for r in rows]
-    return result
-
-
-def _stock_tvm(mod, ours):
-    """Plain ``tvm.compile`` with TVM's own default pipeline: the baseline a TVM user starts from."""
-    import tvm
-    from tvm import relax
-
-    from .runtime import CompiledModel
-
-    ex = tvm.compile(mod, ours.target, relax_pipeline=relax.get_default_pipeline(ours.target))
-    return CompiledModel(ex, ours.target, ours.input_specs, ours.output_names, "stock")
-
-
-def format_table(rows: List[Timing]) -> str:
-    ort = next((r for r in rows if r.name == "onnxruntime"), None)
-    lines = [f"{'runtime':<26}{'median ms':>11}{'p10':>9}{'p90':>9}{'vs ORT':>9}"]
-    for r in rows:
-        ratio = f"{r.median / ort.median:.2f}x" if ort else "-"
-        lines.append(f"{r.name:<26}{r.median:>11.3f}{r.p10:>9.3f}{r.p90:>9.3f}{ratio:>9}")
-    return "\n".join(lines)
+    against = ("ort", "tvm") if stock_tvm else ("ort",)
+    result = bench_model(path, logs=logs, against=against, repeat=repeat, label=label, out=out)
+    if result["max_abs_diff_vs_ort"] is not None:
+        out(f"max |ours - onnxruntime| = {result['max_abs_diff_vs_ort']:.2e}")
+    return {"model": label, "fused": result["fused"], "max_abs_diff_vs_ort": result["max_abs_diff_vs_ort"],
+            "timings": [r for r in result["runtimes"] if r.get("median_ms") is not None]}
 
 
 def run_demo(logs: Optional[str] = None, include_minilm: bool = True, out=print) -> List[dict]:

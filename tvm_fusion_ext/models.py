@@ -240,6 +240,8 @@ def default_model_path(cache_dir: str | os.PathLike | None = None) -> str:
 # real models (torch + transformers)
 # --------------------------------------------------------------------------------------------------------------
 HF_KINDS = ("minilm", "bert-base")
+#: ONNX metadata_props key under which export_hf_model records its arguments (JSON); read by ``tvm-fusion bench``
+HF_EXPORT_KEY = "tvm_fusion_ext.hf_export"
 
 
 def _require_torch_stack(kind: str):
@@ -355,8 +357,6 @@ def _record_export(path: str, info: dict) -> None:
     import json
 
     import onnx
-
-    from .bench import HF_EXPORT_KEY
 
     proto = onnx.load(path, load_external_data=False)  # dynamo's external weights stay where they are
     onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props},

@@ -85,7 +85,7 @@ def check_inputs(specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray], labe
             raise InputError(f"{label}: input '{name}' has shape {list(a.shape)}, the model was built for {list(shape)}")
         if str(a.dtype) != dtype:
             raise InputError(f"{label}: input '{name}' has dtype {a.dtype}, expected {dtype}")
-        arrays.append(np.ascontiguousarray(a))
+        arrays.append(np.ascontiguousarray(a).reshape(a.shape))  # 0-d stays 0-d
     return arrays
 
 

@@ -49,7 +49,7 @@ def run_relax(mod: tvm.IRModule, inputs: Sequence[np.ndarray], target: Optional[
     tgt = tvm.target.Target(target or {"kind": "llvm"})
     ex = tvm.compile(mod, tgt)
     vm = relax.VirtualMachine(ex, tvm.cpu())
-    result = vm[func](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in inputs])
+    result = vm[func](*[tvm.runtime.tensor(np.ascontiguousarray(a).reshape(np.shape(a))) for a in inputs])
     return _to_numpy(result)
 
 

@@ -173,7 +173,7 @@ def static_shape(e) -> Optional[List[int]]:
 
 def per_column_bias_error(shape: Optional[List[int]], width: int, out_rank: int) -> Optional[str]:
     """Why a bias of ``shape`` is not one value per output column (``[N]`` or ``[1, …, 1, N]``), else None."""
-    if shape is None or len(shape) > out_rank or shape[-1] != width or any(d != 1 for d in shape[:-1]):
+    if not shape or len(shape) > out_rank or shape[-1] != width or any(d != 1 for d in shape[:-1]):
         return f"bias of shape {shape} is not a per-column bias for output width {width}"
     return None
 

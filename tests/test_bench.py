@@ -1,0 +1,123 @@
+"""``tvm-fusion bench``: the JSON contract, numerics against ONNX Runtime / numpy, the workspace measurement
+(checked on a PrimFunc whose allocations we know) and the one-line errors. No timing assertions."""
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from tvm_fusion_ext.bench import _tir_allocations, hf_export_info
+from tvm_fusion_ext.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _one_line_error(capsys, *needles):
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+def test_model_bench_writes_contract_json_and_png(tiny_encoder_path, tmp_path, capsys):
+    out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
+    assert main(["bench", tiny_encoder_path, "--against", "ort,torch,tvm", "--repeat", "3",
+                 "--json", str(out_json), "--plot", str(out_png)]) == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out_json.read_text())
+
+    by_name = {x["name"]: x for x in r["runtimes"]}
+    ours, ort, stock = by_name["tvm_fusion_ext"], by_name["onnxruntime"], by_name["tvm (stock tvm.compile)"]
+    assert r["ratio_vs_ort"] == pytest.approx(ours["median_ms"] / ort["median_ms"], rel=1e-12)
+    assert ours["ratio_vs_ort"] == pytest.approx(r["ratio_vs_ort"], rel=1e-12)
+    for row in (ours, ort, stock):
+        assert row["available"] and 1 <= row["runs"] <= 3
+        assert row["p10_ms"] <= row["median_ms"] <= row["p90_ms"]
+    assert ours["max_abs_diff"] < 1e-4 and stock["max_abs_diff"] < 1e-4
+    assert r["max_abs_diff_vs_ort"] == ours["max_abs_diff"]
+    assert r["threading"]["thread_spinning"] is False  # the default: no busy-waiting workers, for all runtimes
+    # the tiny encoder is not a transformers export: no torch module to time, and the table says so
+    assert not by_name["torch"]["available"] and "not a transformers export" in by_name["torch"]["note"]
+    assert "n/a (not a transformers export)" in printed
+    # fusion counts are those of `tvm-fusion fuse --json` on the same file
+    assert main(["fuse", tiny_encoder_path, "--json"]) == 0
+    assert r["fused"] == json.loads(capsys.readouterr().out)["fused"]
+    assert r["fused"]["attention"] >= 1
+    assert out_png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_workspace_of_a_known_primfunc():
+    # B is an intermediate stage of 16x8 float32 (512 bytes); A and C are parameters, not workspace
+    a = te.placeholder((16, 8), "float32", name="A")
+    b = te.compute((16, 8), lambda i, j: a[i, j] * 2.0, name="B")
+    c = te.compute((16, 8), lambda i, j: b[i, j] + 1.0, name="C")
+    assert _tir_allocations(te.create_prim_func([a, c])) == [512]
+    h = te.placeholder((4, 4), "float16", name="H")
+    assert _tir_allocations(te.create_prim_func([h, te.compute((4, 4), lambda i, j: h[i, j], name="O")])) == []
+
+
+def test_attention_only_workspace_linear_vs_quadratic(tmp_path, capsys):
+    out_json, out_png = tmp_path / "a.json", tmp_path / "a.png"
+    heads, seqs = 2, (64, 256)
+    assert main(["bench", "--attention-only", "--seq", ",".join(map(str, seqs)), "--heads", str(heads),
+                 "--head-dim", "32", "--repeat", "2", "--json", str(out_json), "--plot", str(out_png)]) == 0
+    r = json.loads(out_json.read_text())
+    assert [e["seq"] for e in r["results"]] == list(seqs)
+    ws = {name: [] for name in ("tvm_fusion_ext", "unfused relax")}
+    for e in r["results"]:
+        score_bytes = heads * e["seq"] ** 2 * 4
+        rows = {x["name"]: x for x in e["runtimes"]}
+        for name in ws:
+            assert rows[name]["max_abs_diff"] < 1e-4  # against a float64 numpy softmax(qkᵀ/√d)·v
+            ws[name].append(rows[name]["workspace_bytes"])
+        assert rows["unfused relax"]["workspace_bytes"] >= score_bytes  # the S×T scores are materialised
+        if e["seq"] >= 256:  # below that the fixed per-tile buffers outweigh a small S×T matrix
+            assert rows["tvm_fusion_ext"]["workspace_bytes"] < score_bytes
+        assert rows["torch sdpa"]["max_abs_diff"] < 1e-4
+        assert rows["torch sdpa"]["workspace_bytes"] is None  # not measured, and the JSON says so
+    growth = seqs[1] / seqs[0]
+    assert ws["tvm_fusion_ext"][1] <= 1.1 * growth * ws["tvm_fusion_ext"][0]  # ~linear
+    assert ws["unfused relax"][1] >= 0.75 * growth ** 2 * ws["unfused relax"][0]  # ~quadratic
+    assert out_png.read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.parametrize("against,needle", [("ort,cudnn", "cudnn"), ("", "--against")])
+def test_bad_against_is_one_line_error(tiny_encoder_path, tmp_path, capsys, against, needle):
+    out_json = tmp_path / "x.json"
+    assert main(["bench", tiny_encoder_path, "--against", against, "--json", str(out_json)]) == 2
+    _one_line_error(capsys, needle)
+    assert not out_json.exists()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--seq", "64"], "--seq 64"),  # the tiny encoder is static (seq 32) and not one of our exports
+    (["--target", "cuda"], "no GPU"),
+])
+def test_model_mode_errors(tiny_encoder_path, capsys, argv, needle):
+    if "cuda" in argv and tvm.cuda(0).exist:
+        pytest.skip("a GPU is present")
+    assert main(["bench", tiny_encoder_path, *argv]) == 2
+    _one_line_error(capsys, needle)
+
+
+@pytest.mark.parametrize("argv", [["--attention-only", "--seq", "64,x"], ["--attention-only", "--seq", "0"],
+                                  ["--seq", "128"]])
+def test_argument_errors(capsys, argv):
+    assert main(["bench", *argv]) == 2
+    _one_line_error(capsys)
+
+
+@pytest.mark.slow
+def test_transformers_export_is_timed_with_torch(minilm_export, tmp_path, capsys):
+    path = minilm_export("legacy", "sdpa", seq=16, num_layers=1)
+    assert hf_export_info(path)["kind"] == "minilm"
+    out_json = tmp_path / "m.json"
+    assert main(["bench", path, "--against", "ort,torch", "--repeat", "2", "--json", str(out_json)]) == 0
+    rows = {x["name"]: x for x in json.loads(out_json.read_text())["runtimes"]}
+    assert rows["torch"]["available"]
+    # torch eager and our build, each against ORT on the same inputs: all three agree
+    assert rows["torch"]["max_abs_diff"] < 1e-4 and rows["tvm_fusion_ext"]["max_abs_diff"] < 1e-4
+    assert np.isfinite(rows["torch"]["median_ms"])
