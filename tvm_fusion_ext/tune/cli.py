@@ -25,7 +25,8 @@ def cmd_tune(args) -> int:
         runner = make_runner(args.rpc, args.key)
     workload = os.path.splitext(os.path.basename(args.model))[0]
     opts = TuneOptions(trials=args.trials, space=args.space, scheduler=args.scheduler, runner=runner,
-                       per_iter=args.per_iter, population=args.population)
+                       per_iter=args.per_iter, population=args.population, cost_model=args.cost_model,
+                       seed=args.seed)
     manifest = tune(mod, args.target, logs=args.logs, workload=workload, options=opts, fuse=not args.no_fusion)
     for name, task in sorted(manifest.get("tasks", {}).items()):
         best = task.get("best_us")
@@ -49,6 +50,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--space", choices=("template", "auto"), default="template",
                    help="template: our templates' knobs; auto: MetaSchedule's sketches (template where they fail)")
     p.add_argument("--scheduler", choices=("gradient", "round-robin"), default="gradient", help="task scheduler")
+    p.add_argument("--cost-model", choices=("xgb", "random"), default="xgb",
+                   help="xgb: XGBoost-guided search (default); random: random scores (baseline for comparison)")
+    p.add_argument("--seed", type=int, default=1, help="random seed of the search")
     p.add_argument("--rpc", metavar="HOST:PORT", help="measure through this TVM RPC tracker")
     p.add_argument("--key", help="RPC device key (with --rpc)")
     p.add_argument("--per-iter", type=int, default=8, help="candidates measured per task per round")

@@ -8,7 +8,7 @@ One run::
          "auto":     MetaSchedule's generated sketches (default rules); where they cannot be generated
                      (MultiLevelTiling crashes on the attention kernel on llvm) the task falls back to its
                      template, and a task without a template uses "auto" in either mode
-    + expert hard rules (postproc, before building) ─ XGBModel ─ EvolutionarySearch ─ "gradient" |
+    + expert hard rules (postproc, before building) ─ XGBModel (or RandomModel) ─ EvolutionarySearch ─ "gradient" |
     "round-robin" task scheduler ─ tuning_logs/<workload>-<target>/ (see ``logs.py``)
 
 Because tasks come from the same ``lower`` the build runs, ``build(mod, target, logs=dir)`` finds every
@@ -25,7 +25,7 @@ import sys
 import time
 import types
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import tvm
 
@@ -35,6 +35,7 @@ from .expert import ExpertRules, RuleStats
 
 SPACES = ("template", "auto")
 SCHEDULERS = ("gradient", "round-robin")
+COST_MODELS = ("xgb", "random")
 # Below this many FLOPs a kernel costs less than a launch / the VM call around it: not worth a trial.
 DEFAULT_MIN_FLOPS = 1000.0
 
@@ -315,6 +316,7 @@ class TuneOptions:
     builder_timeout: float = 60.0
     runner: object = None                     # a MetaSchedule Runner; None: LocalRunner on this machine
     seed: int = 1
+    cost_model: str = "xgb"                   # "xgb": XGBModel guides the search; "random": RandomModel (baseline)
     fast_import: Optional[bool] = None        # stub the tensor-intrinsic registry (default: llvm only)
     progress: Optional[Callable[[str], None]] = print
 
@@ -324,6 +326,8 @@ def _check_options(opts: TuneOptions) -> None:
         raise FusionExtError(f"unknown search space '{opts.space}' (use {' or '.join(SPACES)})")
     if opts.scheduler not in SCHEDULERS:
         raise FusionExtError(f"unknown task scheduler '{opts.scheduler}' (use {' or '.join(SCHEDULERS)})")
+    if opts.cost_model not in COST_MODELS:
+        raise FusionExtError(f"unknown cost model '{opts.cost_model}' (use {' or '.join(COST_MODELS)})")
     if opts.trials < 0:
         raise FusionExtError(f"--trials must be >= 0, got {opts.trials}")
 
@@ -386,8 +390,13 @@ def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fa
         f"{len(skipped) + len(unusable)} skipped, {budget} trials -> {out}")
 
     FixedSpace = _fixed_space_class()
-    cost_model = ms.cost_model.XGBModel(num_warmup_samples=min(8, max(2, opts.per_iter)))
-    progress.cost_model = cost_model
+    if opts.cost_model == "random":
+        # MetaSchedule's baseline: random scores, so evolutionary search picks candidates blindly
+        cost_model = ms.cost_model.RandomModel(seed=opts.seed)
+        progress.cost_model = None  # its scores are not predictions: no rank correlation
+    else:
+        cost_model = ms.cost_model.XGBModel(num_warmup_samples=min(8, max(2, opts.per_iter)))
+        progress.cost_model = cost_model
     contexts = []
     names = [t.name for t in tunable]
     for task, logger, rand in zip(tunable, ms.logging.get_loggers_from_work_dir(out, names),
@@ -401,9 +410,20 @@ def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fa
     progress.contexts = contexts
     builder = ms.builder.LocalBuilder(max_workers=opts.builder_workers, timeout_sec=opts.builder_timeout,
                                       initializer=skip_tensor_intrin if fast else None)
+    if opts.runner is None and target.kind.name == "llvm":
+        from ..build import configure_cpu_threads
+
+        # measure with the thread count the build will run with (TVM defaults to 1 thread on 2 vCPUs)
+        configure_cpu_threads(int(target.attrs.get("num-cores") or 0) or None)
+    # repeats of >= 20 ms each: a single short repeat on a busy 2-core machine records noise as speed
     runner = opts.runner or ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(
-        number=3, repeat=1, min_repeat_ms=0, enable_cpu_cache_flush=False))
+        number=3, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False))
     start = time.time()
+    budget -= measure_template_defaults(contexts, tunable, target, database, builder, runner, progress, budget)
+    if budget <= 0:
+        manifest = progress.finish(seconds=time.time() - start)
+        say(f"tune: done, {manifest['trials']} trials in {out}")
+        return manifest
     ms.tune_tasks(tasks=contexts, task_weights=[float(t.weight) for t in tunable], work_dir=out,
                   max_trials_global=budget, num_trials_per_iter=opts.per_iter, builder=builder, runner=runner,
                   database=database, cost_model=cost_model,
@@ -411,13 +431,53 @@ def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fa
                                      progress.callback(), ms.measure_callback.UpdateCostModel()],
                   task_scheduler=opts.scheduler)
     manifest = progress.finish(seconds=time.time() - start)
-    say(f"tune: done, {manifest['trials']} trials in {out}")
+    failed = sum(int(t.get("failed", 0)) for t in manifest.get("tasks", {}).values())
+    say(f"tune: done, {manifest['trials']} trials in {out}"
+        + (f" ({failed} candidates failed to build or run; see the per-batch lines above)" if failed else ""))
     return manifest
+
+
+def measure_template_defaults(contexts, tasks, target, database, builder, runner, progress, budget: int) -> int:
+    """Measure each template task's expert-default schedule first and record it like any other trial.
+
+    The evolutionary search samples fresh decisions and never measures the template's own defaults, so without
+    this a noisy record slower than the defaults could win at build time. With the defaults in the database,
+    the applied record is never worse than them as far as measurement can tell. Tasks that already have
+    records (a resumed run) are skipped. Returns the number of trials spent."""
+    from tvm.s_tir import meta_schedule as ms
+
+    picked = []
+    for i, (ctx, task) in enumerate(zip(contexts, tasks)):
+        if len(picked) >= budget:
+            break
+        if task.space != "template" or not task.spaces or progress.state[task.name]["trials"] > 0:
+            continue
+        sch = task.spaces[0].copy()
+        if not all(p.apply(sch) for p in ctx.space_generator.postprocs):
+            continue  # the defaults break a postproc's rule for this shape: let the search find valid knobs
+        args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
+        picked.append((i, task, ms.MeasureCandidate(sch, args)))
+    if not picked:
+        return 0
+    builds = builder.build([ms.builder.BuilderInput(c.sch.mod, target) for _, _, c in picked])
+    device = "cuda" if target.kind.name == "cuda" else "cpu"
+    inputs = [ms.runner.RunnerInput(b.artifact_path, device, c.args_info)
+              for (_, _, c), b in zip(picked, builds) if b.error_msg is None]
+    results = iter([f.result() for f in runner.run(inputs)])
+    for (i, task, cand), b in zip(picked, builds):
+        res = next(results) if b.error_msg is None else ms.runner.RunnerResult(None, b.error_msg)
+        if res.error_msg is None:
+            workload = database.commit_workload(task.mod)
+            database.commit_tuning_record(ms.database.TuningRecord(cand.sch.trace, workload, res.run_secs, target,
+                                                                   cand.args_info))
+        progress.record(i, [cand], [res], [b])
+    return len(picked)
 
 
 def _manifest_base(workload, mhash, target, opts: TuneOptions, skipped, previous) -> dict:
     base = dict(previous or {})
     base.update({"workload": workload, "model_hash": mhash, "target": tlogs.target_label(target),
                  "target_spec": str(target), "space": opts.space, "scheduler": opts.scheduler,
+                 "cost_model": opts.cost_model,
                  "skipped": {name: why for name, why in skipped}})
     return base

@@ -35,7 +35,7 @@ class Progress:
         for task in tasks:
             prev = prev_tasks.get(task.name, {})
             self.state[task.name] = {"trials": int(prev.get("trials", 0)), "best": _best_in_db(database, task.mod),
-                                     "history": []}
+                                     "history": [], "failed": int(prev.get("failed", 0))}
 
     # -- the MetaSchedule callback -------------------------------------------------------------------------
     def callback(self):
@@ -47,7 +47,7 @@ class Progress:
         @derived_object
         class _Callback(PyMeasureCallback):
             def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
-                progress.record(int(task_id), list(measure_candidates), list(runner_results))
+                progress.record(int(task_id), list(measure_candidates), list(runner_results), list(builder_results))
 
         return _Callback()
 
@@ -61,10 +61,13 @@ class Progress:
         except Exception:  # noqa: BLE001  (quality is a report; never let it stop tuning)
             return [None] * len(candidates)
 
-    def record(self, task_id: int, candidates, results) -> None:
+    def record(self, task_id: int, candidates, results, builds=None) -> None:
         task = self.tasks[task_id]
         st = self.state[task.name]
         preds = self._predict(task_id, candidates)
+        errors = [_failure(b, r) for b, r in zip(builds or [None] * len(results), results)]
+        failed = [e for e in errors if e]
+        st["failed"] += len(failed)
         for pred, res in zip(preds, results):
             lat = _latency(res)
             st["history"].append((lat, pred))
@@ -77,7 +80,8 @@ class Progress:
         tuned = sum(1 for s in self.state.values() if s["best"] is not None)
         self.say(f"tune: trials {self.new_trials}/{self.budget} | tasks {tuned}/{len(self.tasks)} with records | "
                  f"{task.name}: {len(results)} measured, best "
-                 f"{'-' if best is None else f'{best * 1e6:.2f} us'} | model total {self._total_us()}")
+                 f"{'-' if best is None else f'{best * 1e6:.2f} us'} | model total {self._total_us()}"
+                 + (f" | {len(failed)} failed ({failed[0]})" if failed else ""))
 
     # -- manifest --------------------------------------------------------------------------------------------
     def _total_us(self) -> str:
@@ -93,7 +97,7 @@ class Progress:
             best = st["best"]
             entry = dict(prev_tasks.get(task.name, {}))
             entry.update({"space": task.space, "note": task.note, "rule": task.rule, "weight": task.weight,
-                          "flops": task.flops, "trials": st["trials"],
+                          "flops": task.flops, "trials": st["trials"], "failed": st["failed"],
                           "best_us": None if best is None else best * 1e6,
                           "gflops": None if best is None or not task.flops else task.flops / best / 1e9,
                           "expert_rules": task.stats.to_dict()})
@@ -116,6 +120,16 @@ class Progress:
 
     def finish(self, seconds: Optional[float] = None) -> dict:
         return self.write(seconds)
+
+
+def _failure(build, result) -> Optional[str]:
+    """One line saying why a candidate has no measurement (build error, timeout, run-time error), or None."""
+    for stage, res in (("build", build), ("run", result)):
+        msg = getattr(res, "error_msg", None) if res is not None else None
+        if msg:
+            lines = [ln.strip() for ln in str(msg).strip().splitlines() if ln.strip()]
+            return f"{stage}: {(lines[-1] if lines else 'error')[:160]}"
+    return None
 
 
 def _best_in_db(database, mod) -> Optional[float]:
