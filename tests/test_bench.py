@@ -121,3 +121,15 @@ def test_transformers_export_is_timed_with_torch(minilm_export, tmp_path, capsys
     # torch eager and our build, each against ORT on the same inputs: all three agree
     assert rows["torch"]["max_abs_diff"] < 1e-4 and rows["tvm_fusion_ext"]["max_abs_diff"] < 1e-4
     assert np.isfinite(rows["torch"]["median_ms"])
+
+
+def test_dense_mode_reports_gflops_and_checks_numpy(tmp_path):
+    from tvm_fusion_ext.cli import main
+
+    out = tmp_path / "dense.json"
+    assert main(["bench", "--dense", "16x40x24", "--act", "relu", "--repeat", "3", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["mode"] == "dense" and result["shape"] == [16, 40, 24]
+    assert result["max_abs_diff"] < 1e-4
+    assert result["gflops"] == pytest.approx(2 * 16 * 40 * 24 / (result["median_ms"] * 1e-3) / 1e9)
+    assert main(["bench", "--dense", "16x0x24"]) == 2

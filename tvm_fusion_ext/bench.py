@@ -504,6 +504,51 @@ def bench_attention(seqs: Sequence[int], heads: int = 12, head_dim: int = 64, re
             "environment": _environment()}
 
 
+def bench_dense(shape: str, act: str = "gelu", repeat: int = 50, spin: bool = False,
+                out: Callable[[str], None] = print) -> dict:
+    """``fused_dense`` alone (constant weight, so the build pre-packs it; bias + activation epilogue) at
+    ``shape`` = "MxKxN": median latency and GFLOP/s with this build path's default knobs, checked vs numpy."""
+    spinning = set_thread_spinning(spin)
+    import tvm
+    from tvm import relax
+
+    from .build import build
+    from .ops import call_op
+    from .ops.dense import ACTIVATIONS
+    from .targets import resolve_target
+    from .testing import numpy_activation
+
+    try:
+        m, k, n = (int(d) for d in shape.lower().split("x"))
+        if min(m, k, n) <= 0:
+            raise ValueError
+    except ValueError:
+        raise InputError(f"--dense takes MxKxN with positive sizes, e.g. 128x384x1536 (got '{shape}')") from None
+    if act not in ACTIVATIONS:
+        raise InputError(f"unknown activation '{act}' (known: {', '.join(ACTIVATIONS)})")
+    target = resolve_target("llvm")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((m, k)).astype("float32")
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype("float32")
+    b = rng.standard_normal(n).astype("float32")
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType((m, k), "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = bb.emit_output(call_op(bb, "fused_dense", {"x": xv, "w": relax.const(w), "bias": relax.const(b)},
+                                       {"act": act, "transpose_b": False}))
+        bb.emit_func_output(y)
+    vm = relax.VirtualMachine(build(bb.get(), target, fuse=False), tvm.cpu())
+    xt = tvm.runtime.tensor(x)
+    diff = float(np.abs(vm["main"](xt).numpy() - numpy_activation(x.astype(np.float64) @ w + b, act)).max())
+    timing = time_block(OURS, lambda: vm["main"](xt), warmup=20, repeat=repeat)  # thread pool warm
+    gflops = 2.0 * m * k * n / (timing.median * 1e-3) / 1e9
+    out(f"fused_dense {m}x{k}x{n} (+bias, {act}), {_cores(target)} threads: median {timing.median:.3f} ms "
+        f"(p10 {timing.p10:.3f}, p90 {timing.p90:.3f}) = {gflops:.1f} GFLOP/s; max |ours - numpy| {diff:.1e}")
+    return {"mode": "dense", "shape": [m, k, n], "act": act, "threads": _cores(target), **timing.to_dict(),
+            "gflops": gflops, "max_abs_diff": diff, "threading": spinning, "environment": _environment()}
+
+
 def _attention_reference(q, k, v) -> np.ndarray:
     s = (q.astype(np.float64) @ k.astype(np.float64).transpose(0, 1, 3, 2)) / np.sqrt(q.shape[-1])
     p = np.exp(s - s.max(-1, keepdims=True))
@@ -616,7 +661,11 @@ def plot(path: str, result: dict) -> None:
 
 def run_bench(args, out: Callable[[str], None] = print) -> dict:
     """What ``tvm-fusion bench`` does with its parsed arguments (validation first: bad flags fail fast)."""
-    if args.attention_only:
+    if args.dense:
+        if args.model is not None or args.attention_only or args.plot:
+            raise InputError("--dense takes no model file, --attention-only or --plot")
+        result = bench_dense(args.dense, act=args.act, repeat=args.repeat or 50, spin=args.spin, out=out)
+    elif args.attention_only:
         if args.model is not None:
             raise InputError("--attention-only takes no model file")
         seqs = parse_seqs(args.seq or "512,1024,2048")
@@ -670,6 +719,8 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", help="write a bar chart (PNG) to this file")
     p.add_argument("--attention-only", action="store_true",
                    help="benchmark the attention kernel alone: ours vs torch SDPA vs unfused Relax")
+    p.add_argument("--dense", metavar="MxKxN", help="benchmark fused_dense alone at this shape (GFLOP/s)")
+    p.add_argument("--act", default="gelu", help="--dense: epilogue activation (default gelu)")
     p.add_argument("--heads", type=int, default=12, help="attention-only: heads (default 12)")
     p.add_argument("--head-dim", type=int, default=64, help="attention-only: head dim (default 64)")
     p.set_defaults(func=run_bench_command)

@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("demo", help="fusion report, build, check against ONNX Runtime and time, on built-in models")
-    p.add_argument("--logs", help="tuning-log directory to apply")
+    p.add_argument("--logs", help="tuning-log directory to apply (default: the shipped tuning_logs/)")
     p.add_argument("--no-minilm", action="store_true", help="only the built-in tiny encoder")
     p.set_defaults(func=cmd_demo)
 
