@@ -181,3 +181,31 @@ def test_cpu_thread_pool_uses_every_core():
     assert configure_cpu_threads() == usable
     assert int(tvm.get_global_func("runtime.NumThreads")()) == usable
     assert os.environ["TVM_NUM_THREADS"].isdigit()
+
+
+def _attention_model(dtype, S, D=32, heads=2):
+    shape = (1, S, heads, D)
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(n, relax.TensorType(shape, dtype)) for n in "qkv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(call_op(bb, "fused_attention", {"q": q, "k": k, "v": v},
+                                                 {"scale": D ** -0.5})))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _key_blocks(mod):
+    return [params_of(f)["key_block"] if "key_block" in params_of(f) else None
+            for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and op_of(f) == "fused_attention"]
+
+
+@pytest.mark.parametrize("dtype,S,target,want", [
+    ("float16", 256, "cuda:sm_80", [64]),    # tensor-core tiles: 64 keys per block
+    ("bfloat16", 128, "cuda:sm_90", [64]),
+    ("float16", 32, "cuda:sm_80", [None]),   # fewer keys than a block: the operator's own choice (32)
+    ("float32", 256, "cuda:sm_80", [None]),  # SIMT template: unchanged
+    ("float16", 256, "llvm", [None]),        # CPU: unchanged
+])
+def test_cuda_16bit_attention_gets_tensor_core_key_blocks(dtype, S, target, want):
+    assert _key_blocks(lower(_attention_model(dtype, S), as_target(target))) == want

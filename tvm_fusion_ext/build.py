@@ -61,16 +61,18 @@ def configure_cpu_threads(num_threads: Optional[int] = None) -> int:
 # ----------------------------------------------------------------------------------------------- lowering
 
 @relax.expr_functor.mutator
-class _PackDenseWeights(relax.PyExprMutator):
-    """``fused_dense`` with a constant plain weight -> the packed-layout kernel reading a packed constant."""
+class _RederiveOps(relax.PyExprMutator):
+    """Re-derives our operator calls for a target: ``rule(mutator, op, args, params)`` returns the new
+    ``(args, params)`` of a call, or None to keep it. Ops are TE computes, so a new parameter set is a new
+    PrimFunc; the old one is dropped by dead-code elimination."""
 
-    def __init__(self, mod: tvm.IRModule, target: tvm.target.Target):
+    def __init__(self, mod: tvm.IRModule, rule):
         super().__init__(mod)
         self.mod = mod
-        self.target = target
-        self.packed = 0
+        self.rule = rule
+        self.changed = 0
 
-    def _constant(self, expr):
+    def constant(self, expr):
         if isinstance(expr, relax.Var):
             bound = self.lookup_binding(expr)
             expr = bound if bound is not None else expr
@@ -81,44 +83,71 @@ class _PackDenseWeights(relax.PyExprMutator):
         if call.op != tvm.ir.Op.get("relax.call_tir") or not isinstance(call.args[0], relax.GlobalVar):
             return call
         func = self.mod[call.args[0]]
-        if not isinstance(func, tvm.tirx.PrimFunc) or op_of(func) != "fused_dense":
+        op = op_of(func) if isinstance(func, tvm.tirx.PrimFunc) else None
+        if op is None:
             return call
-        params = params_of(func)
-        if params.get("w_layout", "plain") != "plain":
+        new = self.rule(self, op, dict(zip(inputs_of(func), call.args[1].fields)), params_of(func))
+        if new is None:
             return call
-        names = inputs_of(func)
-        args = dict(zip(names, call.args[1].fields))
-        w = self._constant(args["w"])
-        if w is None:
-            return call
-        from .ops.dense import pack_weight
-        from .schedules.cpu.dense import pack_nr
-
-        w_np = w.value.numpy()
-        transpose_b = bool(params.get("transpose_b", False))
-        n = int(w_np.shape[0] if transpose_b else w_np.shape[1])
-        args["w"] = relax.const(pack_weight(w_np, pack_nr(n, self.target), transpose_b))
-        new_params = dict(params, w_layout="packed", out_features=n, transpose_b=False)
-        self.packed += 1
-        return call_op(self.builder_, "fused_dense", args, new_params)
+        self.changed += 1
+        return call_op(self.builder_, op, *new)
 
 
-def PackDenseWeights(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: N802
-    """CPU: pre-pack constant ``fused_dense`` weights into the template's (N/nr, K, nr) panels."""
-
-    @tvm.transform.module_pass(opt_level=0, name="tfx.PackDenseWeights")
+def _rederive_pass(name: str, rule) -> tvm.transform.Pass:
+    @tvm.transform.module_pass(opt_level=0, name=name)
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        if not _is_cpu(target):
-            return mod
-        mutator = _PackDenseWeights(mod, target)
+        mutator = _RederiveOps(mod, rule)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        if not mutator.packed:
+        if not mutator.changed:
             return mod
         return relax.transform.DeadCodeElimination()(mutator.builder_.get())
 
     return _pass
+
+
+def PackDenseWeights(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: N802
+    """CPU: pre-pack constant ``fused_dense`` weights into the template's (N/nr, K, nr) panels."""
+    from .ops.dense import pack_weight
+    from .schedules.cpu.dense import pack_nr
+
+    def rule(mutator, op, args, params):
+        if op != "fused_dense" or params.get("w_layout", "plain") != "plain":
+            return None
+        w = mutator.constant(args["w"])
+        if w is None:
+            return None
+        w_np = w.value.numpy()
+        transpose_b = bool(params.get("transpose_b", False))
+        n = int(w_np.shape[0] if transpose_b else w_np.shape[1])
+        args = dict(args, w=relax.const(pack_weight(w_np, pack_nr(n, target), transpose_b)))
+        return args, dict(params, w_layout="packed", out_features=n, transpose_b=False)
+
+    if not _is_cpu(target):
+        return tvm.transform.Sequential([], name="tfx.PackDenseWeights")
+    return _rederive_pass("tfx.PackDenseWeights", rule)
+
+
+def TensorCoreAttentionBlocks(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: N802
+    """CUDA: 16-bit ``fused_attention`` with the key block its tensor-core template is sized for.
+
+    The key block sets the score and operand tiles in shared memory; the CPU default (up to 128 keys) would
+    leave room for a single warp per block in 48 KiB."""
+    from .ops.attention import LOW_PRECISION
+    from .schedules.cuda.attention_mma import KEY_BLOCK
+
+    def rule(mutator, op, args, params):
+        if op != "fused_attention" or str(args["q"].ty.dtype) not in LOW_PRECISION:
+            return None
+        keys = int(args["k"].ty.shape[2 if params.get("k_layout", "BSHD") == "BHSD" else 1])
+        if keys < KEY_BLOCK or params.get("key_block") == KEY_BLOCK:
+            return None
+        return args, dict(params, key_block=KEY_BLOCK)
+
+    if target.kind.name != "cuda":
+        return tvm.transform.Sequential([], name="tfx.TensorCoreAttentionBlocks")
+    return _rederive_pass("tfx.TensorCoreAttentionBlocks", rule)
 
 
 def VectorisableMath(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: N802
@@ -168,6 +197,7 @@ def lower(mod: tvm.IRModule, target: TargetLike = None) -> tvm.IRModule:
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
         PackDenseWeights(target),
+        TensorCoreAttentionBlocks(target),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

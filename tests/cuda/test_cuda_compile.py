@@ -72,6 +72,43 @@ def test_dense_compiles_without_spills(M, K, N, dtype, arch, transpose_b):
         assert "ldmatrix" in src and "mma.sync.aligned.m16n8k16" in src
 
 
+def _attention(S, D, dtype, layout, arch, heads=4):
+    key_block = min(64, S)  # as the build path sets for CUDA (TensorCoreAttentionBlocks)
+    shape = (1, S, heads, D) if layout == "BSHD" else (1, heads, S, D)
+    inputs = {"q": (shape, dtype), "k": (shape, dtype), "v": (shape, dtype), "mask": ((1, 1, 1, S), dtype)}
+    params = {"scale": D ** -0.5, "key_block": key_block,
+              **{f"{t}_layout": layout for t in ("q", "k", "v", "out")}}
+    mod, target = _scheduled("fused_attention", inputs, params, "tfx.attention", arch)
+    (src,) = cuda_sources(tvm.compile(mod, target))
+    return kernel_report(src, arch), src
+
+
+@needs_nvcc
+@pytest.mark.parametrize("S,D,dtype,layout,arch,kernels", [
+    (128, 64, "float16", "BSHD", "sm_80", 1),   # K and V read in place: one kernel
+    (128, 32, "bfloat16", "BHSD", "sm_90", 1),
+    (96, 64, "float16", "BSHD", "sm_80", 3),    # 96 keys pad to 2 blocks of 64: clamped key-block copies
+    (32, 16, "float16", "BSHD", "sm_80", 1),    # head dim 16: fp16 tiles aliasing a dead fp32 tile
+])
+def test_attention_fp16_runs_both_matmuls_on_tensor_cores(S, D, dtype, layout, arch, kernels):
+    rows, src = _attention(S, D, dtype, layout, arch)
+    assert len(rows) == kernels, rows
+    assert all(r["spill_bytes"] == 0 and r["stack_bytes"] == 0 for r in rows), rows
+    main = max(rows, key=lambda r: r["smem_bytes"])
+    assert main["tensor_core"], main
+    assert main["smem_bytes"] <= resolve_target(f"cuda:{arch}").attrs["max_shared_memory_per_block"]
+    # both matmuls: ldmatrix with and without .trans (Kᵀ read as (key, d) in place, V as (key, d))
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src and "ldmatrix.sync.aligned.m8n8.x4.trans" in src
+    assert src.count("mma.sync.aligned.m16n8k16") >= 4
+
+
+@needs_nvcc
+def test_attention_fp16_odd_head_dim_takes_simt_path():
+    rows, src = _attention(64, 24, "float16", "BSHD", "sm_80")
+    assert not any(r["tensor_core"] for r in rows) and "mma" not in src
+    assert all(r["spill_bytes"] == 0 for r in rows)
+
+
 @needs_nvcc
 def test_dense_fp16_odd_shape_takes_simt_path():
     row, src = _dense(12, 40, 24, "float16", "sm_90", act="none")
@@ -155,4 +192,6 @@ def test_inspect_cuda_cli_fp16_json(capsys):
     assert all(r["spill_bytes"] == 0 for r in rows)
     dense = [r for r in rows if r["name"].startswith("fused_dense")]
     assert dense and all(r["tensor_core"] for r in dense), dense
+    attention = [r for r in rows if r["name"].startswith("fused_attention")]
+    assert attention and all(r["tensor_core"] for r in attention), attention
 

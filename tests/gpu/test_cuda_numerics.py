@@ -87,6 +87,35 @@ def test_layernorm(gpu, dtype, N):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype,S,D,layout", [
+    ("float16", 128, 64, "BSHD"),   # tensor cores, K and V read in place
+    ("bfloat16", 128, 32, "BHSD"),
+    ("float16", 96, 64, "BSHD"),    # tensor cores, padded key blocks
+    ("float16", 40, 32, "BSHD"),    # rows not a multiple of 16: SIMT
+])
+def test_attention_low_precision(gpu, dtype, S, D, layout):
+    if get_template("tfx.attention", gpu[1]) is None:
+        pytest.skip("no CUDA attention template registered")
+    rng = np.random.default_rng(3)
+    B, H = 1, 4
+    q, k, v = (rng.standard_normal((B, S, H, D)).astype("float32") for _ in range(3))
+    mask = np.where(rng.random((B, 1, 1, S)) < 0.8, 0.0, -10000.0).astype("float32")
+    to = (lambda a: a) if layout == "BSHD" else (lambda a: a.transpose(0, 2, 1, 3))  # noqa: E731
+    scale = 1 / math.sqrt(D)
+    params = {"scale": scale, "key_block": min(64, S), **{f"{t}_layout": layout for t in ("q", "k", "v", "out")}}
+    got = _run("fused_attention", "tfx.attention", {"q": (to(q), dtype), "k": (to(k), dtype), "v": (to(v), dtype),
+                                                      "mask": (mask, dtype)},
+               params, to(q).shape, dtype, gpu)
+    cast = lambda a: a.astype(_np_dtype(dtype)).astype("float64")  # noqa: E731
+    qh, kh, vh = (cast(a).transpose(0, 2, 1, 3) for a in (q, k, v))
+    s = qh @ kh.transpose(0, 1, 3, 2) * scale + cast(mask)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = to((p @ vh).transpose(0, 2, 1, 3))
+    tol = 2e-2 if dtype == "float16" else 8e-2
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
 def test_attention(gpu):
     if get_template("tfx.attention", gpu[1]) is None:
         pytest.skip("no CUDA attention template registered")

@@ -4,6 +4,7 @@ safety, RPC measurement on loopback, and expert rules rejecting an over-limit CU
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -92,18 +93,52 @@ def _check_records_apply(path, manifest, lowered, target):
     return tuned
 
 
+class _WatchedHandler(logging.Handler):
+    """An application's handler: unnamed, like most; remembers whether someone closed it."""
+
+    closed = False
+
+    def emit(self, record):
+        pass
+
+    def close(self):
+        self.closed = True
+        super().close()
+
+
 @pytest.fixture(scope="module")
 def template_logs(model, tmp_path_factory):
+    """Tuned with an unnamed handler on MetaSchedule's logger and one on the root logger, as an embedding
+    application (or pytest, or Jupyter) may have them; MetaSchedule's own logger set-up crashed on the first
+    and closed the second."""
     root = tmp_path_factory.mktemp("logs_template")
-    manifest = _tune(model[1], root, trials=4, space="template")
-    return root, manifest
+    ms_logger, app_logger = logging.getLogger("tvm.s_tir.meta_schedule"), logging.getLogger()
+    watched = (_WatchedHandler(), _WatchedHandler())
+    ms_logger.addHandler(watched[0])
+    app_logger.addHandler(watched[1])
+    try:
+        manifest = _tune(model[1], root, trials=4, space="template")
+        attached = (watched[0] in ms_logger.handlers, watched[1] in app_logger.handlers)
+    finally:
+        ms_logger.removeHandler(watched[0])
+        app_logger.removeHandler(watched[1])
+    return root, manifest, watched, attached
+
+
+def test_tuning_leaves_the_callers_logging_alone(template_logs):
+    root, manifest, watched, attached = template_logs
+    assert attached == (True, True)
+    assert not any(h.closed for h in watched)
+    # each task still gets its own log file
+    logs = os.listdir(os.path.join(_record_dir(root), "logs"))
+    assert sum(name.startswith("task_") and name.endswith(".log") for name in logs) == len(manifest["tasks"])
 
 
 def test_template_records_apply_in_build(model, template_logs, lowered, reference):
     from tvm_fusion_ext.runtime import CompiledModel
     from tvm_fusion_ext.targets import resolve_target
 
-    root, manifest = template_logs
+    root, manifest = template_logs[:2]
     path = _record_dir(root)
     assert manifest["trials"] == 4 and manifest["target"].startswith("llvm")
     tuned = _check_records_apply(path, manifest, lowered, resolve_target("llvm"))
@@ -132,7 +167,7 @@ def test_auto_space_records_apply_in_build(model, lowered, reference, tmp_path):
 def test_resume_keeps_records_and_tops_up(model, template_logs):
     from tvm_fusion_ext.tune.logs import read_manifest, select
 
-    root, _ = template_logs
+    root = template_logs[0]
     path = _record_dir(root)
     _, before = _records(path)
     manifest = _tune(model[1], root, trials=6)
@@ -155,7 +190,7 @@ def test_select_reports_no_match(tmp_path, template_logs):
     from tvm_fusion_ext.targets import resolve_target
     from tvm_fusion_ext.tune.logs import select
 
-    root, _ = template_logs
+    root = template_logs[0]
     other = load_onnx(build_encoder_onnx(**{**ENCODER, "seed": 1}))
     chosen, msg = select(str(root), other, resolve_target("llvm"))
     assert chosen is None and "no tuning records" in msg

@@ -31,6 +31,8 @@ from .registry import register_op
 
 LAYOUTS = ("BSHD", "BHSD")
 ACC = "float32"
+#: input types whose matmul operands stay 16-bit (tensor-core friendly): stages ``attn_p16`` and ``attn_vb``
+LOW_PRECISION = ("float16", "bfloat16")
 
 
 def default_key_block(num_keys: int) -> int:
@@ -114,14 +116,20 @@ def fused_attention(q, k, v, mask=None, *, scale: float, causal: bool = False, q
     neg_inf = f32(float("-inf"))
 
     def key(jb, jj):
-        # padded keys past T read the last key (in bounds); their score is -inf so they weigh nothing
-        return tirx.min(jb * kb + jj, last)
+        # padded keys past T read the last key (in bounds); their score is -inf so they weigh nothing.
+        # Without padding the index stays affine, so a template may read K and V in place (tensor cores).
+        return jb * kb + jj if T % kb == 0 else tirx.min(jb * kb + jj, last)
 
-    kt = te.compute((B, H, nb, D, kb), lambda b, h, jb, d, jj: _at(k, k_layout, b, h, key(jb, jj), d).astype(ACC),
+    # 16-bit inputs keep K, V and the probabilities in their own type for the two matmuls (fp32 accumulation),
+    # as flash attention does: that is what tensor cores multiply. fp32 inputs are unchanged.
+    low = str(q.dtype) in LOW_PRECISION
+    operand = str(q.dtype) if low else ACC
+    kt = te.compute((B, H, nb, D, kb),
+                    lambda b, h, jb, d, jj: _at(k, k_layout, b, h, key(jb, jj), d).astype(operand),
                     name="attn_kt", attrs={"schedule_rule": "None"})
     rd = te.reduce_axis((0, D), name="rd")
     qk = te.compute((B, H, S, nb, kb), lambda b, h, i, jb, jj: te.sum(
-        _at(q, q_layout, b, h, i, rd).astype(ACC) * kt[b, h, jb, rd, jj], axis=rd),
+        _at(q, q_layout, b, h, i, rd).astype(ACC) * kt[b, h, jb, rd, jj].astype(ACC), axis=rd),
         name="attn_qk", attrs={"schedule_rule": "None"})
 
     def score(b, h, i, jb, jj):
@@ -149,12 +157,25 @@ def fused_attention(q, k, v, mask=None, *, scale: float, causal: bool = False, q
 
     p = te.compute((B, H, S, nb, kb), prob, name="attn_p", attrs={"schedule_rule": "None"})
     jj2 = te.reduce_axis((0, kb), name="jj2")
-    bsum = te.compute((B, H, S, nb), lambda b, h, i, jb: te.sum(p[b, h, i, jb, jj2], axis=jj2),
-                      name="attn_bsum", attrs={"schedule_rule": "None"})
     jj3 = te.reduce_axis((0, kb), name="jj3")
-    bo = te.compute((B, H, S, nb, D), lambda b, h, i, jb, d: te.sum(
-        p[b, h, i, jb, jj3] * _at(v, v_layout, b, h, key(jb, jj3), d).astype(ACC), axis=jj3),
-        name="attn_bo", attrs={"schedule_rule": "None"})
+    if low:
+        # p rounded once; the block sum adds the very values the second matmul multiplies, so the
+        # normalisation matches the numerator. V is copied into key blocks like K (clamped padding keys).
+        p16 = te.compute((B, H, S, nb, kb), lambda *ix: p(*ix).astype(operand), name="attn_p16",
+                         attrs={"schedule_rule": "None"})
+        vb = te.compute((B, H, nb, kb, D), lambda b, h, jb, jj, d: _at(v, v_layout, b, h, key(jb, jj), d).astype(
+            operand), name="attn_vb", attrs={"schedule_rule": "None"})
+        bsum = te.compute((B, H, S, nb), lambda b, h, i, jb: te.sum(p16[b, h, i, jb, jj2].astype(ACC), axis=jj2),
+                          name="attn_bsum", attrs={"schedule_rule": "None"})
+        bo = te.compute((B, H, S, nb, D), lambda b, h, i, jb, d: te.sum(
+            p16[b, h, i, jb, jj3].astype(ACC) * vb[b, h, jb, jj3, d].astype(ACC), axis=jj3),
+            name="attn_bo", attrs={"schedule_rule": "None"})
+    else:
+        bsum = te.compute((B, H, S, nb), lambda b, h, i, jb: te.sum(p[b, h, i, jb, jj2], axis=jj2),
+                          name="attn_bsum", attrs={"schedule_rule": "None"})
+        bo = te.compute((B, H, S, nb, D), lambda b, h, i, jb, d: te.sum(
+            p[b, h, i, jb, jj3] * _at(v, v_layout, b, h, key(jb, jj3), d).astype(ACC), axis=jj3),
+            name="attn_bo", attrs={"schedule_rule": "None"})
 
     def combine(x, y):
         # one of the two rescale factors is exactly 1 (the side holding the max): one exp, not two

@@ -7,6 +7,8 @@ from typing import Dict
 from tvm import s_tir
 
 STAGES = ("attn_online", "attn_bo", "attn_bsum", "attn_p", "attn_bmax", "attn_qk", "attn_kt")
+#: present for 16-bit inputs only: the rounded probabilities and V in key blocks (the matmul operands)
+LOW_PRECISION_STAGES = ("attn_p16", "attn_vb")
 
 
 def kernel_stages(sch: s_tir.Schedule, out) -> Dict[str, s_tir.schedule.SBlockRV]:
@@ -34,3 +36,10 @@ def output_loops_bhsd(sch, out):
     region = [r for r in block.reads if str(r.source.name).startswith("attn_online")][0].region
     order = [next(n for n, v in enumerate(ivars) if v.same_as(r.min)) for r in region]
     return [loops[n] for n in order]
+
+
+def inline_low_precision_stages(sch: s_tir.Schedule, stages: Dict[str, s_tir.schedule.SBlockRV]) -> None:
+    """Templates without tensor cores multiply 16-bit operands where they are read: fold the copies back."""
+    for name in LOW_PRECISION_STAGES:
+        if name in stages:
+            sch.compute_inline(stages.pop(name))

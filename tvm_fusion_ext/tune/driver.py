@@ -32,6 +32,7 @@ import tvm
 from ..errors import FusionExtError
 from . import logs as tlogs
 from .expert import ExpertRules, RuleStats
+from .task_logs import task_loggers
 
 SPACES = ("template", "auto")
 SCHEDULERS = ("gradient", "round-robin")
@@ -389,7 +390,6 @@ def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fa
     say(f"tune: {len(tunable)} tasks ({', '.join(f'{t.name}[{t.space}]' for t in tunable)}), "
         f"{len(skipped) + len(unusable)} skipped, {budget} trials -> {out}")
 
-    FixedSpace = _fixed_space_class()
     if opts.cost_model == "random":
         # MetaSchedule's baseline: random scores, so evolutionary search picks candidates blindly
         cost_model = ms.cost_model.RandomModel(seed=opts.seed)
@@ -397,10 +397,16 @@ def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fa
     else:
         cost_model = ms.cost_model.XGBModel(num_warmup_samples=min(8, max(2, opts.per_iter)))
         progress.cost_model = cost_model
+    with task_loggers(out, [t.name for t in tunable]) as loggers:
+        return _search(tunable, loggers, target, out, database, opts, fast, progress, cost_model, budget, say)
+
+
+def _search(tunable, loggers, target, out, database, opts, fast, progress, cost_model, budget, say):
+    from tvm.s_tir import meta_schedule as ms
+
+    FixedSpace = _fixed_space_class()
     contexts = []
-    names = [t.name for t in tunable]
-    for task, logger, rand in zip(tunable, ms.logging.get_loggers_from_work_dir(out, names),
-                                  ms.utils.fork_seed(opts.seed, n=len(tunable))):
+    for task, logger, rand in zip(tunable, loggers, ms.utils.fork_seed(opts.seed, n=len(tunable))):
         space = FixedSpace(task.spaces, _postprocs(target, task.space, task.stats), _mutators(target, task.space))
         strategy = ms.search_strategy.EvolutionarySearch(population_size=opts.population, genetic_num_iters=2,
                                                          init_min_unmeasured=min(50, opts.population))

@@ -35,7 +35,7 @@ from typing import Optional
 
 from tvm import s_tir
 
-from ..attention_blocks import STAGES, kernel_stages, output_loops_bhsd
+from ..attention_blocks import STAGES, inline_low_precision_stages, kernel_stages, output_loops_bhsd
 from ..common import categorical
 from ..registry import register_template
 
@@ -99,6 +99,7 @@ def _vectorize_partials(sch, rf):
 @register_template("tfx.attention", "cpu")
 def attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = None) -> None:
     st = kernel_stages(sch, block)
+    inline_low_precision_stages(sch, st)
     online, bo, bsum, p, bmax, qk, kt = (st[n] for n in STAGES)
     lanes = _simd_lanes(target)
     bmax_rf = _rfactor_row_reduce(sch, bmax, lanes)

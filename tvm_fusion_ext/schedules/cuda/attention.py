@@ -1,5 +1,7 @@
 """CUDA (SIMT, fp32 accumulation) template for ``fused_attention``: one thread block per query tile.
 
+16-bit inputs whose shapes fit 16×16 tiles go to the tensor-core template of :mod:`.attention_mma`.
+
 Shape of the schedule (``rows`` = query rows per block on threadIdx.y, a warp on threadIdx.x)::
 
     kernel 1: kt = K transposed per key block                     (global, coalesced writes)
@@ -23,9 +25,10 @@ from typing import Optional
 
 from tvm import s_tir
 
-from ..attention_blocks import STAGES, kernel_stages, output_loops_bhsd
+from ..attention_blocks import STAGES, inline_low_precision_stages, kernel_stages, output_loops_bhsd
 from ..common import categorical
 from ..registry import register_template
+from .attention_mma import attention_mma, tensor_cores_fit
 
 UNROLL = (0, 16, 64)
 WARP = 32
@@ -42,6 +45,10 @@ def _bind_rows_lanes(sch, row_loop, lane_loop, lanes):
 @register_template("tfx.attention", "cuda")
 def attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = None) -> None:
     st = kernel_stages(sch, block)
+    if tensor_cores_fit(sch, block, st, target):
+        attention_mma(sch, block, target, knobs)
+        return
+    inline_low_precision_stages(sch, st)
     online, bo, bsum, p, bmax, qk, kt = (st[n] for n in STAGES)
     knobs = knobs or {}
     max_threads = int(target.attrs.get("max_num_threads", 1024) or 1024)

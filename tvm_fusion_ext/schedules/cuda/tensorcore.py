@@ -76,9 +76,9 @@ def _ldmatrix(dtype: str, operand: str, trans: bool):
     ldm_trans = operand == "b" and not trans
     half = convert(WARP // 2)
     if trans:  # lanes 0-7 / 8-15 / 16-23 / 24-31 address rows 0-7 / 0-7 (+8 cols) / 8-15 / 8-15 (+8 cols)
-        offset = lambda tx, s: s * 8 * (tx // half) + s * (tx % 8) + 8 * ((tx % half) // 8)  # noqa: E731
+        row_col = lambda tx: (8 * (tx // half) + tx % 8, 8 * ((tx % half) // 8))  # noqa: E731
     else:  # lanes 0-15 address rows 0-15, lanes 16-31 the same rows 8 columns on
-        offset = lambda tx, s: s * (tx % half) + 8 * (tx // half)  # noqa: E731
+        row_col = lambda tx: (tx % half, 8 * (tx // half))  # noqa: E731
 
     @T.prim_func(s_tir=True)
     def desc(warp_h: T.handle, shared_h: T.handle) -> None:
@@ -106,8 +106,12 @@ def _ldmatrix(dtype: str, operand: str, trans: bool):
             T.reads(shared[0:TILE, 0:TILE])
             T.writes(warp[0:WARP, 0:LOCAL])
             for tx in T.thread_binding(0, WARP, "threadIdx.x"):
+                # the lane's row address as &shared[row, col], not tvm_access_ptr: once TVM merges shared
+                # tiles of several types into one allocation (StorageRewrite, or the dynamic shared memory
+                # merge), LowerIntrin checks an access_ptr's type against whichever alias it finds and fails
+                row, col = T.meta_var(row_col(tx))
                 T.evaluate(T.ptx_legacy.ldmatrix(ldm_trans, 4, ".b16", warp.data, warp.elem_offset,
-                                                 shared.access_ptr("r"), offset(tx, s0), dtype=dtype))
+                                                 T.address_of(shared[row, col]), 0, dtype=dtype))
 
     return desc, impl
 
