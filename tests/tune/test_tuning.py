@@ -418,3 +418,57 @@ def test_cli_parser_registers_tune():
         ("cuda:sm_90", 8, "L", "auto", "127.0.0.1:9190", "h100", "round-robin")
     with pytest.raises(SystemExit):
         parser.parse_args(["tune", "m.onnx", "--space", "bogus"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CUDA candidates built here (no GPU): --build-only
+# ---------------------------------------------------------------------------------------------------------
+
+needs_nvcc = pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc is not on PATH")
+
+
+@needs_nvcc
+def test_build_only_cli_compiles_sm90_candidates(model, capsys):
+    from tvm_fusion_ext.cli import main
+
+    assert main(["tune", model[0], "--target", "cuda:sm_90", "--build-only", "1", "--json"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("{"):])
+    assert report["target"] == "sm_90" and report["tasks"]
+    for name, task in report["tasks"].items():
+        assert task["candidates"] >= 1 and task["built"] == task["candidates"], (name, task)
+        assert task["expert_rules"]["checked"] >= task["candidates"]  # every built one passed the rules first
+    assert "candidates built for sm_90" in out
+
+
+@needs_nvcc
+def test_build_only_fp16_candidates_use_tensor_core_templates(model):
+    from tvm_fusion_ext.inspect_cuda import convert_dtype
+    from tvm_fusion_ext.tune.check_candidates import check_candidates
+
+    report = check_candidates(convert_dtype(model[1], "float16"), "cuda:sm_80", per_task=1, say=None)
+    tasks = report["tasks"]
+    assert any(name.startswith("fused_attention") for name in tasks) and any("dense" in n for n in tasks)
+    assert all(t["built"] == t["candidates"] >= 1 for t in tasks.values()), tasks
+
+
+def test_expert_register_rule_counts_mma_fragments_per_lane():
+    """A warp-wide [32, 8] fragment buffer is 8 values per thread: the template's own defaults must pass."""
+    import tvm
+    from tvm import relax, s_tir
+
+    from tvm_fusion_ext.ops.registry import make_prim_func
+    from tvm_fusion_ext.schedules.registry import get_template
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.tune.expert import check
+
+    target = resolve_target("cuda:sm_80")
+    ty = lambda s: relax.TensorType(list(s), "float16")  # noqa: E731
+    func = make_prim_func("fused_dense", {"x": ty((1, 128, 384)), "w": ty((384, 1536)), "bias": ty((1536,))},
+                          {"act": "gelu"})
+    sch = s_tir.Schedule(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+    block = next(b for b in sch.get_child_blocks(sch.get_sblock("root"))
+                 if str(sch.get(b).annotations.get("schedule_rule", "")) == "tfx.dense")
+    get_template("tfx.dense", target)(sch, block, target)
+    assert "mma" in sch.mod.script()  # the tensor-core template
+    assert check(sch.mod["main"], target) is None

@@ -23,6 +23,8 @@ def cmd_tune(args) -> int:
 
             raise FusionExtError("--key needs --rpc HOST:PORT (the RPC tracker)")
         runner = make_runner(args.rpc, args.key)
+    if args.build_only is not None:
+        return _build_only(mod, args)
     workload = os.path.splitext(os.path.basename(args.model))[0]
     opts = TuneOptions(trials=args.trials, space=args.space, scheduler=args.scheduler, runner=runner,
                        per_iter=args.per_iter, population=args.population, cost_model=args.cost_model,
@@ -35,6 +37,33 @@ def cmd_tune(args) -> int:
               f"{'-' if best is None else f'{best:.2f} us'}  spearman {q.get('spearman')}  "
               f"to-5% {q.get('trials_to_5pct')}  expert-rejected "
               f"{(task.get('expert_rules') or {}).get('rejected_total', 0)}")
+    return 0
+
+
+def _build_only(mod, args) -> int:
+    import json
+
+    from ..errors import FusionExtError
+    from .check_candidates import check_candidates
+
+    if args.build_only < 1:
+        raise FusionExtError(f"--build-only needs a number of candidates per task >= 1, got {args.build_only}")
+    if args.rpc:
+        raise FusionExtError("--build-only measures nothing: drop --rpc")
+    report = check_candidates(mod, args.target, per_task=args.build_only, space=args.space, seed=args.seed,
+                              fuse=not args.no_fusion)
+    tasks = report["tasks"].values()
+    built = sum(t["built"] for t in tasks)
+    rejected = sum(t["expert_rules"]["rejected_total"] for t in tasks)
+    print(f"build-only: {len(report['tasks'])} tasks, {built} candidates built for {report['target']}, "
+          f"{rejected} rejected by expert rules before building, "
+          f"{sum(t['build_errors'] for t in tasks)} build errors")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    broken = [name for name, t in report["tasks"].items() if t["built"] == 0]
+    if broken:
+        raise FusionExtError(f"no candidate of task(s) {', '.join(broken)} built for {report['target']}: "
+                             f"{report['tasks'][broken[0]]['first_error']}")
     return 0
 
 
@@ -58,4 +87,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--per-iter", type=int, default=8, help="candidates measured per task per round")
     p.add_argument("--population", type=int, default=64, help="evolutionary-search population size")
     p.add_argument("--no-fusion", action="store_true", help="tune the model without the fusion passes")
+    p.add_argument("--build-only", type=int, metavar="N",
+                   help="measure nothing: build N candidates per task for the target (e.g. a GPU that is not "
+                        "here) through the expert rules and report what was rejected and what compiled")
+    p.add_argument("--json", action="store_true", help="with --build-only: print the per-task report as JSON")
     p.set_defaults(func=cmd_tune)

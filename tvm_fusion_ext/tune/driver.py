@@ -273,6 +273,19 @@ def _one_line(err: BaseException) -> str:
     return (lines[-1] if lines else type(err).__name__)[:200]
 
 
+def replay(mod: tvm.IRModule, sch):
+    """A fresh copy of design space ``sch`` of ``mod``: its trace replayed on the module.
+
+    ``Schedule.copy()`` fails in 0.27 on every tensorized schedule ("unordered_map::at": our fp16/bf16 dense
+    and attention templates); the replay gives a structurally equal module, and it is what MetaSchedule's
+    search does with traces anyway."""
+    from tvm import s_tir
+
+    fresh = s_tir.Schedule(mod)
+    sch.trace.apply_to_schedule(fresh, remove_postproc=False)
+    return fresh
+
+
 def _fixed_space_class():
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.space_generator import PySpaceGenerator
@@ -294,7 +307,7 @@ def _fixed_space_class():
                 m._initialize_with_tune_context(context)  # noqa: SLF001
 
         def generate_design_space(self, mod):
-            return [s.copy() for s in self.spaces]
+            return [replay(mod, s) for s in self.spaces]
 
         def clone(self):
             return FixedSpace(self.spaces, [p.clone() for p in self.postprocs],
@@ -458,7 +471,7 @@ def measure_template_defaults(contexts, tasks, target, database, builder, runner
             break
         if task.space != "template" or not task.spaces or progress.state[task.name]["trials"] > 0:
             continue
-        sch = task.spaces[0].copy()
+        sch = replay(task.mod, task.spaces[0])
         if not all(p.apply(sch) for p in ctx.space_generator.postprocs):
             continue  # the defaults break a postproc's rule for this shape: let the search find valid knobs
         args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)

@@ -8,7 +8,8 @@ constants:
 * ``shared_memory``  shared (static + dynamic) bytes per block > ``max_shared_memory_per_block``
 * ``threads``        threads per block > ``max_threads_per_block``
 * ``registers``      register estimate (local bytes / 4 + a base per thread, times threads) >
-                     ``registers_per_block``, or > 255 per thread
+                     ``registers_per_block``, or > 255 per thread; a warp-wide mma fragment ([32 lanes,
+                     8 values]) counts its 8 values per thread
 * ``tensor_core``    a tensor-core fragment (``wmma.*`` / ``m16n8k8.*`` buffer) not a multiple of its tile
 * ``vector_width``   a vectorised loop the hardware cannot issue as whole vectors: CUDA: more than 16 bytes
                      or not a power of two; CPU: neither a multiple nor a divisor of the SIMD width
@@ -34,6 +35,8 @@ RULES = ("shared_memory", "threads", "registers", "tensor_core", "vector_width")
 BASE_REGISTERS = 32
 MAX_REGISTERS_PER_THREAD = 255
 CUDA_MAX_VECTOR_BYTES = 16
+WARP = 32
+FRAGMENT_VALUES = 8  # values per lane of a 16×16 mma fragment
 FRAGMENT_TILES = {"wmma.matrix_a": 16, "wmma.matrix_b": 16, "wmma.accumulator": 16,
                   "m16n8k8.matrixA": 8, "m16n8k8.matrixB": 8, "m16n8k8.matrixC": 8}
 
@@ -161,10 +164,33 @@ def check(func, target) -> Optional[str]:
     shared = sum(v for k, v in sizes.items() if k.startswith("shared"))
     if shared > _limit(target, "max_shared_memory_per_block", 49152):
         return "shared_memory"
-    regs = BASE_REGISTERS + (sizes.get("local", 0) + 3) // 4
+    local = sizes.get("local", 0)
+    warp_wide = _warp_fragment_bytes(func, lowered["main"])
+    local += warp_wide // WARP - warp_wide  # each lane holds 1/32 of a warp-wide fragment
+    regs = BASE_REGISTERS + (local + 3) // 4
     if regs > MAX_REGISTERS_PER_THREAD or regs * per_block > _limit(target, "registers_per_block", 65536):
         return "registers"
     return None
+
+
+def _warp_fragment_bytes(func, lowered) -> int:
+    """Bytes of the local buffers that hold mma fragments of a whole warp.
+
+    Our tensor-core templates (``schedules/cuda/tensorcore.py``) declare a 16×16 fragment as a [32 lanes,
+    8 values] "local" buffer although every thread keeps only its own 8 values: counting the whole buffer
+    would estimate 32× the registers and reject every tensor-core candidate."""
+    names = {buf.name for buf in _fragment_buffers(func)
+             if buf.scope() == "local" and [_int(d) for d in buf.shape[-2:]] == [WARP, FRAGMENT_VALUES]}
+    total, stack = 0, [lowered.body]
+    while stack:
+        node = stack.pop()
+        if type(node).__name__ == "AllocBuffer" and node.buffer.name in names:
+            n = 1
+            for d in node.buffer.shape:
+                n *= _int(d) or 0
+            total += n * _bits(node.buffer.dtype) // 8
+        stack.extend(_children(node))
+    return total
 
 
 def _vector_rule_broken(func, loop, extent: int, target, gpu: bool) -> bool:
