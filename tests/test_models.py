@@ -195,3 +195,23 @@ def test_export_matches_torch(tmp_path, run_ort, kind):
     with torch.no_grad():
         ref2 = again(*[torch.from_numpy(feeds[k]) for k in ("input_ids", "attention_mask", "token_type_ids")]).numpy()
     np.testing.assert_array_equal(ref, ref2)
+
+
+def test_dense_onnx_fuses_to_one_gelu_dense_and_runs():
+    import math
+
+    from tvm_fusion_ext.api import fuse
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.models import build_dense_onnx
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    model = build_dense_onnx(16, 32, 48)
+    _, report = fuse(load_onnx(model))
+    assert [(e.rule, e.detail) for e in report.applied if e.kind == "dense"] == [
+        ("FuseMatmulBiasActivation", "act=gelu, bias")]
+    x = np.random.default_rng(1).standard_normal((1, 16, 32)).astype("float32")
+    got = CompiledModel.from_onnx(model, "llvm").run({"x": x})["y"]
+    w, b = (onnx.numpy_helper.to_array(t) for t in model.graph.initializer[:2])
+    h = x.astype("float64") @ w + b
+    want = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

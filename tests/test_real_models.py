@@ -98,3 +98,29 @@ def test_bert_base_fully_fused_and_matches_torch(bert_base_export, exporter, att
     got = CompiledModel.from_module(mod).run(feeds)["last_hidden_state"]
     ref = _torch_reference("bert-base", attn, seq, None, feeds)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_shipped_tuning_records_cover_every_minilm_kernel(minilm_export):
+    """`tuning_logs/` names its kernels by structure: an operator change that alters a tuned PrimFunc silently
+    drops its record (the build then uses template defaults). Every fused kernel must still find one."""
+    import os
+
+    import tvm
+
+    from tvm_fusion_ext.build import lower
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.transform.pipeline import SemanticFusion
+    from tvm_fusion_ext.tune.logs import open_database, select
+
+    mod = load_onnx(minilm_export("legacy", "sdpa", seq=128))
+    root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "tuning_logs")
+    target = resolve_target("llvm")
+    path, message = select(root, mod, target)
+    assert path is not None, message  # the pinned torch exports the model the records were tuned for
+    db = open_database(path)
+    lowered = lower(SemanticFusion()(mod), target)
+    kernels = {gv.name_hint: f for gv, f in lowered.functions_items()
+               if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and "tfx.op" in f.attrs}
+    missing = [name for name, f in kernels.items()
+               if not db.has_workload(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}))]
+    assert len(kernels) >= 6 and not missing, missing

@@ -212,6 +212,29 @@ def build_encoder_onnx(num_layers: int = 2, hidden: int = 64, heads: int = 4, in
     return model
 
 
+def build_dense_onnx(m: int = 128, k: int = 384, n: int = 1536, seed: int = 0):
+    """One Transformer FFN projection as an exporter writes it: MatMul + Add + erf-GELU ([1, m, k] -> [1, m, n]).
+
+    A single heavy tuning task (``fused_dense`` with GELU), e.g. for comparing search strategies."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    consts = {"W": (rng.standard_normal((k, n)) / math.sqrt(k)).astype("float32"),
+              "B": rng.standard_normal(n).astype("float32"),
+              "sqrt2": np.array(math.sqrt(2.0), "float32"), "one": np.array(1.0, "float32"),
+              "half": np.array(0.5, "float32")}
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"]), helper.make_node("Add", ["mm", "B"], ["h"]),
+             helper.make_node("Div", ["h", "sqrt2"], ["hd"]), helper.make_node("Erf", ["hd"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["h", "e1"], ["g"]),
+             helper.make_node("Mul", ["g", "half"], ["y"])]
+    graph = helper.make_graph(nodes, "dense_gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, n])],
+                              initializer=[numpy_helper.from_array(v, name) for name, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="tvm_fusion_ext")
+    model.ir_version = _IR_VERSION
+    return model
+
+
 def default_model_path(cache_dir: str | os.PathLike | None = None) -> str:
     """Write the default tiny encoder (``tiny-bert``) to the cache dir once and return its path.
 

@@ -115,15 +115,17 @@ def fused_attention(q, k, v, mask=None, *, scale: float, causal: bool = False, q
     lowest = tirx.min_value(ACC)
     neg_inf = f32(float("-inf"))
 
-    def key(jb, jj):
-        # padded keys past T read the last key (in bounds); their score is -inf so they weigh nothing.
-        # Without padding the index stays affine, so a template may read K and V in place (tensor cores).
-        return jb * kb + jj if T % kb == 0 else tirx.min(jb * kb + jj, last)
-
     # 16-bit inputs keep K, V and the probabilities in their own type for the two matmuls (fp32 accumulation),
     # as flash attention does: that is what tensor cores multiply. fp32 inputs are unchanged.
     low = str(q.dtype) in LOW_PRECISION
     operand = str(q.dtype) if low else ACC
+
+    def key(jb, jj):
+        # padded keys past T read the last key (in bounds); their score is -inf so they weigh nothing.
+        # 16-bit inputs without padding keep the index affine, so the tensor-core template can read K and V
+        # in place (fp32 keeps its form: tuning records name the PrimFunc by its structure).
+        return jb * kb + jj if low and T % kb == 0 else tirx.min(jb * kb + jj, last)
+
     kt = te.compute((B, H, nb, D, kb),
                     lambda b, h, jb, d, jj: _at(k, k_layout, b, h, key(jb, jj), d).astype(operand),
                     name="attn_kt", attrs={"schedule_rule": "None"})

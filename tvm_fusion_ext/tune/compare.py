@@ -1,6 +1,7 @@
 """XGBoost-guided search against random search on the same tasks and budget (a benchmark, not a test).
 
-``python -m tvm_fusion_ext.tune.compare MODEL.onnx --space auto --trials 64 --seeds 1,2,3``
+``python -m tvm_fusion_ext.tune.compare MODEL.onnx --space auto --trials 96 --seeds 1,2,3``, or
+``--dense 128x384x1536`` instead of a model: one FFN projection (MatMul + bias + GELU), a single heavy task.
 
 For each seed it tunes the model twice from scratch, once with MetaSchedule's ``XGBModel`` and once with its
 ``RandomModel`` (evolutionary search that picks candidates blindly), each into its own directory under
@@ -64,12 +65,12 @@ def _best(history: List[Optional[float]]) -> Optional[float]:
     return min(ok) if ok else None
 
 
-def compare(model: str, space: str, trials: int, seeds: List[int], logs: str, target: str = "llvm",
+def compare(model, space: str, trials: int, seeds: List[int], logs: str, target: str = "llvm",
             per_iter: int = 8, say=print) -> List[dict]:
     from ..frontend import load_onnx
     from .driver import TuneOptions, tune
 
-    mod = load_onnx(model)
+    mod = load_onnx(model) if isinstance(model, str) else model
     rows = []
     for seed in seeds:
         runs = {}
@@ -116,7 +117,8 @@ def format_rows(rows: List[dict]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tvm_fusion_ext.tune.compare", description=__doc__.splitlines()[0])
-    p.add_argument("model")
+    p.add_argument("model", nargs="?", help="ONNX model (or use --dense)")
+    p.add_argument("--dense", metavar="MxKxN", help="compare on one fused_dense+GELU of this shape instead")
     p.add_argument("--space", choices=("template", "auto"), default="auto")
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--seeds", default="1,2,3")
@@ -125,7 +127,19 @@ def main(argv=None) -> int:
     p.add_argument("--logs", default="compare_logs", help="a fresh directory for the runs' records")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
-    rows = compare(args.model, args.space, args.trials, [int(s) for s in args.seeds.split(",")], args.logs,
+    if (args.model is None) == (args.dense is None):
+        p.error("give a MODEL.onnx or --dense MxKxN")
+    model = args.model
+    if args.dense:
+        from ..frontend import load_onnx
+        from ..models import build_dense_onnx
+
+        try:
+            m, k, n = (int(d) for d in args.dense.lower().split("x"))
+        except ValueError:
+            p.error(f"--dense takes MxKxN, e.g. 128x384x1536 (got '{args.dense}')")
+        model = load_onnx(build_dense_onnx(m, k, n))
+    rows = compare(model, args.space, args.trials, [int(s) for s in args.seeds.split(",")], args.logs,
                    args.target, args.per_iter, say=lambda m: print(m, file=sys.stderr))
     print(format_rows(rows))
     if args.json:
