@@ -8,7 +8,7 @@ the target's toolchain (nvcc for CUDA). Nothing is measured and nothing is writt
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import tvm
 
@@ -27,9 +27,10 @@ from .driver import (
 
 
 def check_candidates(mod: tvm.IRModule, target, per_task: int = 8, space: str = "template", seed: int = 1,
-                     fuse: bool = True, min_flops: float = DEFAULT_MIN_FLOPS,
+                     fuse: bool = True, min_flops: float = DEFAULT_MIN_FLOPS, only: Sequence[str] = (),
                      say: Optional[Callable[[str], None]] = print) -> dict:
-    """Per task: candidates sampled, rejected by each expert rule, built, and the first build error."""
+    """Per task: candidates sampled, rejected by each expert rule, built, and the first build error.
+    ``only``: check just the tasks whose names start with one of these."""
     import os
 
     from tvm.s_tir import meta_schedule as ms
@@ -57,6 +58,8 @@ def check_candidates(mod: tvm.IRModule, target, per_task: int = 8, space: str = 
         builder = ms.builder.LocalBuilder(max_workers=1, timeout_sec=300,
                                           initializer=skip_tensor_intrin if fast else None)
         for task in tasks:
+            if only and not task.name.startswith(tuple(only)):
+                continue
             if not choose_space(task, target, space, seed):
                 report["skipped"][task.name] = task.note or "no design space"
                 continue
