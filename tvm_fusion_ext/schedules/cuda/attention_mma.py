@@ -128,20 +128,13 @@ def _warp_rows(sch, row_loop, col_loop):
     return r, c
 
 
-def _key_axis(sch, copy) -> int:
-    """Axis of K or V (4-D, BSHD or BHSD) that the key-blocking copy (b, h, jb, …) indexes with its key."""
-    stmt = sch.get(copy)
-    jb = stmt.iter_vars[2].var
-    uses_jb = lambda e: any(v.same_as(jb) for v in tvm.tirx.analysis.undefined_vars(e))  # noqa: E731
-    return next(axis for axis in (1, 2) if uses_jb(stmt.reads[0].region[axis].min))
-
-
-def _q_is_bshd(sch, qk) -> bool:
-    """Whether the qk block reads Q as (B, S, H, D): its row variable indexes axis 1."""
-    stmt = sch.get(qk)
-    row = stmt.iter_vars[2].var
-    index = stmt.reads[0].region[1].min
-    return isinstance(index, tvm.tirx.Var) and index.same_as(row)
+def _axis_of(sch, blk, iter_var: int) -> int:
+    """Which axis (1 or 2) of the block's first input, a 4-D BSHD or BHSD tensor, its ``iter_var``-th block
+    variable indexes: Q's rows in ``attn_qk``, the key block in the K / V copies ``attn_kt`` / ``attn_vb``."""
+    stmt = sch.get(blk)
+    var = stmt.iter_vars[iter_var].var
+    uses = lambda e: any(v.same_as(var) for v in tvm.tirx.analysis.undefined_vars(e))  # noqa: E731
+    return next(axis for axis in (1, 2) if uses(stmt.reads[0].region[axis].min))
 
 
 def attention_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Optional[dict] = None) -> None:
@@ -152,13 +145,13 @@ def attention_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: 
     online, bo, bsum, p, bmax, qk, kt = (st[n] for n in ("attn_online", "attn_bo", "attn_bsum", "attn_p",
                                                          "attn_bmax", "attn_qk", "attn_kt"))
     p16, vb = st["attn_p16"], st["attn_vb"]
-    q_bshd = _q_is_bshd(sch, qk)
+    q_bshd = _axis_of(sch, qk, 2) == 1
     sch.compute_inline(p)  # exp straight into the rounded tile: p has no other reader
     dtype = str(sch.get(p16).writes[0].source.dtype)
     key_block = int(sch.get(p16).writes[0].source.shape[-1])
     # Without padded keys, K and V are read in place (one kernel, no key-blocked copies in global memory):
     # K's tile is then (key, d), a transposed B operand. With padding the copies clamp the key index.
-    k_axis, v_axis = _key_axis(sch, kt), _key_axis(sch, vb)
+    k_axis, v_axis = _axis_of(sch, kt, 2), _axis_of(sch, vb, 2)
     k_buf = sch.get(kt).reads[0].source
     in_place = int(k_buf.shape[k_axis]) % key_block == 0
     if in_place:
