@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
 ENCODER = dict(num_layers=1, hidden=32, heads=2, intermediate=64, seq=16)
@@ -21,15 +22,22 @@ def tiny_path(tmp_path_factory):
     return path
 
 
-def test_random_cost_model_from_cli_writes_records_and_manifest(tiny_path, tmp_path):
+@pytest.fixture(scope="module")
+def random_logs(tiny_path, tmp_path_factory):
+    """4 trials of the tiny encoder tuned with random scores, through the CLI: (logs root, record dir)."""
     from tvm_fusion_ext.cli import main
-    from tvm_fusion_ext.tune.logs import open_database
 
-    logs = tmp_path / "logs"
+    logs = tmp_path_factory.mktemp("random_logs")
     assert main(["tune", tiny_path, "--target", "llvm", "--trials", "4", "--per-iter", "2", "--population", "16",
                  "--cost-model", "random", "--logs", str(logs)]) == 0
     (sub,) = [d for d in os.listdir(logs) if d.startswith("tiny-")]
-    path = os.path.join(logs, sub)
+    return str(logs), os.path.join(logs, sub)
+
+
+def test_random_cost_model_from_cli_writes_records_and_manifest(random_logs):
+    from tvm_fusion_ext.tune.logs import open_database
+
+    path = random_logs[1]
     with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
         manifest = json.load(f)
     assert manifest["cost_model"] == "random"
@@ -69,3 +77,74 @@ def test_attention_kernel_is_a_tuning_task(tiny_path):
     assert len(attention) == 1, ([t.name for t in tasks], skipped)
     assert attention[0].flops is not None and attention[0].flops > 0
     assert not any("attention" in name for name, _ in skipped)
+
+
+# ----------------------------------------------------------------------------------------------- warm start
+
+def _candidates(record_dir):
+    from tvm_fusion_ext.tune.logs import open_database
+
+    recs = open_database(record_dir).get_all_tuning_records()
+    return recs[0].workload.mod, [recs[0].as_measure_candidate()]
+
+
+def test_warm_start_trains_xgb_on_records_of_this_target(random_logs):
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.tune.driver import _stub_tensor_intrin
+    from tvm_fusion_ext.tune.warm_start import warm_start
+
+    target = resolve_target("llvm")
+    model = ms.cost_model.XGBModel(num_warmup_samples=2)
+    with _stub_tensor_intrin(True):  # as the driver does on llvm: TuneContext imports a 30 s registry otherwise
+        stats = warm_start(model, [random_logs[1]], target)
+        mod, cands = _candidates(random_logs[1])
+        ctx = ms.TuneContext(mod=mod, target=target, task_name="check", num_threads=1)
+    assert stats.records == 4 and stats.workloads == 4 and stats.other_target == 0
+    assert model.booster is not None and model.data_size == 4
+    # trained: predictions are the model's (deterministic), not the random numbers of an untrained XGBModel
+    np.testing.assert_array_equal(model.predict(ctx, cands), model.predict(ctx, cands))
+    cold = ms.cost_model.XGBModel(num_warmup_samples=2)
+    assert not np.array_equal(cold.predict(ctx, cands * 8), cold.predict(ctx, cands * 8))
+
+
+def test_warm_start_skips_records_of_another_target(random_logs):
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.tune.driver import _stub_tensor_intrin
+    from tvm_fusion_ext.tune.warm_start import warm_start
+
+    other = resolve_target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    model = ms.cost_model.XGBModel(num_warmup_samples=2)
+    with _stub_tensor_intrin(True):
+        stats = warm_start(model, [random_logs[1]], other)
+    assert stats.records == 0 and stats.other_target == 4 and model.booster is None
+
+
+def test_warm_start_from_cli_is_in_the_manifest(tiny_path, random_logs, tmp_path):
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.tune.driver import TuneOptions, tune
+
+    messages = []
+    manifest = tune(load_onnx(tiny_path), "llvm", logs=str(tmp_path), workload="tiny",
+                    options=TuneOptions(trials=1, per_iter=2, population=16, warm_start=(random_logs[0],),
+                                        progress=messages.append))
+    assert manifest["warm_start"]["records"] == 4 and manifest["warm_start"]["sources"] == [random_logs[1]]
+    assert any("warm-started on 4 records of 4 kernels" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--warm-start", "/nonexistent/logs"], "is not a directory"),
+    (["--warm-start", "."], "holds no tuning-record directories"),
+    (["--warm-start", "RECORDS", "--cost-model", "random"], "needs --cost-model xgb"),
+])
+def test_warm_start_errors_are_one_line(tiny_path, random_logs, tmp_path, capsys, extra, message):
+    from tvm_fusion_ext.cli import main
+
+    extra = [random_logs[1] if a == "RECORDS" else str(tmp_path) if a == "." else a for a in extra]
+    rc = main(["tune", tiny_path, "--trials", "2", "--logs", str(tmp_path / "out"), *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "out").exists()  # refused before anything was written

@@ -28,7 +28,7 @@ def cmd_tune(args) -> int:
     workload = os.path.splitext(os.path.basename(args.model))[0]
     opts = TuneOptions(trials=args.trials, space=args.space, scheduler=args.scheduler, runner=runner,
                        per_iter=args.per_iter, population=args.population, cost_model=args.cost_model,
-                       seed=args.seed)
+                       seed=args.seed, warm_start=tuple(args.warm_start or ()))
     manifest = tune(mod, args.target, logs=args.logs, workload=workload, options=opts, fuse=not args.no_fusion)
     for name, task in sorted(manifest.get("tasks", {}).items()):
         best = task.get("best_us")
@@ -82,6 +82,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--cost-model", choices=("xgb", "random"), default="xgb",
                    help="xgb: XGBoost-guided search (default); random: random scores (baseline for comparison)")
     p.add_argument("--seed", type=int, default=1, help="random seed of the search")
+    p.add_argument("--warm-start", action="append", metavar="DIR",
+                   help="pre-train the XGBoost cost model on the records in DIR (a record directory or a root of "
+                        "them, e.g. another model's logs for this target); repeatable. A resumed run always "
+                        "pre-trains on its own records")
     p.add_argument("--rpc", metavar="HOST:PORT", help="measure through this TVM RPC tracker")
     p.add_argument("--key", help="RPC device key (with --rpc)")
     p.add_argument("--per-iter", type=int, default=8, help="candidates measured per task per round")

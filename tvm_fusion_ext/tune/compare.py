@@ -66,7 +66,7 @@ def _best(history: List[Optional[float]]) -> Optional[float]:
 
 
 def compare(model, space: str, trials: int, seeds: List[int], logs: str, target: str = "llvm",
-            per_iter: int = 8, say=print) -> List[dict]:
+            per_iter: int = 8, say=print, warm_start: tuple = (), population: int = 64) -> List[dict]:
     from ..frontend import load_onnx
     from .driver import TuneOptions, tune
 
@@ -76,7 +76,8 @@ def compare(model, space: str, trials: int, seeds: List[int], logs: str, target:
         runs = {}
         for cost_model in ("xgb", "random"):
             root = os.path.join(logs, f"{cost_model}-seed{seed}")
-            opts = TuneOptions(trials=trials, space=space, cost_model=cost_model, seed=seed, per_iter=per_iter)
+            opts = TuneOptions(trials=trials, space=space, cost_model=cost_model, seed=seed, per_iter=per_iter,
+                               population=population, warm_start=warm_start if cost_model == "xgb" else ())
             manifest = tune(mod, target, logs=root, workload="compare", options=opts)
             (sub,) = [d for d in os.listdir(root) if d.startswith("compare-")]
             runs[cost_model] = latencies_by_task(os.path.join(root, sub))
@@ -123,9 +124,12 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--per-iter", type=int, default=8)
+    p.add_argument("--population", type=int, default=64, help="evolutionary-search population (both runs)")
     p.add_argument("--target", default="llvm")
     p.add_argument("--logs", default="compare_logs", help="a fresh directory for the runs' records")
     p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--warm-start", action="append", metavar="DIR",
+                   help="pre-train the XGBoost run's cost model on these records (random search cannot use them)")
     args = p.parse_args(argv)
     if (args.model is None) == (args.dense is None):
         p.error("give a MODEL.onnx or --dense MxKxN")
@@ -140,7 +144,8 @@ def main(argv=None) -> int:
             p.error(f"--dense takes MxKxN, e.g. 128x384x1536 (got '{args.dense}')")
         model = load_onnx(build_dense_onnx(m, k, n))
     rows = compare(model, args.space, args.trials, [int(s) for s in args.seeds.split(",")], args.logs,
-                   args.target, args.per_iter, say=lambda m: print(m, file=sys.stderr))
+                   args.target, args.per_iter, say=lambda m: print(m, file=sys.stderr),
+                   warm_start=tuple(args.warm_start or ()), population=args.population)
     print(format_rows(rows))
     if args.json:
         from ..fileio import atomic_write

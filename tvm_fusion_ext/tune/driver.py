@@ -11,6 +11,9 @@ One run::
     + expert hard rules (postproc, before building) ─ XGBModel (or RandomModel) ─ EvolutionarySearch ─ "gradient" |
     "round-robin" task scheduler ─ tuning_logs/<workload>-<target>/ (see ``logs.py``)
 
+XGBModel starts from the records already measured when there are any: the directory's own on a resume, and
+``--warm-start`` directories (``warm_start.py``).
+
 Because tasks come from the same ``lower`` the build runs, ``build(mod, target, logs=dir)`` finds every
 record again. Design spaces are generated once, before tuning, and handed to MetaSchedule as a fixed space:
 that is how one run mixes template and auto tasks (the registered custom rule either applies the template
@@ -332,6 +335,7 @@ class TuneOptions:
     seed: int = 1
     cost_model: str = "xgb"                   # "xgb": XGBModel guides the search; "random": RandomModel (baseline)
     fast_import: Optional[bool] = None        # stub the tensor-intrinsic registry (default: llvm only)
+    warm_start: Tuple[str, ...] = ()          # record dirs (or roots) whose records pre-train XGBModel
     progress: Optional[Callable[[str], None]] = print
 
 
@@ -344,6 +348,8 @@ def _check_options(opts: TuneOptions) -> None:
         raise FusionExtError(f"unknown cost model '{opts.cost_model}' (use {' or '.join(COST_MODELS)})")
     if opts.trials < 0:
         raise FusionExtError(f"--trials must be >= 0, got {opts.trials}")
+    if opts.warm_start and opts.cost_model != "xgb":
+        raise FusionExtError("--warm-start trains the XGBoost cost model: it needs --cost-model xgb")
 
 
 def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: str = "model",
@@ -358,6 +364,9 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
     opts = options or TuneOptions()
     _check_options(opts)
     target = resolve_target(target)
+    from .warm_start import record_dirs
+
+    warm_dirs = [d for src in opts.warm_start for d in record_dirs(src)]  # bad paths fail before any work
     say = opts.progress or (lambda _msg: None)
     mhash = tlogs.model_hash(mod)
     out = logs if tlogs.is_record_dir(logs) else tlogs.record_dir(logs, workload, target)
@@ -378,10 +387,11 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")  # inherited by builder workers
     fast = opts.fast_import if opts.fast_import is not None else target.kind.name == "llvm"
     with _stub_tensor_intrin(fast):
-        return _tune(lower(mod_in, target), target, out, workload, mhash, previous, opts, fast, say)
+        return _tune(lower(mod_in, target), target, out, workload, mhash, previous, opts, fast, say, warm_dirs)
 
 
-def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fast: bool, say) -> dict:
+def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fast: bool, say,
+          warm_dirs: List[str]) -> dict:
     from tvm.s_tir import meta_schedule as ms
 
     register_custom_rules()
@@ -410,6 +420,7 @@ def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fa
     else:
         cost_model = ms.cost_model.XGBModel(num_warmup_samples=min(8, max(2, opts.per_iter)))
         progress.cost_model = cost_model
+        _warm_start(cost_model, out, done_before, warm_dirs, target, progress, say)
     with task_loggers(out, [t.name for t in tunable]) as loggers:
         return _search(tunable, loggers, target, out, database, opts, fast, progress, cost_model, budget, say)
 
@@ -454,6 +465,22 @@ def _search(tunable, loggers, target, out, database, opts, fast, progress, cost_
     say(f"tune: done, {manifest['trials']} trials in {out}"
         + (f" ({failed} candidates failed to build or run; see the per-batch lines above)" if failed else ""))
     return manifest
+
+
+def _warm_start(cost_model, out, done_before, warm_dirs, target, progress, say) -> None:
+    """Pre-train XGBModel on this directory's records (a resumed run) and on ``--warm-start`` directories."""
+    from .warm_start import warm_start
+
+    own = os.path.realpath(out)
+    sources = ([out] if done_before else []) + [d for d in dict.fromkeys(warm_dirs) if os.path.realpath(d) != own]
+    if not sources:
+        return
+    stats = warm_start(cost_model, sources, target)
+    progress.base["warm_start"] = stats.to_dict()
+    skipped = stats.other_target + stats.unreplayable
+    say(f"tune: cost model warm-started on {stats.records} records of {stats.workloads} kernels from "
+        f"{len(sources)} directories" + (f" ({skipped} records skipped: other target or stale trace)"
+                                        if skipped else ""))
 
 
 def measure_template_defaults(contexts, tasks, target, database, builder, runner, progress, budget: int) -> int:
