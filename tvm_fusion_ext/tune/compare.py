@@ -25,12 +25,10 @@ import os
 import sys
 from typing import Dict, List, Optional
 
-FAILED = 1e9  # MetaSchedule records failed candidates with huge run times
-
 
 def latencies_by_task(record_dir: str) -> Dict[str, List[Optional[float]]]:
     """Mean measured seconds per record (None for a failure), in the order the records were written."""
-    from .logs import RECORD_FILE
+    from .logs import FAILED_RUN_SECS, RECORD_FILE
 
     # tasks are named by their workload's line in the database; a single tuned task by its manifest name
     with open(os.path.join(record_dir, "manifest.json")) as f:
@@ -42,7 +40,7 @@ def latencies_by_task(record_dir: str) -> Dict[str, List[Optional[float]]]:
                 continue
             idx, rec = json.loads(line)
             secs = rec[1]
-            ok = secs and all(s is not None and 0 < float(s) < FAILED for s in secs)
+            ok = secs and all(s is not None and 0 < float(s) < FAILED_RUN_SECS for s in secs)
             out.setdefault(f"workload{idx}", []).append(sum(map(float, secs)) / len(secs) if ok else None)
     if len(out) == len(tuned) == 1:
         return {tuned[0]: next(iter(out.values()))}

@@ -28,6 +28,8 @@ WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
+#: MetaSchedule records a candidate that failed to build or run with a huge run time instead of none.
+FAILED_RUN_SECS = 1e9
 
 
 # ----------------------------------------------------------------------------------------------- identities

@@ -21,8 +21,6 @@ from typing import Dict, Iterable, List
 
 from . import logs as tlogs
 
-FAILED_SECS = 1e9  # MetaSchedule stores failed candidates with huge run times
-
 
 @dataclass
 class WarmStart:
@@ -88,7 +86,7 @@ def _prepare(groups, target, stats: WarmStart) -> list:
                 stats.unreplayable += 1
                 continue
             secs = [float(s) for s in rec.run_secs] if rec.run_secs else []
-            ok = secs and 0 < min(secs) and max(secs) < FAILED_SECS
+            ok = secs and 0 < min(secs) and max(secs) < tlogs.FAILED_RUN_SECS
             results.append(ms.runner.RunnerResult(run_secs=rec.run_secs if ok else None,
                                                   error_msg=None if ok else "failed when it was measured"))
         if candidates:
