@@ -11,9 +11,10 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "SemanticFusion": ".transform.pipeline",
     "FusionReport": ".transform.report",
-    "fuse": ".api",
+    "fuse": ".compile",
     "load_onnx": ".frontend",
-    "build": ".build",
+    "build": ".compile",
+    "compile_model": ".compile",
     "FusionExtError": ".errors",
 }
 

@@ -1,15 +1,19 @@
-"""Target specs users type (``llvm``, ``cuda``, ``cuda:sm_90``) → complete TVM targets.
+"""Targets: what users type (``llvm``, ``cuda``, ``cuda:sm_90``) → complete TVM targets, and the one place
+that says what a target can do (:class:`TargetInfo`).
 
 TVM 0.27 refuses string targets like ``"cuda -arch=sm_90"``, and a CUDA target built from a bare dict lacks
 the limits (shared memory, threads, registers) that templates and MetaSchedule's ``VerifyGPUCode`` read.
-Everything that needs a target goes through :func:`resolve_target`, so limits are data, in one place.
+Everything that needs a target goes through :func:`resolve_target`; everything that needs a *fact* about a
+target (its family, vector width, core count, per-block limits) reads :meth:`TargetInfo.of`, so each fact is
+written once, here.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Union
+from dataclasses import dataclass
+from typing import Optional, Union
 
 import tvm
 
@@ -23,18 +27,91 @@ _CUDA_LIMITS = {
     "thread_warp_size": 32,
     "registers_per_block": 65536,
 }
+#: The widest access one CUDA thread issues as a single instruction (float4 / uint4); TVM's codegen has no
+#: wider vector types either (8 fp32 lanes become ulonglong4 hacks that nvcc rejects).
+CUDA_VECTOR_BYTES = 16
+#: LLVM CPU names whose widest vector unit is AVX-512 (when ``mattr`` does not say so itself).
+_AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "icelake", "tigerlake", "sapphirerapids",
+                "znver4", "znver5")
 _CUDA_ARCH = re.compile(r"^sm_(\d{2,3})a?$")
 
 TargetSpec = Union[str, dict, tvm.target.Target, None]
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """Facts every template, lowering step and expert rule reads about a target.
+
+    ``family`` is ``"cpu"`` (llvm) or ``"cuda"``; other kinds keep their kind name and have no templates.
+    ``kind`` is TVM's kind name (``"llvm"``/``"cuda"``), which MetaSchedule's rule/postproc presets are keyed by.
+    ``vector_bits`` is the widest vector one instruction (CPU) or one thread (CUDA) handles.
+    """
+
+    family: str
+    kind: str
+    arch: Optional[str]            # CUDA: sm_XX; CPU: the LLVM cpu name (mcpu)
+    cores: int                     # CPU threads to use (the host's, for a CUDA target)
+    vector_bits: int
+    max_threads_per_block: int = 0
+    max_shared_memory_per_block: int = 0
+    warp_size: int = 0
+    registers_per_block: int = 0
+
+    @classmethod
+    def of(cls, target: tvm.target.Target) -> "TargetInfo":
+        kind = target.kind.name
+        keys = {str(k) for k in target.keys}
+        family = "cuda" if ("cuda" in keys or "gpu" in keys) else "cpu" if "cpu" in keys else kind
+        attrs = target.attrs
+        host = target.host if family == "cuda" and target.host is not None else target
+        if family == "cuda":
+            get = lambda k: int(attrs[k]) if attrs.get(k) is not None else _CUDA_LIMITS[k]  # noqa: E731
+            return cls(family, kind, str(attrs.get("arch") or "") or None, _cores(host), CUDA_VECTOR_BYTES * 8,
+                       get("max_threads_per_block"), get("max_shared_memory_per_block"), get("thread_warp_size"),
+                       get("registers_per_block"))
+        mcpu = str(attrs.get("mcpu") or "") if attrs is not None else ""
+        return cls(family, kind, mcpu or None, _cores(target), _cpu_vector_bits(target))
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.family == "cpu"
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.family == "cuda"
+
+    def lanes(self, dtype: str = "float32") -> int:
+        """Elements of ``dtype`` in one vector (fp32: 8 on AVX2, 16 on AVX-512, 4 per CUDA thread)."""
+        return max(1, self.vector_bits // tvm.runtime.DataType(dtype).bits)
+
+    def limits(self) -> dict:
+        """CUDA per-block limits under the short names templates use."""
+        return {"threads": self.max_threads_per_block, "smem": self.max_shared_memory_per_block,
+                "warp": self.warp_size, "registers": self.registers_per_block}
+
+
+def _cores(target: tvm.target.Target) -> int:
+    n = target.attrs.get("num-cores") if target.attrs is not None else None
+    return int(n) if n is not None and int(n) > 0 else usable_cores()
+
+
+def _cpu_vector_bits(target: tvm.target.Target) -> int:
+    attrs = target.attrs
+    mcpu = str(attrs.get("mcpu") or "") if attrs is not None else ""
+    mattr = " ".join(str(a) for a in (attrs.get("mattr") or [])) if attrs is not None else ""
+    return 512 if "avx512" in mattr or mcpu.startswith(_AVX512_CPUS) else 256
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity mask), not the machine's total."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def host_cpu_target(num_cores: int | None = None) -> tvm.target.Target:
     """The machine we run on: its LLVM CPU name (AVX2/AVX-512 codegen) and its core count."""
     from tvm.target import codegen
 
-    if num_cores is None:
-        num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = num_cores
+    cores = usable_cores() if num_cores is None else num_cores
     return tvm.target.Target({"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu()), "num-cores": int(cores)})
 
 
@@ -71,6 +148,18 @@ def resolve_target(spec: TargetSpec = None) -> tvm.target.Target:
     raise TargetError(f"unknown target '{text}' (use llvm, cuda or cuda:sm_80 / cuda:sm_90)")
 
 
+def default_target(kind: str = "llvm") -> tvm.target.Target:
+    """This machine's CPU (``kind="llvm"``) or GPU (``kind="cuda"``) as a complete Target."""
+    if kind not in ("llvm", "cuda"):
+        raise TargetError(f"unknown target kind '{kind}' (known: llvm, cuda)")
+    return resolve_target(kind)
+
+
+def device_of(target: tvm.target.Target):
+    """The TVM device a build for ``target`` runs on in this process."""
+    return tvm.cuda(0) if TargetInfo.of(target).is_cuda else tvm.cpu(0)
+
+
 def _complete(target: tvm.target.Target) -> tvm.target.Target:
     if target.kind.name == "cuda":
         missing = {k: v for k, v in _CUDA_LIMITS.items() if target.attrs.get(k) is None}
@@ -80,7 +169,3 @@ def _complete(target: tvm.target.Target) -> tvm.target.Target:
             cfg.update(missing)
             return tvm.target.Target(cfg, host=target.host or host_cpu_target())
     return target
-
-
-def is_cuda(target: tvm.target.Target) -> bool:
-    return target.kind.name == "cuda"

@@ -9,9 +9,8 @@ import tvm
 from tvm import relax, s_tir
 
 from tvm_fusion_ext.errors import TargetError
-from tvm_fusion_ext.inspect_cuda import (
+from tvm_fusion_ext.tools.inspect_cuda import (
     FIELDS,
-    add_parser,
     cuda_sources,
     inspect_cuda,
     kernel_report,
@@ -73,7 +72,7 @@ def test_dense_compiles_without_spills(M, K, N, dtype, arch, transpose_b):
 
 
 def _attention(S, D, dtype, layout, arch, heads=4):
-    key_block = min(64, S)  # as the build path sets for CUDA (TensorCoreAttentionBlocks)
+    key_block = min(64, S)  # as the build path sets for CUDA (AttentionCUDA.prepare_operator)
     shape = (1, S, heads, D) if layout == "BSHD" else (1, heads, S, D)
     inputs = {"q": (shape, dtype), "k": (shape, dtype), "v": (shape, dtype), "mask": ((1, 1, 1, S), dtype)}
     params = {"scale": D ** -0.5, "key_block": key_block,
@@ -149,7 +148,7 @@ ptxas info    : Used 10 registers, used 0 barriers, 380 bytes cmem[0]
 
 def test_convert_dtype_float16_leaves_no_float32():
     from tvm_fusion_ext.frontend import load_onnx
-    from tvm_fusion_ext.inspect_cuda import convert_dtype
+    from tvm_fusion_ext.tools.inspect_cuda import convert_dtype
     from tvm_fusion_ext.models import default_model_path
 
     mod = convert_dtype(load_onnx(default_model_path()), "float16")
@@ -180,14 +179,10 @@ def test_inspect_cuda_tiny_encoder():
 
 @needs_nvcc
 def test_inspect_cuda_cli_fp16_json(capsys):
-    import argparse
-
+    from tvm_fusion_ext.cli import main
     from tvm_fusion_ext.models import default_model_path
 
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["inspect-cuda", default_model_path(), "--arch", "sm_80", "--dtype", "float16", "--json"])
-    assert args.func(args) == 0
+    assert main(["inspect-cuda", default_model_path(), "--arch", "sm_80", "--dtype", "float16", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert all(r["spill_bytes"] == 0 for r in rows)
     dense = [r for r in rows if r["name"].startswith("fused_dense")]

@@ -9,7 +9,7 @@ from tvm import relax, s_tir
 
 from tvm_fusion_ext.ops.dense import ACTIVATIONS, pack_weight
 from tvm_fusion_ext.ops.registry import make_prim_func
-from tvm_fusion_ext.schedules.cpu.dense import dense_cpu, pack_nr
+from tvm_fusion_ext.schedules.cpu.dense import DenseCPU, dense_cpu, pack_nr
 from tvm_fusion_ext.schedules.registry import get_template
 from tvm_fusion_ext.testing import numpy_activation
 
@@ -75,7 +75,7 @@ def test_default_schedule_is_parallel_vectorised_and_unrolled():
 
 
 def test_registered_as_cpu_template():
-    assert get_template("tfx.dense", TARGET) is dense_cpu
+    assert isinstance(get_template("tfx.dense", TARGET), DenseCPU)
 
 
 def test_pack_weight_layout():

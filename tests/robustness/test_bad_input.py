@@ -1,6 +1,6 @@
 """Bad input through the CLI: one line ``error: ...`` naming the problem, exit code 2, no output file.
 
-Complements ``tests/test_cli.py`` (missing model, junk bytes, misspelt input name, wrong shape, ``--target
+Complements ``tests/cli/test_cli.py`` (missing model, junk bytes, misspelt input name, wrong shape, ``--target
 tpu``), which is not repeated here. Most cases call ``tvm_fusion_ext.cli.main`` in-process (the same code as
 the console script; ``capfd`` sees the process's real stderr, TVM's C++ output included); the cases where a
 crash would kill the process (out-of-range token ids) and one of each family run the console entry point in a
@@ -223,7 +223,7 @@ def _record_dir(root, name="tiny-llvm-x", manifest=None, workload=None, records=
 def _this_model_identity(path):
     from tvm_fusion_ext.frontend import load_onnx
     from tvm_fusion_ext.targets import resolve_target
-    from tvm_fusion_ext.tune.logs import model_hash, target_label
+    from tvm_fusion_ext.records import model_hash, target_label
 
     return model_hash(load_onnx(path)), target_label(resolve_target("llvm"))
 
@@ -278,7 +278,7 @@ def test_select_api_on_foreign_and_corrupt(tiny_encoder_path, tmp_path):
     from tvm_fusion_ext.errors import TuningLogError
     from tvm_fusion_ext.frontend import load_onnx
     from tvm_fusion_ext.targets import resolve_target
-    from tvm_fusion_ext.tune.logs import select
+    from tvm_fusion_ext.records import select
 
     mod, target = load_onnx(tiny_encoder_path), resolve_target("llvm")
     d = _record_dir(tmp_path / "root", manifest={"model_hash": "1", "target": "x"}, workload="", records="")
@@ -299,10 +299,10 @@ def test_out_of_range_token_ids_are_clamped_not_a_crash(tiny_encoder_path, tmp_p
     above the table reads the last row, one below ``-vocab`` the first row. Checked against onnxruntime fed the
     clamped ids (onnxruntime itself rejects out-of-range ids). A negative id inside ``[-vocab, -1]`` is valid
     ONNX (counts from the end) and is honoured as such; only ids outside ``[-vocab, vocab)`` are clamped."""
-    from tvm_fusion_ext.models import _vocab_size
+    from tvm_fusion_ext.models import vocab_size
 
     _, feeds = good_inputs
-    vocab = _vocab_size(onnx.load(tiny_encoder_path).graph, "input_ids")
+    vocab = vocab_size(onnx.load(tiny_encoder_path).graph, "input_ids")
     assert vocab and vocab > 1
     ids = feeds["input_ids"].copy()
     ids[0, 0], ids[0, 1], ids[0, -1] = vocab + 1000, -5, np.iinfo(np.int64).min

@@ -50,7 +50,7 @@ def _complete_lines(path):
 
 
 def _records(path):
-    from tvm_fusion_ext.tune.logs import open_database
+    from tvm_fusion_ext.records import open_database
 
     return open_database(path).get_all_tuning_records()
 
@@ -90,7 +90,7 @@ def test_sigkill_three_times_then_resume(model, tmp_path):
     to measure (a killed run can only add records: the manifest may lag the database by one batch, so a
     resume measures that batch's worth again, never less); and per workload the best latency in the final
     database is <= the best before any kill (a resume cannot lose a best: it only appends)."""
-    from tvm_fusion_ext.tune.logs import RECORD_FILE, read_manifest
+    from tvm_fusion_ext.records import RECORD_FILE, read_manifest
 
     rng = random.Random(1234)
     root = tmp_path / "logs"
@@ -237,7 +237,7 @@ def _free_port():
 
 @pytest.mark.slow
 def test_rpc_server_goes_away_mid_run(model, tmp_path):
-    from tvm_fusion_ext.tune.logs import RECORD_FILE, read_manifest
+    from tvm_fusion_ext.records import RECORD_FILE, read_manifest
 
     port, server_port = _free_port(), _free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
@@ -355,7 +355,7 @@ def test_sigkill_during_write_leaves_old_file(tmp_path):
 def test_manifest_write_is_atomic(tmp_path, monkeypatch):
     """``tune.logs.write_manifest`` goes through the atomic writer: a failure while serialising leaves the
     previous manifest."""
-    from tvm_fusion_ext.tune import logs as tlogs
+    from tvm_fusion_ext import records as tlogs
 
     tlogs.write_manifest(str(tmp_path), {"trials": 3})
     before = (tmp_path / tlogs.MANIFEST_FILE).read_text()

@@ -35,7 +35,7 @@ def random_logs(tiny_path, tmp_path_factory):
 
 
 def test_random_cost_model_from_cli_writes_records_and_manifest(random_logs):
-    from tvm_fusion_ext.tune.logs import open_database
+    from tvm_fusion_ext.records import open_database
 
     path = random_logs[1]
     with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
@@ -65,7 +65,7 @@ def test_unknown_cost_model_is_rejected(tiny_path, tmp_path):
 def test_attention_kernel_is_a_tuning_task(tiny_path):
     """The fused attention kernel has no Let expression any more, so MetaSchedule can count its FLOPs and the
     driver hands it to the tuner with its template space instead of skipping it."""
-    from tvm_fusion_ext.build import lower
+    from tvm_fusion_ext.compile import lower
     from tvm_fusion_ext.frontend import load_onnx
     from tvm_fusion_ext.targets import resolve_target
     from tvm_fusion_ext.transform.pipeline import SemanticFusion
@@ -82,7 +82,7 @@ def test_attention_kernel_is_a_tuning_task(tiny_path):
 # ----------------------------------------------------------------------------------------------- warm start
 
 def _candidates(record_dir):
-    from tvm_fusion_ext.tune.logs import open_database
+    from tvm_fusion_ext.records import open_database
 
     recs = open_database(record_dir).get_all_tuning_records()
     return recs[0].workload.mod, [recs[0].as_measure_candidate()]

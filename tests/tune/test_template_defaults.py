@@ -7,22 +7,24 @@ import os
 import tvm
 from tvm import s_tir
 
-from tvm_fusion_ext.build import _main_rule_block, lower
+from tvm_fusion_ext.compile import lower
 from tvm_fusion_ext.frontend import load_onnx
 from tvm_fusion_ext.models import build_encoder_onnx
+from tvm_fusion_ext.schedules import template_rules
 from tvm_fusion_ext.targets import resolve_target
 from tvm_fusion_ext.transform import SemanticFusion
 from tvm_fusion_ext.tune.driver import TuneOptions, tune
-from tvm_fusion_ext.tune.logs import open_database
+from tvm_fusion_ext.records import open_database
 
 
 def _default_decisions(func, target):
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
-    block, template = _main_rule_block(sch, target)
-    if block is None:
-        return None
-    template(sch, block, target, None)
-    return sorted(str(v) for v in sch.trace.decisions.values())
+    for template in template_rules(target):
+        sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
+        block = template.find_block(sch)
+        if block is not None:
+            template(sch, block, target)
+            return sorted(str(v) for v in sch.trace.decisions.values())
+    return None
 
 
 def test_each_template_task_starts_with_its_defaults(tmp_path):

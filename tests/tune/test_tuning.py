@@ -37,7 +37,7 @@ def model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def lowered(model):
     """The lowering the build runs, for checking that records name its PrimFuncs."""
-    from tvm_fusion_ext.build import lower
+    from tvm_fusion_ext.compile import lower
     from tvm_fusion_ext.targets import resolve_target
     from tvm_fusion_ext.transform.pipeline import SemanticFusion
 
@@ -65,7 +65,7 @@ def _record_dir(root):
 
 
 def _records(path):
-    from tvm_fusion_ext.tune.logs import open_database
+    from tvm_fusion_ext.records import open_database
 
     db = open_database(path)
     return db, [(str(r.trace), [float(s) for s in r.run_secs]) for r in db.get_all_tuning_records()]
@@ -163,7 +163,7 @@ def test_auto_space_records_apply_in_build(model, lowered, reference, tmp_path):
 
 
 def test_resume_keeps_records_and_tops_up(model, template_logs):
-    from tvm_fusion_ext.tune.logs import read_manifest, select
+    from tvm_fusion_ext.records import read_manifest, select
 
     root = template_logs[0]
     path = _record_dir(root)
@@ -188,7 +188,7 @@ def test_select_reports_no_match(tmp_path, template_logs):
     from tvm_fusion_ext.frontend import load_onnx
     from tvm_fusion_ext.models import build_encoder_onnx
     from tvm_fusion_ext.targets import resolve_target
-    from tvm_fusion_ext.tune.logs import select
+    from tvm_fusion_ext.records import select
 
     root = template_logs[0]
     other = load_onnx(build_encoder_onnx(**{**ENCODER, "seed": 1}))
@@ -278,11 +278,11 @@ def test_expert_vector_rule_on_cpu():
     import tvm
     from tvm import s_tir, te
 
-    from tvm_fusion_ext.targets import resolve_target
-    from tvm_fusion_ext.tune.expert import check, cpu_vector_bits
+    from tvm_fusion_ext.targets import TargetInfo, resolve_target
+    from tvm_fusion_ext.tune.expert import check
 
     target = resolve_target("llvm")
-    lanes = cpu_vector_bits(target) // 32
+    lanes = TargetInfo.of(target).lanes()
 
     def vec(n):
         a = te.placeholder((n,), name="A")
@@ -313,7 +313,7 @@ def test_quality_metrics():
 
 def test_repair_cuts_only_the_partial_last_line(tmp_path):
     from tvm_fusion_ext.errors import TuningLogError
-    from tvm_fusion_ext.tune.logs import RECORD_FILE, WORKLOAD_FILE, repair
+    from tvm_fusion_ext.records import RECORD_FILE, WORKLOAD_FILE, repair
 
     (tmp_path / WORKLOAD_FILE).write_bytes(b'["1", "a"]\n["2", "b"]\n["3", ')
     (tmp_path / RECORD_FILE).write_bytes(b'[0, 1]\n[1, 2]\n')
@@ -326,12 +326,9 @@ def test_repair_cuts_only_the_partial_last_line(tmp_path):
 
 
 def test_cli_parser_registers_tune():
-    import argparse
+    from tvm_fusion_ext.cli import build_parser
 
-    from tvm_fusion_ext.tune.cli import add_parser
-
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers(dest="command"))
+    parser = build_parser()
     args = parser.parse_args(["tune", "m.onnx", "--target", "cuda:sm_90", "--trials", "8", "--logs", "L",
                               "--space", "auto", "--rpc", "127.0.0.1:9190", "--key", "h100",
                               "--scheduler", "round-robin"])
@@ -364,7 +361,7 @@ def test_build_only_cli_compiles_sm90_candidates(model, capsys):
 
 @needs_nvcc
 def test_build_only_fp16_candidates_use_tensor_core_templates(model):
-    from tvm_fusion_ext.inspect_cuda import convert_dtype
+    from tvm_fusion_ext.tools.inspect_cuda import convert_dtype
     from tvm_fusion_ext.tune.check_candidates import check_candidates
 
     report = check_candidates(convert_dtype(model[1], "float16"), "cuda:sm_80", per_task=1, say=None,

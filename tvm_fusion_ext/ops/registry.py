@@ -10,8 +10,10 @@ from names.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Optional, Sequence
+
+import numpy as np
 
 import tvm
 from tvm import relax, te
@@ -101,6 +103,27 @@ def call_op(bb: relax.BlockBuilder, name: str, inputs: Dict[str, Optional[relax.
     func, out_ty = _make(name, types, params)
     gv = bb.add_func(func, name_hint or _hint(name, params))
     return relax.call_tir(gv, args, out_ty)
+
+
+@dataclass(frozen=True)
+class OperatorCall:
+    """One call of a fused operator in a Relax function, as the compile path shows it to schedule templates.
+
+    ``inputs`` are the present inputs by name; ``constant(name)`` is an input's value when it is a compile-time
+    constant (looked up through variable bindings), else None. Templates answer with :meth:`replace`."""
+
+    op: str
+    inputs: Dict[str, relax.Expr]
+    params: dict
+    constants: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    def constant(self, name: str) -> Optional[np.ndarray]:
+        return self.constants.get(name)
+
+    def replace(self, inputs: Optional[Dict[str, relax.Expr]] = None, params: Optional[dict] = None) -> "OperatorCall":
+        """The same call with some inputs replaced and/or new parameters."""
+        return replace(self, inputs={**self.inputs, **(inputs or {})}, params=dict(params or self.params),
+                       constants={k: v for k, v in self.constants.items() if k not in (inputs or {})})
 
 
 def op_of(func) -> Optional[str]:

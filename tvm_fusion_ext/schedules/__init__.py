@@ -1,5 +1,7 @@
-"""Schedule templates with tunable knobs for the fused operators: ``cpu/`` (llvm) and ``cuda/``."""
+"""Schedule templates with tunable knobs for the fused operators, as dlight-style rules: ``cpu/`` (llvm) and
+``cuda/``; :mod:`.registry` says which rules serve a target and in which order."""
 
-from .registry import get_template, register_template, registered, target_family
+from .registry import fallback_rules, get_template, registered, template_rules
+from .rule import Knobs, TemplateRule
 
-__all__ = ["get_template", "register_template", "registered", "target_family"]
+__all__ = ["Knobs", "TemplateRule", "fallback_rules", "get_template", "registered", "template_rules"]

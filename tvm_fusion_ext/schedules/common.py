@@ -39,3 +39,42 @@ def categorical(sch: s_tir.Schedule, candidates, knob: str, default, knobs):
     """A categorical sample; its knob is the candidate *index* (what MetaSchedule records)."""
     decision = (knobs or {}).get(knob, list(candidates).index(default))
     return sch.sample_categorical(list(candidates), [1.0 / len(candidates)] * len(candidates), decision=decision)
+
+
+def flatten_rows_map(batch_shape, extra: int, index_dtype: str):
+    """IndexMap ``(*batch, *rest) -> (flat row, *rest)``, the ``extra`` trailing axes kept as they are."""
+    from tvm.tirx import IndexMap
+
+    def fn(*iv):
+        row = iv[0]
+        for d, v in zip(batch_shape[1:], iv[1:len(batch_shape)]):
+            row = row * d + v
+        return (row, *iv[len(batch_shape):])
+
+    return IndexMap.from_func(fn, ndim=len(batch_shape) + extra, index_dtype=index_dtype)
+
+
+def flatten_block_rows(sch: s_tir.Schedule, block, extra: int):
+    """Make the block's batch axes one row axis in its iteration space (not just its loops); returns its loops.
+
+    Tiles of a fused loop are then rectangles in (row, col); with only fused loops, a tile straddling two batch
+    entries would have a bounding-box region that overlaps the next tile."""
+    loops = sch.get_loops(block)
+    batch = loops[: len(loops) - extra]
+    if len(batch) == 1:
+        return loops
+    if not batch:
+        sch.add_unit_loop(loops[0])
+        return sch.get_loops(block)
+    shape = [sch.get(lp).extent for lp in batch]
+    sch.transform_block_layout(block, flatten_rows_map(shape, extra, str(sch.get(loops[-1]).extent.ty)))
+    return sch.get_loops(block)
+
+
+def flatten_write_rows(sch: s_tir.Schedule, block) -> None:
+    """Give the block's output buffer one row axis, so that a thread's or a block's tile of it is a rectangle
+    (a register tile indexed through (batch, seq) bounding boxes would be addressed dynamically)."""
+    buf = sch.get(block).writes[0].source
+    if len(buf.shape) <= 2:
+        return
+    sch.transform_layout(block, ("write", 0), flatten_rows_map(list(buf.shape[:-1]), 1, str(buf.shape[0].ty)))

@@ -1,68 +1,63 @@
-"""Schedule templates: one function per (operator rule, target family), shared by building and tuning.
+"""Which schedule rules serve a target, in the order they are tried: our templates, then a generic fallback.
 
-A template has the dlight-like signature ``template(sch, block, target, knobs=None) -> None``: it schedules
-the PrimFunc in ``sch`` whose main block is ``block`` (the one annotated ``schedule_rule=<rule>``). Every
-tunable choice is a MetaSchedule random variable (``sch.sample_perfect_tile`` / ``sch.sample_categorical``)
-whose ``decision`` comes from ``knobs`` when given, else from the template's own expert default for the
-shapes and target at hand. So one body serves three uses:
-
-* the build path without tuning records (expert defaults, no search),
-* MetaSchedule's ``ApplyCustomRule`` (the recorded trace holds the samples; the search mutates them),
-* explicit knobs from a user or a test.
-
-Rules must not branch on knob values (MetaSchedule replays the trace with other decisions) and must read
-hardware limits from ``target`` rather than constants.
+The list is explicit (no registration by import side effect) so that a reader sees every template in one place.
+Templates import lazily: importing the package must not import schedule code, nor TVM's tensor intrinsics.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import tvm
 
-Template = Callable[..., None]
-
-_TEMPLATES: Dict[Tuple[str, str], Template] = {}
-
-
-def target_family(target: tvm.target.Target) -> str:
-    """"cuda" for CUDA targets, "cpu" for llvm; anything else has no templates."""
-    keys = set(str(k) for k in target.keys)
-    if "cuda" in keys or "gpu" in keys:
-        return "cuda"
-    if "cpu" in keys:
-        return "cpu"
-    return str(target.kind.name)
+from ..targets import TargetInfo
+from .rule import TemplateRule
 
 
-def register_template(rule: str, family: str):
-    """Register ``fn`` as the template for blocks annotated ``schedule_rule=rule`` on ``family`` targets."""
+def _all_templates() -> List[TemplateRule]:
+    from .cpu.attention import AttentionCPU
+    from .cpu.dense import DenseCPU
+    from .cpu.layernorm import LayerNormCPU
+    from .cuda.attention import AttentionCUDA
+    from .cuda.dense import DenseCUDA
+    from .cuda.layernorm import LayerNormCUDA
 
-    def wrap(fn: Template) -> Template:
-        _TEMPLATES[(rule, family)] = fn
-        return fn
-
-    return wrap
-
-
-def get_template(rule: str, target: tvm.target.Target) -> Optional[Template]:
-    _load_templates()
-    return _TEMPLATES.get((rule, target_family(target)))
+    return [DenseCPU(), AttentionCPU(), LayerNormCPU(), DenseCUDA(), AttentionCUDA(), LayerNormCUDA()]
 
 
-def registered() -> Dict[Tuple[str, str], Template]:
-    _load_templates()
-    return dict(_TEMPLATES)
+def registered() -> Dict[Tuple[str, str], TemplateRule]:
+    """Every template by ``(block rule, family)``."""
+    return {(t.block_rule, t.family): t for t in _all_templates()}
 
 
-def _load_templates():
-    # Import side effect: each module registers its templates. Kept lazy so that importing the package does
-    # not import schedule code (nor TVM's tensor intrinsics, which cost ~30 s).
-    import importlib
-    import pkgutil
+def template_rules(target: tvm.target.Target, knobs: Optional[dict] = None) -> List[TemplateRule]:
+    """The templates for ``target``'s family; ``knobs`` maps a block rule ("tfx.dense") to its knobs."""
+    family = TargetInfo.of(target).family
+    knobs = knobs or {}
+    return [t.with_knobs(knobs.get(t.block_rule)) for t in _all_templates() if t.family == family]
 
-    from . import cpu, cuda
 
-    for pkg in (cpu, cuda):
-        for info in pkgutil.iter_modules(pkg.__path__):
-            importlib.import_module(f"{pkg.__name__}.{info.name}")
+def get_template(block_rule: str, target: tvm.target.Target) -> Optional[TemplateRule]:
+    """The template scheduling blocks annotated ``block_rule`` on ``target``, or None."""
+    family = TargetInfo.of(target).family
+    return next((t for t in _all_templates() if t.block_rule == block_rule and t.family == family), None)
+
+
+def fallback_rules(target: tvm.target.Target) -> list:
+    """What schedules every kernel no template and no tuning record covers (dlight rules; they never raise)."""
+    from tvm.s_tir import dlight as dl
+
+    if TargetInfo.of(target).is_cpu:
+        from .cpu.fallback import Fallback
+
+        return [Fallback()]
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+
+
+def prepare_for_records(target: tvm.target.Target) -> None:
+    """Make what tuning records of ``target`` refer to known to TVM before they are replayed (our tensor-core
+    intrinsics are registered on first use, and a CUDA record may name them)."""
+    if TargetInfo.of(target).is_cuda:
+        from .cuda.tensorcore import register_intrinsics
+
+        register_intrinsics()

@@ -35,22 +35,19 @@ def check_candidates(mod: tvm.IRModule, target, per_task: int = 8, space: str = 
 
     from tvm.s_tir import meta_schedule as ms
 
-    from ..build import lower
-    from ..targets import resolve_target
+    from ..compile import prepare
+    from ..targets import TargetInfo, resolve_target
 
     say = say or (lambda _m: None)
     target = resolve_target(target)
-    if target.kind.name == "cuda":
+    info = TargetInfo.of(target)
+    if info.is_cuda:
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")  # inherited by builder workers
-    if fuse:
-        from ..transform.pipeline import SemanticFusion
-
-        mod = SemanticFusion()(mod)
     # TVM's own tensor intrinsics (~30 s to register) serve only MetaSchedule's generated CUDA sketches
-    fast = target.kind.name == "llvm" or space == "template"
+    fast = info.is_cpu or space == "template"
     report = {"target": str(target.attrs.get("arch", target.kind.name)), "space": space, "tasks": {}}
     with _stub_tensor_intrin(fast):
-        lowered = lower(mod, target)
+        lowered, _ = prepare(mod, target, fuse_graph=fuse)
         register_custom_rules()
         tasks, skipped = extract_tasks(lowered, target, min_flops)
         report["skipped"] = {name: why for name, why in skipped}

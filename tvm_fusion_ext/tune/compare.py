@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 
 def latencies_by_task(record_dir: str) -> Dict[str, List[Optional[float]]]:
     """Mean measured seconds per record (None for a failure), in the order the records were written."""
-    from .logs import FAILED_RUN_SECS, RECORD_FILE
+    from ..records import FAILED_RUN_SECS, RECORD_FILE
 
     # tasks are named by their workload's line in the database; a single tuned task by its manifest name
     with open(os.path.join(record_dir, "manifest.json")) as f:

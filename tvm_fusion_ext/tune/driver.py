@@ -33,7 +33,8 @@ from typing import Callable, List, Optional, Tuple
 import tvm
 
 from ..errors import FusionExtError
-from . import logs as tlogs
+from .. import records
+from ..targets import TargetInfo, resolve_target
 from .expert import ExpertRules, RuleStats
 from .task_logs import task_loggers
 
@@ -94,12 +95,14 @@ def register_custom_rules() -> List[str]:
     return names
 
 
-def _custom_rule(template: Callable):
+def _custom_rule(template):
+    from ..schedules.rule import root_blocks
+
     def apply(sch, block):
-        if _RuleState.mode == "auto":
+        if _RuleState.mode == "auto" or template.decline(sch, block, _RuleState.target) is not None:
             # Remove every schedule_rule (the epilogue's "None" too): PostOrderApply lets the default rules
             # touch only unannotated blocks. Unannotate is in the trace, so records replay on the original.
-            for blk in sch.get_child_blocks(sch.get_sblock("root")):
+            for blk in root_blocks(sch):
                 if "schedule_rule" in sch.get(blk).annotations:
                     sch.unannotate(blk, "schedule_rule")
             return [sch]
@@ -137,12 +140,10 @@ def _blocks(func):
 
 def _template_rule(func, target) -> Optional[str]:
     from ..schedules.registry import get_template
+    from ..schedules.rule import block_rule_of
 
-    for blk in _blocks(func):
-        rule = blk.annotations.get("schedule_rule")
-        if rule is not None and str(rule) != "None" and get_template(str(rule), target) is not None:
-            return str(rule)
-    return None
+    rule = block_rule_of(func)
+    return rule if rule is not None and get_template(rule, target) is not None else None
 
 
 def light_reason(func, has_template: bool, min_flops: float = DEFAULT_MIN_FLOPS) -> Optional[str]:
@@ -197,14 +198,15 @@ def extract_tasks(lowered: tvm.IRModule, target, min_flops: float = DEFAULT_MIN_
 # ----------------------------------------------------------------------------------------------- spaces
 
 def _family(target) -> str:
-    return "cuda" if target.kind.name == "cuda" else "llvm"
+    """MetaSchedule's preset name for the target's rules, postprocs and mutators ("llvm" | "cuda")."""
+    return TargetInfo.of(target).kind
 
 
 def _postprocs(target, space: str, stats: RuleStats) -> list:
     from tvm.s_tir import meta_schedule as ms
 
     expert = ExpertRules(stats, target)
-    gpu = target.kind.name == "cuda"
+    gpu = TargetInfo.of(target).is_cuda
     if space == "template":
         # The templates parallelise/vectorise themselves: RewriteParallelVectorizeUnroll would fight them
         # (every sample failed on the parallel dense kernel: "Cannot sample enough initial population").
@@ -358,8 +360,7 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
 
     ``options.trials`` is the total for that directory: a rerun after an interruption measures only what is
     missing and keeps every record already written. Returns the manifest (also written to the directory)."""
-    from ..build import lower
-    from ..targets import resolve_target
+    from ..compile import prepare
 
     opts = options or TuneOptions()
     _check_options(opts)
@@ -368,26 +369,22 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
 
     warm_dirs = [d for src in opts.warm_start for d in record_dirs(src)]  # bad paths fail before any work
     say = opts.progress or (lambda _msg: None)
-    mhash = tlogs.model_hash(mod)
-    out = logs if tlogs.is_record_dir(logs) else tlogs.record_dir(logs, workload, target)
-    previous = tlogs.read_manifest(out)
-    if previous is not None and not tlogs.matches(previous, mhash, target):
-        raise tlogs.TuningLogError(f"'{out}' holds records for another model or target "
+    mhash = records.model_hash(mod)
+    out = logs if records.is_record_dir(logs) else records.record_dir(logs, workload, target)
+    previous = records.read_manifest(out)
+    if previous is not None and not records.matches(previous, mhash, target):
+        raise records.TuningLogError(f"'{out}' holds records for another model or target "
                                    f"({previous.get('model_hash')} on {previous.get('target')})")
     if previous is not None and int(previous.get("trials", 0)) >= opts.trials:
         say(f"tune: nothing to do ({previous.get('trials')} trials already in {out})")
         return previous
-    if fuse:
-        from ..transform.pipeline import SemanticFusion
-
-        mod_in = SemanticFusion()(mod)
-    else:
-        mod_in = mod
-    if target.kind.name == "cuda":
+    info = TargetInfo.of(target)
+    if info.is_cuda:
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")  # inherited by builder workers
-    fast = opts.fast_import if opts.fast_import is not None else target.kind.name == "llvm"
+    fast = opts.fast_import if opts.fast_import is not None else info.is_cpu
     with _stub_tensor_intrin(fast):
-        return _tune(lower(mod_in, target), target, out, workload, mhash, previous, opts, fast, say, warm_dirs)
+        lowered, _ = prepare(mod, target, fuse_graph=fuse)
+        return _tune(lowered, target, out, workload, mhash, previous, opts, fast, say, warm_dirs)
 
 
 def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fast: bool, say,
@@ -395,7 +392,7 @@ def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fa
     from tvm.s_tir import meta_schedule as ms
 
     register_custom_rules()
-    database = tlogs.open_database(out, create=True)
+    database = records.open_database(out, create=True)
     tasks, skipped = extract_tasks(lowered, target, opts.min_flops)
     tunable = [t for t in tasks if choose_space(t, target, opts.space, opts.seed)]
     unusable = [(t.name, t.note or "no design space") for t in tasks if t not in tunable]
@@ -440,11 +437,11 @@ def _search(tunable, loggers, target, out, database, opts, fast, progress, cost_
     progress.contexts = contexts
     builder = ms.builder.LocalBuilder(max_workers=opts.builder_workers, timeout_sec=opts.builder_timeout,
                                       initializer=skip_tensor_intrin if fast else None)
-    if opts.runner is None and target.kind.name == "llvm":
-        from ..build import configure_cpu_threads
+    if opts.runner is None and TargetInfo.of(target).is_cpu:
+        from ..deploy.threads import configure_cpu_threads
 
         # measure with the thread count the build will run with (TVM defaults to 1 thread on 2 vCPUs)
-        configure_cpu_threads(int(target.attrs.get("num-cores") or 0) or None)
+        configure_cpu_threads(TargetInfo.of(target).cores)
     # repeats of >= 20 ms each: a single short repeat on a busy 2-core machine records noise as speed
     runner = opts.runner or ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(
         number=3, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False))
@@ -506,7 +503,7 @@ def measure_template_defaults(contexts, tasks, target, database, builder, runner
     if not picked:
         return 0
     builds = builder.build([ms.builder.BuilderInput(c.sch.mod, target) for _, _, c in picked])
-    device = "cuda" if target.kind.name == "cuda" else "cpu"
+    device = "cuda" if TargetInfo.of(target).is_cuda else "cpu"
     inputs = [ms.runner.RunnerInput(b.artifact_path, device, c.args_info)
               for (_, _, c), b in zip(picked, builds) if b.error_msg is None]
     results = iter([f.result() for f in runner.run(inputs)])
@@ -522,7 +519,7 @@ def measure_template_defaults(contexts, tasks, target, database, builder, runner
 
 def _manifest_base(workload, mhash, target, opts: TuneOptions, skipped, previous) -> dict:
     base = dict(previous or {})
-    base.update({"workload": workload, "model_hash": mhash, "target": tlogs.target_label(target),
+    base.update({"workload": workload, "model_hash": mhash, "target": records.target_label(target),
                  "target_spec": str(target), "space": opts.space, "scheduler": opts.scheduler,
                  "cost_model": opts.cost_model,
                  "skipped": {name: why for name, why in skipped}})

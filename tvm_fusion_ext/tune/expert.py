@@ -2,7 +2,7 @@
 
 MetaSchedule runs postprocessors on every sampled candidate inside the search strategy, before the builder
 sees it; a postprocessor returning ``False`` drops the candidate. :class:`ExpertRules` is such a
-postprocessor. Its rules read every limit from the target (``resolve_target`` fills them in), never from
+postprocessor. Its rules read every limit from :class:`~tvm_fusion_ext.targets.TargetInfo`, never from
 constants:
 
 * ``shared_memory``  shared (static + dynamic) bytes per block > ``max_shared_memory_per_block``
@@ -29,12 +29,13 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.postproc import PyPostproc
 from tvm.tirx import ForKind
 
+from ..targets import TargetInfo
+
 RULES = ("shared_memory", "threads", "registers", "tensor_core", "vector_width")
 # A thread needs registers beyond its arrays (indices, addresses, loop counters): ptxas reports ~24-40 for
 # our simple kernels (guide §5), so 32 is the base of the estimate.
 BASE_REGISTERS = 32
 MAX_REGISTERS_PER_THREAD = 255
-CUDA_MAX_VECTOR_BYTES = 16
 WARP = 32
 FRAGMENT_VALUES = 8  # values per lane of a 16×16 mma fragment
 FRAGMENT_TILES = {"wmma.matrix_a": 16, "wmma.matrix_b": 16, "wmma.accumulator": 16,
@@ -116,22 +117,10 @@ def _lower_for_limits(func, target) -> tvm.IRModule:
 
 # ----------------------------------------------------------------------------------------------- rules
 
-def _limit(target, name: str, default: int) -> int:
-    value = target.attrs.get(name)
-    return int(value) if value is not None else default
-
-
-def cpu_vector_bits(target) -> int:
-    mcpu = str(target.attrs.get("mcpu") or "")
-    mattr = " ".join(str(a) for a in (target.attrs.get("mattr") or []))
-    wide = ("avx512" in mattr or mcpu.startswith(("skylake-avx512", "cascadelake", "cooperlake", "icelake",
-                                                   "tigerlake", "sapphirerapids", "znver4", "znver5")))
-    return 512 if wide else 256
-
-
 def check(func, target) -> Optional[str]:
     """The first rule ``func`` (a scheduled s_tir PrimFunc) breaks on ``target``, or None."""
-    gpu = target.kind.name == "cuda"
+    info = TargetInfo.of(target)
+    gpu = info.is_cuda
     threads: Dict[str, int] = {}
     for loop in _loops(func.body):
         extent = _int(loop.extent)
@@ -140,14 +129,14 @@ def check(func, target) -> Optional[str]:
             if tag.startswith("threadIdx") and extent is not None:
                 threads[tag] = max(threads.get(tag, 1), extent)
         elif loop.kind == ForKind.VECTORIZED and extent is not None:
-            if _vector_rule_broken(func, loop, extent, target, gpu):
+            if _vector_rule_broken(loop, extent, info):
                 return "vector_width"
     if not gpu:
         return None
     per_block = 1
     for extent in threads.values():
         per_block *= extent
-    if per_block > _limit(target, "max_threads_per_block", 1024):
+    if per_block > info.max_threads_per_block:
         return "threads"
     for buf in _fragment_buffers(func):
         tile = FRAGMENT_TILES.get(str(buf.scope()))
@@ -162,13 +151,13 @@ def check(func, target) -> Optional[str]:
 
     sizes = {str(k): int(v) for k, v in dict(calculate_allocated_bytes(lowered["main"])).get("main", {}).items()}
     shared = sum(v for k, v in sizes.items() if k.startswith("shared"))
-    if shared > _limit(target, "max_shared_memory_per_block", 49152):
+    if shared > info.max_shared_memory_per_block:
         return "shared_memory"
     local = sizes.get("local", 0)
     warp_wide = _warp_fragment_bytes(func, lowered["main"])
     local += warp_wide // WARP - warp_wide  # each lane holds 1/32 of a warp-wide fragment
     regs = BASE_REGISTERS + (local + 3) // 4
-    if regs > MAX_REGISTERS_PER_THREAD or regs * per_block > _limit(target, "registers_per_block", 65536):
+    if regs > MAX_REGISTERS_PER_THREAD or regs * per_block > info.registers_per_block:
         return "registers"
     return None
 
@@ -193,11 +182,11 @@ def _warp_fragment_bytes(func, lowered) -> int:
     return total
 
 
-def _vector_rule_broken(func, loop, extent: int, target, gpu: bool) -> bool:
+def _vector_rule_broken(loop, extent: int, info: TargetInfo) -> bool:
     bits = _store_bits(loop)
-    if gpu:
-        return extent & (extent - 1) != 0 or extent * bits // 8 > CUDA_MAX_VECTOR_BYTES
-    lanes = max(1, cpu_vector_bits(target) // bits)
+    if info.is_cuda:
+        return extent & (extent - 1) != 0 or extent * bits > info.vector_bits
+    lanes = max(1, info.vector_bits // bits)
     return extent % lanes != 0 and lanes % extent != 0
 
 

@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from . import logs as tlogs
+from .. import records
 from .quality import task_quality
 
 
@@ -115,7 +115,7 @@ class Progress:
 
     def write(self, seconds: Optional[float] = None) -> dict:
         manifest = self.manifest(seconds)
-        tlogs.write_manifest(self.out, manifest)
+        records.write_manifest(self.out, manifest)
         return manifest
 
     def finish(self, seconds: Optional[float] = None) -> dict:

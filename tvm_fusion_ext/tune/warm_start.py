@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List
 
-from . import logs as tlogs
+from .. import records
 
 
 @dataclass
@@ -38,12 +38,12 @@ class WarmStart:
 def record_dirs(path: str) -> List[str]:
     """``path`` itself if it is a record directory, else the record directories directly under it."""
     if not os.path.isdir(path):
-        raise tlogs.TuningLogError(f"--warm-start: '{path}' is not a directory")
-    if tlogs.is_record_dir(path):
+        raise records.TuningLogError(f"--warm-start: '{path}' is not a directory")
+    if records.is_record_dir(path):
         return [path]
-    found = sorted(os.path.join(path, d) for d in os.listdir(path) if tlogs.is_record_dir(os.path.join(path, d)))
+    found = sorted(os.path.join(path, d) for d in os.listdir(path) if records.is_record_dir(os.path.join(path, d)))
     if not found:
-        raise tlogs.TuningLogError(f"--warm-start: '{path}' holds no tuning-record directories")
+        raise records.TuningLogError(f"--warm-start: '{path}' holds no tuning-record directories")
     return found
 
 
@@ -51,13 +51,13 @@ def warm_start(cost_model, sources: Iterable[str], target) -> WarmStart:
     """Train ``cost_model`` (an ``XGBModel``) on the records of ``sources`` measured on ``target``."""
     import tvm_ffi
 
-    label = tlogs.target_label(target)
+    label = records.target_label(target)
     stats = WarmStart()
     groups: Dict[int, tuple] = {}
     for path in sources:
         stats.sources.append(path)
-        for rec in tlogs.open_database(path).get_all_tuning_records():
-            if rec.target is None or tlogs.target_label(rec.target) != label:
+        for rec in records.open_database(path).get_all_tuning_records():
+            if rec.target is None or records.target_label(rec.target) != label:
                 stats.other_target += 1
                 continue
             key = int(tvm_ffi.structural_hash(rec.workload.mod))
@@ -86,7 +86,7 @@ def _prepare(groups, target, stats: WarmStart) -> list:
                 stats.unreplayable += 1
                 continue
             secs = [float(s) for s in rec.run_secs] if rec.run_secs else []
-            ok = secs and 0 < min(secs) and max(secs) < tlogs.FAILED_RUN_SECS
+            ok = secs and 0 < min(secs) and max(secs) < records.FAILED_RUN_SECS
             results.append(ms.runner.RunnerResult(run_secs=rec.run_secs if ok else None,
                                                   error_msg=None if ok else "failed when it was measured"))
         if candidates:

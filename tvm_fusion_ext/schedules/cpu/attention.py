@@ -31,13 +31,15 @@ online-softmax fold is defined per block.
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 from tvm import s_tir
 
 from ..attention_blocks import STAGES, inline_low_precision_stages, kernel_stages, output_loops_bhsd
+from ...targets import TargetInfo
 from ..common import categorical
-from ..registry import register_template
+from ..rule import Knobs, TemplateRule, symbolic_extent_reason
 
 QUERY_TILES = (1, 2, 4, 8, 16, 32, 64)
 ROW_STEPS = (1, 2, 4)
@@ -67,16 +69,6 @@ def _micro_kernel(sch, block, rows_knob, vec_knob, lanes, knobs):
     sch.decompose_reduction(block, r)
 
 
-def _simd_lanes(target) -> int:
-    """fp32 lanes of the widest vector unit the target names (AVX-512: 16, AVX2/default: 8)."""
-    mcpu = str(target.attrs.get("mcpu", ""))
-    feats = " ".join(str(a) for a in target.attrs.get("mattr", []) or [])
-    if "avx512" in feats or mcpu in ("skylake-avx512", "cascadelake", "icelake-server", "sapphirerapids", "znver4",
-                                     "znver5"):
-        return 16
-    return 8
-
-
 def _rfactor_row_reduce(sch, blk, lanes):
     """Split a key-block row max / row sum into ``lanes`` vector partials (rfactor) + a short scalar tail.
 
@@ -96,12 +88,11 @@ def _vectorize_partials(sch, rf):
     sch.decompose_reduction(rf, r)
 
 
-@register_template("tfx.attention", "cpu")
 def attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = None) -> None:
     st = kernel_stages(sch, block)
     inline_low_precision_stages(sch, st)
     online, bo, bsum, p, bmax, qk, kt = (st[n] for n in STAGES)
-    lanes = _simd_lanes(target)
+    lanes = TargetInfo.of(target).lanes()
     bmax_rf = _rfactor_row_reduce(sch, bmax, lanes)
     bsum_rf = _rfactor_row_reduce(sch, bsum, lanes)
 
@@ -146,3 +137,30 @@ def attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = No
     for loop in (task, kt_task):
         sch.annotate(loop, "pragma_auto_unroll_max_step", unroll)
         sch.annotate(loop, "pragma_unroll_explicit", 1)
+
+
+@dataclass(frozen=True)
+class AttentionCpuKnobs(Knobs):
+    query_tile: Optional[int] = None        # index into QUERY_TILES
+    qk_rows: Optional[int] = None           # index into ROW_STEPS
+    pv_rows: Optional[int] = None           # index into ROW_STEPS
+    unroll: Optional[int] = None            # index into UNROLL
+    qk_vec: Optional[Sequence[int]] = None  # [outer, lanes] perfect tiles
+    pv_vec: Optional[Sequence[int]] = None
+    p_vec: Optional[Sequence[int]] = None
+    online_vec: Optional[Sequence[int]] = None
+    out_vec: Optional[Sequence[int]] = None
+
+
+class AttentionCPU(TemplateRule):
+    """``fused_attention`` on CPU: parallel query tiles, the flash loop over key blocks inside each."""
+
+    block_rule = "tfx.attention"
+    family = "cpu"
+    Knobs = AttentionCpuKnobs
+
+    def decline(self, sch, block, target):
+        return symbolic_extent_reason(sch)
+
+    def schedule(self, sch, block, target, knobs=None):
+        attention_cpu(sch, block, target, knobs)

@@ -24,18 +24,18 @@ Odd sizes get exact tiles (divisors), except a packed N, whose last panel is zer
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 import tvm
-from tvm import s_tir
-from tvm.tirx import IndexMap
+from tvm import relax, s_tir
 
-from ..registry import register_template
-from ..common import divisors, inline_consumers
-from .common import num_cores
+from ...ops.dense import pack_weight
+from ...targets import TargetInfo
+from ..common import divisors, flatten_rows_map, inline_consumers
+from ..rule import Knobs, TemplateRule, symbolic_extent_reason
 
-#: AVX2: 8 fp32 lanes; 16 ymm registers bound mr*nr/8 + nr/8 + 1 <= 16.
-VECTOR_LANES = 8
+#: 16 ymm registers (AVX2) bound the accumulator tile: mr*nr/8 + nr/8 + 1 <= 16.
 MR_MAX = 8
 NR_MAX = 64
 KC_MAX = 512
@@ -48,7 +48,8 @@ def pack_nr(n: int, target: Optional[tvm.target.Target] = None) -> int:
     for nr in (16, 24, 32, 8):
         if n % nr == 0:
             return nr
-    return PACK_NR if n >= PACK_NR else VECTOR_LANES
+    lanes = TargetInfo.of(target).lanes() if target is not None else 8
+    return PACK_NR if n >= PACK_NR else lanes
 
 
 def default_mr(m: int) -> int:
@@ -99,7 +100,6 @@ def _packed_nr(sch: s_tir.Schedule, block) -> Optional[int]:
     return int(sch.get(block).reads[1].source.shape[2])
 
 
-@register_template("tfx.dense", "cpu")
 def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
               knobs: Optional[dict] = None) -> None:
     knobs = knobs or {}
@@ -114,7 +114,7 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         # Rows are the flattened batch dims. Flatten the block's iteration space (not just its loops): the
         # accumulator tile and its write-back must be rectangles in (row, col), else compute-at regions are
         # bounding boxes in (b, s) that spill over into rows of other tiles.
-        sch.transform_block_layout(block, _flatten_rows(batch_shape, 2, idx_dtype))
+        sch.transform_block_layout(block, flatten_rows_map(batch_shape, 2, idx_dtype))
         *_, i, j, k = sch.get_loops(block)
     else:
         i = batch[0]
@@ -131,7 +131,7 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         n_tiles = _extent(sch, j0)
 
     mr = default_mr(M)
-    ip = default_ip(M // mr, n_tiles, num_cores(target))
+    ip = default_ip(M // mr, n_tiles, TargetInfo.of(target).cores)
     i_dec = _decision(knobs.get("i"), [ip, M // (ip * mr), mr])
     ip_, i0, i1 = sch.split(i, sch.sample_perfect_tile(i, n=3, max_innermost_factor=max(MR_MAX, i_dec[-1]),
                                                        decision=i_dec))
@@ -145,8 +145,8 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
     acc = sch.cache_write(block, 0, "local")
     inline_consumers(sch, acc)
     if len(batch_shape) > 1:
-        sch.transform_layout(block, ("write", 0), _flatten_rows(batch_shape, 1, idx_dtype))
-        sch.transform_block_layout(acc, _flatten_rows(batch_shape, 1, idx_dtype))
+        sch.transform_layout(block, ("write", 0), flatten_rows_map(batch_shape, 1, idx_dtype))
+        sch.transform_block_layout(acc, flatten_rows_map(batch_shape, 1, idx_dtype))
     sch.reverse_compute_at(acc, i0, preserve_unit_loops=True)
     par = sch.fuse(ip_, j0)
     sch.parallel(par)
@@ -165,17 +165,40 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
     sch.annotate(par, "pragma_unroll_explicit", 1)
 
 
-def _flatten_rows(batch_shape: Sequence[int], extra: int, index_dtype: str) -> IndexMap:
-    """(*batch, *rest) -> (flat row, *rest), ``extra`` trailing axes kept as they are."""
-
-    def fn(*iv):
-        row = iv[0]
-        for d, v in zip(batch_shape[1:], iv[1:len(batch_shape)]):
-            row = row * d + v
-        return (row, *iv[len(batch_shape):])
-
-    return IndexMap.from_func(fn, ndim=len(batch_shape) + extra, index_dtype=index_dtype)
-
-
 def _decision(given: Optional[Sequence[int]], default: List[int]) -> List[int]:
     return [int(v) for v in given] if given is not None else default
+
+
+@dataclass(frozen=True)
+class DenseCpuKnobs(Knobs):
+    i: Optional[Sequence[int]] = None       # [ip, i0, mr]
+    j: Optional[Sequence[int]] = None       # [j0, nr] (plain weights only)
+    k: Optional[Sequence[int]] = None       # [k0, kc]
+    unroll: Optional[int] = None            # index into UNROLL_STEPS
+
+
+class DenseCPU(TemplateRule):
+    """``fused_dense`` (and leftover matmuls, through the fallback) on CPU: register-blocked micro-kernel."""
+
+    block_rule = "tfx.dense"
+    family = "cpu"
+    Knobs = DenseCpuKnobs
+
+    def decline(self, sch, block, target):
+        return symbolic_extent_reason(sch)
+
+    def schedule(self, sch, block, target, knobs=None):
+        dense_cpu(sch, block, target, knobs)
+
+    def prepare_operator(self, call, target):
+        """Constant weights pre-packed into the (N/nr, K, nr) panels the micro-kernel streams."""
+        if call.op != "fused_dense" or call.params.get("w_layout", "plain") != "plain":
+            return None
+        w = call.constant("w")
+        if w is None:
+            return None  # a weight computed at run time is read in place
+        transpose_b = bool(call.params.get("transpose_b", False))
+        n = int(w.shape[0] if transpose_b else w.shape[1])
+        packed = pack_weight(w, pack_nr(n, target), transpose_b)
+        return call.replace(inputs={"w": relax.const(packed)},
+                            params=dict(call.params, w_layout="packed", out_features=n, transpose_b=False))

@@ -22,8 +22,9 @@ from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
+from ...targets import TargetInfo
+from ..rule import root_blocks
 from .dense import dense_cpu
-from .common import vector_lanes
 
 #: Iterations below which a kernel runs on the calling thread (a pool launch costs a few microseconds).
 MIN_PARALLEL_WORK = 4096
@@ -40,7 +41,7 @@ def _const_extent(sch: s_tir.Schedule, loop) -> Optional[int]:
 
 def _matmul_block(sch: s_tir.Schedule):
     """The root block computing ``sum_k A[..., k] * B[..k.., j]`` with loops (*spatial, j, k), if any."""
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
+    for block in root_blocks(sch):
         b = sch.get(block)
         kinds = [int(iv.iter_type) for iv in b.iter_vars]
         loops = sch.get_loops(block)
@@ -96,9 +97,9 @@ class Fallback(CPUScheduleRule):
             if infos is None:
                 return None
             dl.try_inline(sch, infos)
-        lanes = vector_lanes(target)
+        lanes = TargetInfo.of(target).lanes()
         reductions = []
-        for block in sch.get_child_blocks(sch.get_sblock("root")):
+        for block in root_blocks(sch):
             if _already_parallel(sch, block):
                 continue
             try:

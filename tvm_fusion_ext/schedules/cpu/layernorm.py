@@ -11,14 +11,15 @@ the target, not from the search.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import tvm
 from tvm import s_tir
 
+from ...targets import TargetInfo
 from ..common import row_loop
-from ..registry import register_template
-from .common import vector_lanes
+from ..rule import Knobs, TemplateRule, root_blocks, symbolic_extent_reason
 
 UNROLL_STEPS = (0, 16, 64)
 
@@ -55,12 +56,11 @@ def _vectorise_rf(sch: s_tir.Schedule, rf) -> None:
     sch.decompose_reduction(rf, outer)
 
 
-@register_template("tfx.layernorm", "cpu")
 def layernorm_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
                   knobs: Optional[dict] = None) -> None:
     knobs = knobs or {}
-    lanes = vector_lanes(target)
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    lanes = TargetInfo.of(target).lanes()
+    blocks = root_blocks(sch)
     row_input, stats, out = block, [b for b in blocks[1:-1]], blocks[-1]
 
     rfs = [_rfactor_lanes(sch, stat, lanes) for stat in stats]
@@ -88,3 +88,22 @@ def layernorm_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: t
                                decision=knobs.get("unroll", 1))
     sch.annotate(row, "pragma_auto_unroll_max_step", u)
     sch.annotate(row, "pragma_unroll_explicit", 1)
+
+
+@dataclass(frozen=True)
+class LayerNormCpuKnobs(Knobs):
+    unroll: Optional[int] = None            # index into UNROLL_STEPS
+
+
+class LayerNormCPU(TemplateRule):
+    """``fused_layernorm`` on CPU: one parallel task per row, vectorised statistics."""
+
+    block_rule = "tfx.layernorm"
+    family = "cpu"
+    Knobs = LayerNormCpuKnobs
+
+    def decline(self, sch, block, target):
+        return symbolic_extent_reason(sch)
+
+    def schedule(self, sch, block, target, knobs=None):
+        layernorm_cpu(sch, block, target, knobs)

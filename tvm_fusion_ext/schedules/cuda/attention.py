@@ -21,14 +21,17 @@ decisions): ``rows`` (perfect tile ``[tiles, rows]`` of the query axis), ``unrol
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
+import tvm
 from tvm import s_tir
 
 from ..attention_blocks import STAGES, inline_low_precision_stages, kernel_stages, output_loops_bhsd
+from ...ops.attention import LOW_PRECISION
 from ..common import categorical
-from ..registry import register_template
-from .attention_mma import attention_mma, tensor_cores_fit
+from ..rule import Knobs, TemplateRule, symbolic_extent_reason
+from .attention_mma import KEY_BLOCK, attention_mma, tensor_cores_fit
 
 UNROLL = (0, 16, 64)
 WARP = 32
@@ -42,7 +45,6 @@ def _bind_rows_lanes(sch, row_loop, lane_loop, lanes):
     return outer, inner
 
 
-@register_template("tfx.attention", "cuda")
 def attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = None) -> None:
     st = kernel_stages(sch, block)
     if tensor_cores_fit(sch, block, st, target):
@@ -108,3 +110,36 @@ def attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = N
     unroll = categorical(sch, UNROLL, "unroll", 64, knobs)
     sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
     sch.annotate(task, "pragma_unroll_explicit", 1)
+
+
+@dataclass(frozen=True)
+class AttentionCudaKnobs(Knobs):
+    rows: Optional[Sequence[int]] = None    # SIMT: [query tiles, rows per block]
+    warps: Optional[Sequence[int]] = None   # tensor cores: [16-row tiles per block..., warps]
+    unroll: Optional[int] = None            # index into the template's unroll steps
+
+
+class AttentionCUDA(TemplateRule):
+    """``fused_attention`` on CUDA: both flash-loop matmuls on tensor cores for 16-bit inputs that tile by 16,
+    the SIMT flash loop otherwise."""
+
+    block_rule = "tfx.attention"
+    family = "cuda"
+    Knobs = AttentionCudaKnobs
+
+    def decline(self, sch, block, target):
+        return symbolic_extent_reason(sch)
+
+    def schedule(self, sch, block, target, knobs=None):
+        attention_cuda(sch, block, target, knobs)
+
+    def prepare_operator(self, call, target):
+        """16-bit attention with the key block the tensor-core template is sized for: the key block sets the
+        score and operand tiles in shared memory, and the CPU default (up to 128 keys) would leave room for a
+        single warp per block in 48 KiB."""
+        if call.op != "fused_attention" or str(call.inputs["q"].ty.dtype) not in LOW_PRECISION:
+            return None
+        keys = call.inputs["k"].ty.shape[2 if call.params.get("k_layout", "BSHD") == "BHSD" else 1]
+        if not isinstance(keys, tvm.tirx.IntImm) or int(keys) < KEY_BLOCK or call.params.get("key_block") == KEY_BLOCK:
+            return None
+        return call.replace(params=dict(call.params, key_block=KEY_BLOCK))

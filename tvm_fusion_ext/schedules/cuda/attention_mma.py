@@ -27,7 +27,7 @@ elements (16 bytes) so that ldmatrix is free of bank conflicts.
 
 Knobs: ``warps`` (perfect tile ``[tiles, W]`` of the 16-row query tiles, W ≤ 4), ``unroll``. The key block
 is the operator's ``key_block``; the build path sets :data:`KEY_BLOCK` for CUDA 16-bit attention
-(``build.TensorCoreAttentionBlocks``).
+(``AttentionCUDA.prepare_operator``).
 
 Known limits: head dims over 64 exceed 48 KiB of static shared memory at 64 keys per block and take the SIMT
 template; with padded key blocks on sm_90 ptxas spills 24 bytes at two warps (S = 96, D = 64).
@@ -42,7 +42,7 @@ from tvm import s_tir
 
 from ..attention_blocks import kernel_stages, output_loops_bhsd
 from ..common import categorical
-from .dense import limits
+from ...targets import TargetInfo
 from .tensorcore import (
     DTYPES,
     FRAG_SCOPE,
@@ -83,7 +83,7 @@ def tensor_cores_fit(sch: s_tir.Schedule, block, stages: dict, target: tvm.targe
     _, _, s, d = output_loops_bhsd(sch, block)
     key_block = int(sch.get(stages["attn_p16"]).writes[0].source.shape[-1])
     dtype = str(sch.get(stages["attn_p16"]).writes[0].source.dtype)
-    return supports(int(sch.get(s).extent), int(sch.get(d).extent), key_block, dtype, limits(target))
+    return supports(int(sch.get(s).extent), int(sch.get(d).extent), key_block, dtype, TargetInfo.of(target).limits())
 
 
 def default_warps(S: int, D: int, key_block: int, lim: dict) -> int:
@@ -140,7 +140,7 @@ def _axis_of(sch, blk, iter_var: int) -> int:
 def attention_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Optional[dict] = None) -> None:
     register_intrinsics()
     knobs = knobs or {}
-    lim = limits(target)
+    lim = TargetInfo.of(target).limits()
     st = kernel_stages(sch, block)
     online, bo, bsum, p, bmax, qk, kt = (st[n] for n in ("attn_online", "attn_bo", "attn_bsum", "attn_p",
                                                          "attn_bmax", "attn_qk", "attn_kt"))

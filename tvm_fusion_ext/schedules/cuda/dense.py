@@ -21,14 +21,16 @@ Defaults are chosen per shape from the target's limits (threads and shared memor
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 import tvm
 from tvm import s_tir
-from tvm.tirx import IndexMap
 
-from ..common import inline_consumers, largest_divisor
-from ..registry import register_template
+from ...targets import TargetInfo
+from ..common import flatten_block_rows, flatten_write_rows, inline_consumers, largest_divisor
+from ..rule import Knobs, TemplateRule, symbolic_extent_reason
+from . import tensorcore
 
 VECTOR_WIDTHS = (1, 2, 4)
 UNROLL_STEPS = (0, 16, 64, 512)
@@ -38,56 +40,6 @@ THREAD_TILE = 4
 #: Threads per block aimed at: 128 leaves room for several resident blocks per SM at these tile sizes.
 TARGET_THREADS = 128
 KC = 16
-
-
-def limits(target: tvm.target.Target) -> dict:
-    """Per-block limits of a CUDA target (resolve_target fills them in)."""
-    get = lambda k, d: int(target.attrs[k]) if target.attrs.get(k) is not None else d  # noqa: E731
-    return {"threads": get("max_threads_per_block", 1024), "smem": get("max_shared_memory_per_block", 49152),
-            "warp": get("thread_warp_size", 32), "registers": get("registers_per_block", 65536)}
-
-
-def flatten_rows(sch: s_tir.Schedule, block, extra: int):
-    """Make the block's batch axes one row axis (in its iteration space, not just its loops).
-
-    Tiles of a fused loop are then rectangles in (row, col); with only fused loops a tile straddling two
-    batch entries would have a bounding-box region that overlaps the next tile."""
-    loops = sch.get_loops(block)
-    batch = loops[: len(loops) - extra]
-    if len(batch) == 1:
-        return loops
-    if not batch:
-        sch.add_unit_loop(loops[0])
-        return sch.get_loops(block)
-    shape = [int(sch.get(lp).extent) for lp in batch]
-    idx_dtype = str(sch.get(loops[-1]).extent.ty)
-
-    def fn(*iv):
-        row = iv[0]
-        for d, v in zip(shape[1:], iv[1:len(shape)]):
-            row = row * d + v
-        return (row, *iv[len(shape):])
-
-    sch.transform_block_layout(block, IndexMap.from_func(fn, ndim=len(shape) + extra, index_dtype=idx_dtype))
-    return sch.get_loops(block)
-
-
-def flatten_output(sch: s_tir.Schedule, block) -> None:
-    """Give the block's (intermediate) output buffer one row axis, so a thread's or block's tile of it is a
-    rectangle: a register tile indexed through (batch, seq) bounding boxes would be addressed dynamically
-    and land in local memory."""
-    buf = sch.get(block).writes[0].source
-    if len(buf.shape) <= 2:
-        return
-    shape = [int(d) for d in buf.shape[:-1]]
-
-    def fn(*iv):
-        row = iv[0]
-        for d, v in zip(shape[1:], iv[1:-1]):
-            row = row * d + v
-        return (row, iv[-1])
-
-    sch.transform_layout(block, ("write", 0), fn)
 
 
 def _decision(given: Optional[Sequence[int]], default: List[int]) -> List[int]:
@@ -125,11 +77,8 @@ def _gemm_shape(sch: s_tir.Schedule, block):
     return m, extents[-2], extents[-1]
 
 
-@register_template("tfx.dense", "cuda")
 def dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
                knobs: Optional[dict] = None) -> None:
-    from . import tensorcore
-
     if tensorcore.supports(*_gemm_shape(sch, block), _input_dtype(sch, block)):
         tensorcore.dense_mma(sch, block, target, knobs)
     else:
@@ -138,9 +87,9 @@ def dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.
 
 def dense_simt(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Optional[dict] = None) -> None:
     knobs = knobs or {}
-    lim = limits(target)
-    flatten_output(sch, block)
-    i, j, k = flatten_rows(sch, block, extra=2)
+    lim = TargetInfo.of(target).limits()
+    flatten_write_rows(sch, block)
+    i, j, k = flatten_block_rows(sch, block, extra=2)
     M, N, K = (int(sch.get(lp).extent) for lp in (i, j, k))
     d = simt_defaults(M, N, K, lim)
 
@@ -178,3 +127,26 @@ def dense_simt(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Opt
                                decision=knobs.get("unroll", d["unroll"]))
     sch.annotate(by, "pragma_auto_unroll_max_step", u)
     sch.annotate(by, "pragma_unroll_explicit", 1)
+
+
+@dataclass(frozen=True)
+class DenseCudaKnobs(Knobs):
+    i: Optional[Sequence[int]] = None       # SIMT [by, ty, yi]; tensor cores [bm, wm, fm] in 16-row tiles
+    j: Optional[Sequence[int]] = None       # SIMT [bx, tx, xi]; tensor cores [bn, wn, fn] in 16-column tiles
+    k: Optional[Sequence[int]] = None       # [ko, kc] (tensor cores: in 16-element tiles)
+    vec: Optional[int] = None               # SIMT only: index into VECTOR_WIDTHS
+    unroll: Optional[int] = None            # index into UNROLL_STEPS
+
+
+class DenseCUDA(TemplateRule):
+    """``fused_dense`` on CUDA: mma.sync tensor cores for fp16/bf16 in 16-multiples, a SIMT GEMM otherwise."""
+
+    block_rule = "tfx.dense"
+    family = "cuda"
+    Knobs = DenseCudaKnobs
+
+    def decline(self, sch, block, target):
+        return symbolic_extent_reason(sch)
+
+    def schedule(self, sch, block, target, knobs=None):
+        dense_cuda(sch, block, target, knobs)

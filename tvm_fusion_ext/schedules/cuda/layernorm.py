@@ -19,14 +19,15 @@ The vector width follows from the row length (static), not from the search.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Optional
 
 import tvm
 from tvm import s_tir
 
-from ..registry import register_template
 from ..common import inline_consumers, row_loop
-from .dense import limits
+from ..rule import Knobs, TemplateRule, root_blocks, symbolic_extent_reason
+from ...targets import TargetInfo
 
 UNROLL_STEPS = (0, 16, 64)
 #: lanes per vector access: the statistics and the normalisation run in fp32, and TVM's CUDA codegen has
@@ -56,12 +57,11 @@ def _default_threads(cands: List[int]) -> int:
     return cands.index(max(below) if below else min(cands))
 
 
-@register_template("tfx.layernorm", "cuda")
 def layernorm_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
                    knobs: Optional[dict] = None) -> None:
     knobs = knobs or {}
-    lim = limits(target)
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    lim = TargetInfo.of(target).limits()
+    blocks = root_blocks(sch)
     row_input, stats, out = block, list(blocks[1:-1]), blocks[-1]
     inline_consumers(sch, out)
 
@@ -97,3 +97,23 @@ def layernorm_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: 
                                decision=knobs.get("unroll", 1))
     sch.annotate(row, "pragma_auto_unroll_max_step", u)
     sch.annotate(row, "pragma_unroll_explicit", 1)
+
+
+@dataclass(frozen=True)
+class LayerNormCudaKnobs(Knobs):
+    threads: Optional[int] = None           # index into thread_candidates(...)
+    unroll: Optional[int] = None            # index into UNROLL_STEPS
+
+
+class LayerNormCUDA(TemplateRule):
+    """``fused_layernorm`` on CUDA: one thread block per row, the row staged in shared memory."""
+
+    block_rule = "tfx.layernorm"
+    family = "cuda"
+    Knobs = LayerNormCudaKnobs
+
+    def decline(self, sch, block, target):
+        return symbolic_extent_reason(sch)
+
+    def schedule(self, sch, block, target, knobs=None):
+        layernorm_cuda(sch, block, target, knobs)

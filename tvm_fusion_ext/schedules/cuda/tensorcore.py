@@ -43,8 +43,8 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 from tvm.tirx import Cast
 
-from ..common import inline_consumers, largest_divisor
-from .dense import flatten_output, flatten_rows, limits
+from ...targets import TargetInfo
+from ..common import flatten_block_rows, flatten_write_rows, inline_consumers, largest_divisor
 
 WARP = 32
 TILE = 16  # m = n = k = 16 per tensorized tile (two m16n8k16 instructions)
@@ -303,14 +303,14 @@ def _decision(knobs: dict, key: str, default):
 def dense_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Optional[dict] = None) -> None:
     register_intrinsics()
     knobs = knobs or {}
-    lim = limits(target)
+    lim = TargetInfo.of(target).limits()
     dtype = str(sch.get(block).reads[0].source.dtype)
     trans_b = weight_is_transposed(sch, block)
     names = intrin_names(dtype, trans_b)
     epilogue = sch.get_consumers(block)[0]
 
-    flatten_output(sch, block)
-    i, j, k = flatten_rows(sch, block, extra=2)
+    flatten_write_rows(sch, block)
+    i, j, k = flatten_block_rows(sch, block, extra=2)
     M, N, K = (int(sch.get(lp).extent) for lp in (i, j, k))
     d = mma_defaults(M, N, K, lim)
 
@@ -367,7 +367,7 @@ def dense_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Opti
 
     # fp32 tile in shared memory; the epilogue reads it with the whole block, coalesced and vectorised
     sch.set_scope(acc, 0, "shared")
-    flatten_rows(sch, epilogue, extra=1)
+    flatten_block_rows(sch, epilogue, extra=1)
     sch.reverse_compute_at(epilogue, bx, preserve_unit_loops=True)
     inline_consumers(sch, epilogue)
     spread(sch.fuse(*sch.get_loops(epilogue)[-2:]), 4)

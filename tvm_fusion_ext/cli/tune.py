@@ -1,4 +1,4 @@
-"""``tvm-fusion tune MODEL.onnx ...``: the tuning subcommand (the lead wires :func:`add_parser` into the CLI)."""
+"""``tvm-fusion tune MODEL.onnx ...``: tuning with MetaSchedule (:mod:`tvm_fusion_ext.tune`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 def cmd_tune(args) -> int:
     from ..frontend import load_onnx, parse_shape_arg
-    from .driver import TuneOptions, tune
-    from .remote import make_runner
+    from ..tune.driver import TuneOptions, tune
+    from ..tune.remote import make_runner
 
     if args.trials < 0:
         from ..errors import FusionExtError
@@ -44,7 +44,7 @@ def _build_only(mod, args) -> int:
     import json
 
     from ..errors import FusionExtError
-    from .check_candidates import check_candidates
+    from ..tune.check_candidates import check_candidates
 
     if args.build_only < 1:
         raise FusionExtError(f"--build-only needs a number of candidates per task >= 1, got {args.build_only}")

@@ -5,7 +5,7 @@ per layer, no S x S tensor may remain, and the built model must match torch."""
 import numpy as np
 import pytest
 
-from tvm_fusion_ext.api import fuse
+from tvm_fusion_ext.compile import fuse
 from tvm_fusion_ext.frontend import load_onnx
 from tvm_fusion_ext.testing import tensor_shapes
 
@@ -107,13 +107,13 @@ def test_shipped_tuning_records_cover_every_minilm_kernel(minilm_export):
 
     import tvm
 
-    from tvm_fusion_ext.build import lower
+    from tvm_fusion_ext.compile import lower
     from tvm_fusion_ext.targets import resolve_target
     from tvm_fusion_ext.transform.pipeline import SemanticFusion
-    from tvm_fusion_ext.tune.logs import open_database, select
+    from tvm_fusion_ext.records import open_database, select
 
     mod = load_onnx(minilm_export("legacy", "sdpa", seq=128))
-    root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "tuning_logs")
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tuning_logs")
     target = resolve_target("llvm")
     path, message = select(root, mod, target)
     assert path is not None, message  # the pinned torch exports the model the records were tuned for

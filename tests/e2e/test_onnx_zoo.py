@@ -12,7 +12,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import numpy_helper  # noqa: E402
 
-from tvm_fusion_ext.api import fuse  # noqa: E402
+from tvm_fusion_ext.compile import fuse  # noqa: E402
 from tvm_fusion_ext.frontend import load_onnx  # noqa: E402
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")

@@ -1,4 +1,7 @@
-"""Tuning-log directories: ``<root>/<workload>-<target>/`` = MetaSchedule JSON database + ``manifest.json``.
+"""Tuning records on disk: ``<root>/<workload>-<target>/`` = MetaSchedule JSON database + ``manifest.json``.
+
+The format is written by the tuner (:mod:`.tune`) and read where records are applied (:mod:`.compile`) and
+shipped (:mod:`.compile.artifact`): it lives below both, so neither reaches into the other.
 
 Files of one record directory::
 
@@ -21,8 +24,8 @@ import re
 import time
 from typing import Optional, Tuple
 
-from ..errors import TuningLogError
-from ..fileio import atomic_write_bytes
+from .errors import TuningLogError
+from .fileio import atomic_write_bytes
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"

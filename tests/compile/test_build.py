@@ -10,7 +10,10 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_fusion_ext.build import as_target, build, configure_cpu_threads, default_target, lower, schedule
+from tvm_fusion_ext.compile import build, lower, schedule
+from tvm_fusion_ext.deploy.threads import configure_cpu_threads
+from tvm_fusion_ext.targets import default_target
+from tvm_fusion_ext.targets import resolve_target as as_target
 from tvm_fusion_ext.errors import TargetError, TuningLogError
 from tvm_fusion_ext.ops.registry import call_op, op_of, params_of
 

@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm import te
 
-from tvm_fusion_ext.bench import _tir_allocations, hf_export_info
+from tvm_fusion_ext.tools.bench import tir_allocation_bytes, hf_export_info
 from tvm_fusion_ext.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -54,9 +54,9 @@ def test_workspace_of_a_known_primfunc():
     a = te.placeholder((16, 8), "float32", name="A")
     b = te.compute((16, 8), lambda i, j: a[i, j] * 2.0, name="B")
     c = te.compute((16, 8), lambda i, j: b[i, j] + 1.0, name="C")
-    assert _tir_allocations(te.create_prim_func([a, c])) == [512]
+    assert tir_allocation_bytes(te.create_prim_func([a, c])) == [512]
     h = te.placeholder((4, 4), "float16", name="H")
-    assert _tir_allocations(te.create_prim_func([h, te.compute((4, 4), lambda i, j: h[i, j], name="O")])) == []
+    assert tir_allocation_bytes(te.create_prim_func([h, te.compute((4, 4), lambda i, j: h[i, j], name="O")])) == []
 
 
 def test_attention_only_workspace_linear_vs_quadratic(tmp_path, capsys):

@@ -2,7 +2,7 @@
 
 from tvm import relax
 
-from tvm_fusion_ext.build import ApplyTemplates, VectorisableMath, lower
+from tvm_fusion_ext.compile import ApplyTemplates, VectorisableMath, lower
 from tvm_fusion_ext.frontend import load_onnx
 from tvm_fusion_ext.models import build_encoder_onnx
 from tvm_fusion_ext.targets import resolve_target

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from typing import Dict, List, Optional
 
-from .errors import FusionExtError, TargetError
+from ..errors import FusionExtError, TargetError
 
 ARCHS = ("sm_80", "sm_90")
 DTYPES = ("float32", "float16")
@@ -196,9 +196,9 @@ def inspect_cuda(model_path: str, arch: str = "sm_90", dtype: str = "float32") -
     """Per-kernel CUDA resources of ``model_path`` built for ``arch`` in ``dtype`` (no GPU needed).
 
     One row per distinct kernel (layers of the same shape share their kernels)."""
-    from .build import build
-    from .frontend import load_onnx
-    from .targets import cuda_target
+    from ..compile import build
+    from ..frontend import load_onnx
+    from ..targets import cuda_target
 
     if arch not in ARCHS and not re.match(r"^sm_\d{2,3}a?$", arch):
         raise TargetError(f"unknown CUDA architecture '{arch}' (expected one of {', '.join(ARCHS)})")
@@ -229,33 +229,3 @@ def format_table(rows: List[dict]) -> str:
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
                                   for i, (c, w) in enumerate(zip(cells, widths)))
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body])
-
-
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("inspect-cuda", help="per-kernel CUDA registers / smem / spills (no GPU needed)",
-                              description="Build MODEL for a CUDA architecture with nvcc and report each kernel's "
-                                          "registers, shared memory, stack, spills, block size and tensor-core use.")
-    p.add_argument("model", metavar="MODEL.onnx")
-    p.add_argument("--arch", default="sm_90", help="CUDA architecture: sm_80 or sm_90 (default sm_90)")
-    p.add_argument("--dtype", default="float32", choices=DTYPES, help="compute dtype (default float32)")
-    p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    p.set_defaults(func=_run)
-
-
-def _run(args) -> int:
-    rows = inspect_cuda(args.model, arch=args.arch, dtype=args.dtype)
-    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
-    return 0
-
-
-def main(argv: Optional[List[str]] = None) -> int:  # handy for `python -m tvm_fusion_ext.inspect_cuda`
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="tvm_fusion_ext")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

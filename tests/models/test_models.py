@@ -200,7 +200,7 @@ def test_export_matches_torch(tmp_path, run_ort, kind):
 def test_dense_onnx_fuses_to_one_gelu_dense_and_runs():
     import math
 
-    from tvm_fusion_ext.api import fuse
+    from tvm_fusion_ext.compile import fuse
     from tvm_fusion_ext.frontend import load_onnx
     from tvm_fusion_ext.models import build_dense_onnx
     from tvm_fusion_ext.runtime import CompiledModel

@@ -1,0 +1,137 @@
+"""Templates as dlight rules: where each applies, when it declines, typed knobs, the one scheduling loop with the
+fallback last, and kernels no rule knows (no root block) going through without a crash."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper
+from tvm import relax, s_tir, te
+from tvm.s_tir.dlight import ScheduleRule
+
+from tvm_fusion_ext.compile import ApplyTemplates, build, lower
+from tvm_fusion_ext.errors import FusionExtError
+from tvm_fusion_ext.ops import call_op, make_prim_func
+from tvm_fusion_ext.runtime import CompiledModel
+from tvm_fusion_ext.schedules import fallback_rules, get_template, registered, template_rules
+from tvm_fusion_ext.schedules.cpu.dense import DenseCPU
+from tvm_fusion_ext.targets import TargetInfo, resolve_target
+
+CPU = resolve_target("llvm")
+CUDA = resolve_target("cuda:sm_80")
+
+
+def _dense_func(m=16, k=32, n=24):
+    types = {"x": relax.TensorType((m, k), "float32"), "w": relax.TensorType((k, n), "float32")}
+    return make_prim_func("fused_dense", types, {"act": "relu", "transpose_b": False})
+
+
+def test_one_template_per_operator_and_family():
+    table = registered()
+    for family in ("cpu", "cuda"):
+        for rule in ("tfx.dense", "tfx.attention", "tfx.layernorm"):
+            template = table[(rule, family)]
+            assert isinstance(template, ScheduleRule) and template.family == family and template.block_rule == rule
+    assert [t.family for t in template_rules(CPU)] == ["cpu"] * 3
+    assert [t.family for t in template_rules(CUDA)] == ["cuda"] * 3
+
+
+def test_template_applies_only_to_its_block_and_family():
+    func = _dense_func()
+    assert get_template("tfx.dense", CPU).apply(func, CPU, False) is not None
+    assert get_template("tfx.layernorm", CPU).apply(func, CPU, False) is None  # not its operator
+    assert get_template("tfx.dense", CUDA).apply(func, CPU, False) is None  # not its family
+
+
+def test_template_declines_symbolic_shapes_and_the_fallback_schedules_them():
+    m = tvm.tirx.Var("m", "int64")
+    x = te.placeholder((m, 32), "float32", name="x")
+    w = te.placeholder((32, 24), "float32", name="w")
+    k = te.reduce_axis((0, 32), name="k")
+    y = te.compute((m, 24), lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="dense",
+                   attrs={"schedule_rule": "tfx.dense"})
+    func = te.create_prim_func([x, w, y])
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    template = get_template("tfx.dense", CPU)
+    assert "symbolic" in template.decline(sch, template.find_block(sch), CPU)
+    assert template.apply(func, CPU, False) is None
+    scheduled = ApplyTemplates(CPU)(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+    assert bool(scheduled["main"].attrs["tirx.is_scheduled"])  # the fallback took it
+    lib = tvm.compile(scheduled, target=CPU)
+    xs = np.random.default_rng(0).standard_normal((5, 32)).astype("float32")
+    ws = np.random.default_rng(1).standard_normal((32, 24)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((5, 24), "float32"))
+    lib(tvm.runtime.tensor(xs), tvm.runtime.tensor(ws), out)
+    np.testing.assert_allclose(out.numpy(), xs @ ws, rtol=1e-5, atol=1e-5)
+
+
+def test_knobs_are_typed():
+    assert DenseCPU.Knobs.of({"unroll": 2}).unroll == 2
+    with pytest.raises(FusionExtError, match="unknown knob 'bogus'.*knobs: i, j, k, unroll"):
+        DenseCPU.Knobs.of({"bogus": 1})
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(call_op(bb, "fused_dense", {"x": x, "w": relax.const(np.ones((16, 8), "float32"))},
+                                       {"act": "none", "transpose_b": False}))
+        bb.emit_func_output(y)
+    with pytest.raises(FusionExtError, match="unknown knob"):
+        build(bb.get(), CPU, fuse=False, knobs={"tfx.dense": {"bogus": 1}})
+
+
+def test_fallback_comes_after_the_templates():
+    rules = template_rules(CPU) + fallback_rules(CPU)
+    assert all(isinstance(r, ScheduleRule) for r in rules)
+    assert type(rules[-1]).__name__ == "Fallback"
+
+
+def test_cpu_dense_packs_constant_weights_only():
+    """prepare_operator: a constant weight is pre-packed at compile time, a runtime weight is read in place."""
+    def model(weight_is_param):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((8, 16), "float32"))
+        params = [x]
+        if weight_is_param:
+            w = relax.Var("w", relax.TensorType((16, 32), "float32"))
+            params.append(w)
+        else:
+            w = relax.const(np.ones((16, 32), "float32"))
+        with bb.function("main", params):
+            with bb.dataflow():
+                y = bb.emit_output(call_op(bb, "fused_dense", {"x": x, "w": w}, {"act": "none", "transpose_b": False}))
+            bb.emit_func_output(y)
+        return bb.get()
+
+    def layouts(mod):
+        from tvm_fusion_ext.ops import op_of, params_of
+
+        return [params_of(f).get("w_layout", "plain") for _, f in lower(mod, CPU).functions_items()
+                if isinstance(f, tvm.tirx.PrimFunc) and op_of(f) == "fused_dense"]
+
+    assert layouts(model(False)) == ["packed"]
+    assert layouts(model(True)) == ["plain"]
+
+
+def test_kernel_without_root_block_builds():
+    """CumSum lowers to a PrimFunc with no root block (RoBERTa's position ids come from CumSum over the mask):
+    it used to crash the build with "Cannot find a block with the name: root"."""
+    nodes = [helper.make_node("CumSum", ["m", "axis"], ["c"]), helper.make_node("Mul", ["c", "m"], ["pos"])]
+    graph = helper.make_graph(nodes, "cumsum", [helper.make_tensor_value_info("m", TensorProto.INT64, [2, 8])],
+                              [helper.make_tensor_value_info("pos", TensorProto.INT64, [2, 8])],
+                              initializer=[onnx.numpy_helper.from_array(np.array(1, np.int64), "axis")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    mask = np.array([[1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0]], np.int64)
+    got = CompiledModel.from_onnx(model).run({"m": mask})["pos"]
+    np.testing.assert_array_equal(got, np.cumsum(mask, axis=1) * mask)
+
+
+def test_target_info_is_the_one_source_of_target_facts():
+    cpu, cuda = TargetInfo.of(CPU), TargetInfo.of(CUDA)
+    assert cpu.family == "cpu" and cpu.kind == "llvm" and cpu.lanes("float32") in (8, 16) and cpu.cores >= 1
+    assert cuda.family == "cuda" and cuda.lanes("float32") == 4 and cuda.lanes("float16") == 8
+    assert cuda.limits() == {"threads": 1024, "smem": 49152, "warp": 32, "registers": 65536}
+    assert TargetInfo.of(resolve_target({"kind": "llvm", "mcpu": "skylake-avx512"})).lanes() == 16

@@ -1,0 +1,104 @@
+"""``tvm-fusion bench``: argument checks and dispatch to :mod:`tvm_fusion_ext.tools.bench`."""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+from ..errors import InputError
+from ..tools.bench.model import DEFAULT_BATCH, DEFAULT_SEQ
+from ..tools.bench.report import RUNTIMES
+
+
+def parse_against(text: Optional[str]) -> List[str]:
+    if text is None:
+        return list(RUNTIMES)
+    items = [t.strip().lower() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in RUNTIMES]
+    if bad or not items:
+        raise InputError(f"--against: unknown runtime '{bad[0] if bad else text}' (choose from {','.join(RUNTIMES)})")
+    return [r for r in RUNTIMES if r in items]
+
+
+def parse_seqs(text: str) -> List[int]:
+    try:
+        seqs = [int(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        raise InputError(f"--seq: expected comma-separated positive integers, got '{text}'") from None
+    if not seqs or any(s <= 0 for s in seqs):
+        raise InputError(f"--seq: expected comma-separated positive integers, got '{text}'")
+    return seqs
+
+
+def run_bench(args, out: Callable[[str], None] = print) -> dict:
+    from ..tools.bench import bench_attention, bench_dense, bench_model, plot, write_json
+
+    """What ``tvm-fusion bench`` does with its parsed arguments (validation first: bad flags fail fast)."""
+    if args.dense:
+        if args.model is not None or args.attention_only or args.plot:
+            raise InputError("--dense takes no model file, --attention-only or --plot")
+        result = bench_dense(args.dense, act=args.act, repeat=args.repeat or 50, spin=args.spin, out=out)
+    elif args.attention_only:
+        if args.model is not None:
+            raise InputError("--attention-only takes no model file")
+        seqs = parse_seqs(args.seq or "512,1024,2048")
+        if args.heads <= 0 or args.head_dim <= 0:
+            raise InputError("--heads and --head-dim must be positive")
+        result = bench_attention(seqs, heads=args.heads, head_dim=args.head_dim, repeat=args.repeat,
+                                 spin=args.spin, out=out)
+    else:
+        if args.model is None:
+            raise InputError("bench needs a MODEL.onnx (or --attention-only)")
+        against = parse_against(args.against)
+        seq = parse_seqs(args.seq)[0] if args.seq else None
+        if args.seq and len(parse_seqs(args.seq)) > 1:
+            raise InputError("--seq takes one length in model mode")
+        if args.batch is not None and args.batch <= 0:
+            raise InputError("--batch must be positive")
+        if args.repeat is not None and args.repeat <= 0:
+            raise InputError("--repeat must be positive")
+        result = bench_model(args.model, logs=args.logs, against=against, seq=seq, batch=args.batch,
+                             target=args.target, repeat=args.repeat or 20, torch_model=args.torch, spin=args.spin,
+                             out=out)
+    if args.json:
+        write_json(args.json, result)
+        out(f"wrote {args.json}")
+    if args.plot:
+        plot(args.plot, result)
+        out(f"wrote {args.plot}")
+    return result
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="time this package against ONNX Runtime, torch and stock TVM "
+                                     "(or attention kernels alone)")
+    p.add_argument("model", nargs="?", help="ONNX model file (not with --attention-only)")
+    p.add_argument("--logs", help="tuning-log directory to apply to this package's build")
+    p.add_argument("--against", help=f"comma-separated runtimes to compare with (default {','.join(RUNTIMES)})")
+    p.add_argument("--seq", help=f"sequence length for dynamic dims / our exports (default: the model's, or "
+                                 f"{DEFAULT_SEQ}); with --attention-only a list, e.g. 512,1024,2048")
+    p.add_argument("--batch", type=int, help=f"batch size for dynamic dims / our exports (default: the model's, "
+                                             f"or {DEFAULT_BATCH})")
+    p.add_argument("--target", default="llvm", help="llvm (default) or cuda (needs a GPU)")
+    p.add_argument("--repeat", type=int, help="timed runs per runtime (default 20; attention: 10/5/3 by length; "
+                                              "stock TVM: 3, capped at 10 s)")
+    p.add_argument("--torch", choices=["minilm", "bert-base"],
+                   help="the transformers model the ONNX file was exported from, when the file does not record "
+                        "it (exports by tvm_fusion_ext.models.export_hf_model do)")
+    p.add_argument("--spin", action="store_true",
+                   help="let ORT, torch and TVM worker threads busy-wait between parallel regions (their defaults: "
+                        "fastest on an idle machine, much slower on a shared one; off by default, for all alike)")
+    p.add_argument("--json", help="write all results to this JSON file")
+    p.add_argument("--plot", help="write a bar chart (PNG) to this file")
+    p.add_argument("--attention-only", action="store_true",
+                   help="benchmark the attention kernel alone: ours vs torch SDPA vs unfused Relax")
+    p.add_argument("--dense", metavar="MxKxN", help="benchmark fused_dense alone at this shape (GFLOP/s)")
+    p.add_argument("--act", default="gelu", help="--dense: epilogue activation (default gelu)")
+    p.add_argument("--heads", type=int, default=12, help="attention-only: heads (default 12)")
+    p.add_argument("--head-dim", type=int, default=64, help="attention-only: head dim (default 64)")
+    p.set_defaults(func=run_bench_command)
+
+
+def run_bench_command(args) -> int:
+    run_bench(args)
+    return 0
+

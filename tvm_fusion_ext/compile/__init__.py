@@ -1,0 +1,17 @@
+"""One home for compilation: fuse → lower → schedule → finalize (see :mod:`.pipeline`).
+
+=================  ==========================================================================================
+``pipeline``       :func:`compile_model` (the entry point), :func:`build`, :func:`prepare`, :func:`fuse`
+``lower``          Relax → unscheduled TIR, the lowering the tuner and the build share
+``schedule``       tuning records, then templates, then the fallback
+``finalize``       the backend's finalisation passes and ``tvm.compile``
+=================  ==========================================================================================
+"""
+
+from .finalize import finalize
+from .lower import PrepareOperatorsForTemplates, VectorisableMath, lower
+from .pipeline import Compiled, build, compile_model, fuse, prepare
+from .schedule import ApplyTemplates, apply_records, schedule
+
+__all__ = ["ApplyTemplates", "Compiled", "PrepareOperatorsForTemplates", "VectorisableMath", "apply_records",
+           "build", "compile_model", "finalize", "fuse", "lower", "prepare", "schedule"]

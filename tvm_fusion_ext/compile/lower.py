@@ -1,0 +1,128 @@
+"""Lowering: Relax (fused or not) → Relax calling TIR PrimFuncs, none of them scheduled yet.
+
+:func:`lower` is the only way a module reaches TIR in this package: the tuner extracts its tasks from
+``lower(mod, target)`` and the build schedules ``lower(mod, target)``, so a tuning record always finds its
+workload again. Order: safety rewrites and library dispatch, operator calls re-derived for the target's
+templates (:class:`PrepareOperatorsForTemplates`), the stock legalize/fuse passes, CPU math rewrites
+(:func:`VectorisableMath`), then reshape-to-view rewriting so that pure reshapes never become kernels (nor
+tuning tasks).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from ..ops.registry import OperatorCall, call_op, inputs_of, op_of, params_of
+from ..targets import TargetInfo, TargetSpec, resolve_target
+
+
+@relax.expr_functor.mutator
+class _PrepareOperators(relax.PyExprMutator):
+    """Shows every fused-operator call to the target's templates; the first that wants another call gets it.
+    Operators are TE computes, so a new parameter set is a new PrimFunc; the old one is dropped by DCE."""
+
+    def __init__(self, mod: tvm.IRModule, templates, target):
+        super().__init__(mod)
+        self.mod = mod
+        self.templates = templates
+        self.target = target
+        self.changed = 0
+
+    def _constant(self, expr):
+        if isinstance(expr, relax.Var):
+            bound = self.lookup_binding(expr)
+            expr = bound if bound is not None else expr
+        return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if call.op != tvm.ir.Op.get("relax.call_tir") or not isinstance(call.args[0], relax.GlobalVar):
+            return call
+        func = self.mod[call.args[0]]
+        op = op_of(func) if isinstance(func, tvm.tirx.PrimFunc) else None
+        if op is None:
+            return call
+        inputs = dict(zip(inputs_of(func), call.args[1].fields))
+        constants = {n: v for n, v in ((n, self._constant(e)) for n, e in inputs.items()) if v is not None}
+        original = OperatorCall(op, inputs, params_of(func), constants)
+        for template in self.templates:
+            wanted = template.prepare_operator(original, self.target)
+            if wanted is not None:
+                self.changed += 1
+                return call_op(self.builder_, op, wanted.inputs, wanted.params)
+        return call
+
+
+def PrepareOperatorsForTemplates(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: N802
+    """Re-derive fused-operator calls with the parameters the target's templates ask for (pre-packed CPU dense
+    weights, the tensor-core attention's key block): see ``TemplateRule.prepare_operator``."""
+    from ..schedules.registry import template_rules
+
+    @tvm.transform.module_pass(opt_level=0, name="tfx.PrepareOperatorsForTemplates")
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        mutator = _PrepareOperators(mod, template_rules(target), target)
+        for gv, func in list(mod.functions_items()):
+            if isinstance(func, relax.Function):
+                mutator.builder_.update_func(gv, mutator.visit_expr(func))
+        if not mutator.changed:
+            return mod
+        return relax.transform.DeadCodeElimination()(mutator.builder_.get())
+
+    return _pass
+
+
+def VectorisableMath(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: N802
+    """CPU: fp32 ``erf``/``exp``/``sigmoid``/``tanh`` -> the arithmetic forms of :mod:`..ops.fastmath`. LLVM
+    lowers them to one scalar libm call per lane, which made a stock erf-GELU epilogue cost as much as its
+    GEMM and MiniLM's softmax (12×128×128) take over a millisecond."""
+    import tvm_ffi
+
+    from ..ops.fastmath import REPLACEMENTS
+
+    ops = {tvm.ir.Op.get(name): fn for name, fn in REPLACEMENTS.items()}
+
+    def rewrite(call):
+        if isinstance(call.op, tvm.ir.Op):
+            for op, fn in ops.items():
+                if call.op.same_as(op):
+                    return fn(call.args[0])
+        return call
+
+    @tvm.transform.module_pass(opt_level=0, name="tfx.VectorisableMath")
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        if not TargetInfo.of(target).is_cpu:
+            return mod
+        out = None
+        for gv, func in list(mod.functions_items()):
+            if isinstance(func, tvm.tirx.PrimFunc):
+                new = tvm_ffi.structural_map(func, (tvm.ir.expr.Call, rewrite))
+                if not new.same_as(func):
+                    out = out if out is not None else mod.clone()  # a Python module pass gets the caller's module
+                    out[gv] = new
+        return out if out is not None else mod
+
+    return _pass
+
+
+def lower(mod: tvm.IRModule, target: TargetSpec = None) -> tvm.IRModule:
+    """Relax (fused by SemanticFusion or not) -> Relax calling unscheduled TIR PrimFuncs, for ``target``."""
+    from ..transform.safe_gather import ClampGatherIndices
+
+    target = resolve_target(target)
+    passes = [
+        ClampGatherIndices(),  # a bad token id must not read past the embedding table
+        relax.backend.DispatchSampling(),
+        relax.backend.DispatchSortScan(),
+        PrepareOperatorsForTemplates(target),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        VectorisableMath(target),
+        relax.transform.RewriteDataflowReshape(),
+        relax.transform.DeadCodeElimination(),
+    ]
+    with target:
+        return tvm.transform.Sequential(passes, name="tfx.lower")(mod)

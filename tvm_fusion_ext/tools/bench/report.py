@@ -1,0 +1,131 @@
+"""How bench results are shown and saved: the latency tables, JSON and a bar chart."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ...fileio import atomic_write
+from ..timing import Timing
+
+#: ``--against`` entries, in table order (ours always comes first)
+RUNTIMES = ("ort", "torch", "tvm")
+OURS, ORT, TORCH, STOCK = "tvm_fusion_ext", "onnxruntime", "torch", "tvm (stock tvm.compile)"
+
+
+@dataclass
+class Row:
+    """One runtime's line in the table; ``timing`` is None when the runtime could not run (``note`` says why)."""
+
+    name: str
+    timing: Optional[Timing] = None
+    max_abs_diff: Optional[float] = None
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self, ort_median: Optional[float]) -> dict:
+        d = {"name": self.name, "available": self.timing is not None, "max_abs_diff": self.max_abs_diff,
+             "note": self.note, **self.extra}
+        if self.timing is not None:
+            d.update(self.timing.to_dict())
+            d["name"] = self.name
+            d["ratio_vs_ort"] = self.timing.median / ort_median if ort_median else None
+        return d
+
+
+def format_table(rows: Sequence) -> str:
+    """Latency table; accepts :class:`Row` or bare :class:`Timing` items."""
+    rows = [r if isinstance(r, Row) else Row(r.name, r) for r in rows]
+    ort = next((r.timing for r in rows if r.name == ORT and r.timing is not None), None)
+    lines = [f"{'runtime':<26}{'median ms':>11}{'p10':>9}{'p90':>9}{'vs ORT':>9}{'max|diff|':>11}"]
+    for r in rows:
+        diff = f"{r.max_abs_diff:.2e}" if r.max_abs_diff is not None else "-"
+        if r.timing is None:
+            lines.append(f"{r.name:<26}  {r.note}")
+            continue
+        t = r.timing
+        ratio = f"{t.median / ort.median:.2f}x" if ort else "-"
+        lines.append(f"{r.name:<26}{t.median:>11.3f}{t.p10:>9.3f}{t.p90:>9.3f}{ratio:>9}{diff:>11}")
+    return "\n".join(lines)
+
+
+def format_attention(entry: dict) -> str:
+    lines = [f"-- attention B=1 H={entry['heads']} S={entry['seq']} D={entry['head_dim']} fp32 "
+             f"(S×S scores would be {mib(entry['score_matrix_bytes'])})",
+             f"{'runtime':<18}{'median ms':>11}{'p10':>9}{'p90':>9}{'workspace':>13}{'max|diff|':>11}"]
+    for r in entry["runtimes"]:
+        if "median_ms" not in r:
+            lines.append(f"{r['name']:<18}  {r.get('note', 'n/a')}")
+            continue
+        ws = mib(r["workspace_bytes"]) if r.get("workspace_bytes") is not None else "n/a"
+        lines.append(f"{r['name']:<18}{r['median_ms']:>11.3f}{r['p10_ms']:>9.3f}{r['p90_ms']:>9.3f}{ws:>13}"
+                     f"{r['max_abs_diff']:>11.2e}")
+    return "\n".join(lines)
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**16 else f"{n / 2**10:.1f} KiB"
+
+
+def write_json(path: str, result: dict) -> None:
+    atomic_write(path, lambda f: json.dump(result, f, indent=2, default=_jsonable))
+
+
+def _jsonable(x):
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    return str(x)
+
+
+def plot(path: str, result: dict) -> None:
+    """Bar chart: median latency per runtime (model mode) or per runtime and sequence length (attention)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if result["mode"] == "attention":
+        fig, (ax, ax_ws) = plt.subplots(1, 2, figsize=(12, 4))
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4))
+    if result["mode"] == "model":
+        rows = [r for r in result["runtimes"] if r.get("median_ms") is not None]
+        names = [r["name"] for r in rows]
+        med = [r["median_ms"] for r in rows]
+        err = [[r["median_ms"] - r["p10_ms"] for r in rows], [r["p90_ms"] - r["median_ms"] for r in rows]]
+        ax.bar(names, med, yerr=err, capsize=4, color="tab:blue")
+        ax.set_yscale("log")
+        ax.set_title(f"{result['model']} (batch {result['batch']}, seq {result['seq']})")
+    else:
+        seqs = [e["seq"] for e in result["results"]]
+        names = [r["name"] for r in result["results"][0]["runtimes"] if "median_ms" in r]
+        width = 0.8 / max(len(names), 1)
+        for i, name in enumerate(names):
+            med = [next((r["median_ms"] for r in e["runtimes"] if r["name"] == name and "median_ms" in r), 0.0)
+                   for e in result["results"]]
+            ax.bar([j + i * width for j in range(len(seqs))], med, width, label=name)
+        ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(seqs))], [str(s) for s in seqs])
+        ax.set_xlabel("sequence length")
+        ax.legend()
+        ax.set_title(f"attention latency, H={result['heads']} D={result['head_dim']} fp32")
+        for name in names:
+            ws = [next((r.get("workspace_bytes") for r in e["runtimes"] if r["name"] == name), None)
+                  for e in result["results"]]
+            if all(w is not None for w in ws):  # torch's is not measured
+                ax_ws.plot(seqs, [w / 2**20 for w in ws], marker="o", label=name)
+        ax_ws.set_xscale("log", base=2)
+        ax_ws.set_yscale("log")
+        ax_ws.set_xlabel("sequence length")
+        ax_ws.set_ylabel("workspace (MiB)")
+        ax_ws.set_title("workspace besides inputs and output")
+        ax_ws.legend()
+    ax.set_ylabel("median latency (ms)")
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png"), binary=True)
+    plt.close(fig)
+
