@@ -18,7 +18,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from ..rule import FusionRule, Match, Variant, scalar_value
+from ..graph import scalar_value
+from ..rule import FusionRule, Match, Variant
 
 
 class MergeSplitAttentionScale(FusionRule):

@@ -24,7 +24,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from ..rule import FusionRule, Match, Variant, uniform_value
+from ..graph import uniform_value
+from ..rule import FusionRule, Match, Variant
 
 #: a select value at or below this is "minus infinity" (see the module docstring)
 BIG_NEGATIVE = -1e30
@@ -68,4 +69,4 @@ class BoolMaskToAdditive(FusionRule):
         x = bb.emit(relax.op.add(m.arg("s"), bb.emit(add_mask)))
         if m.tag["extra"]:
             x = bb.emit(relax.op.add(x, m.arg("other")))
-        return relax.op.nn.softmax(x, axis=int(m._var2val[m.root_var].attrs.axis))
+        return relax.op.nn.softmax(x, axis=int(m.root_value.attrs.axis))

@@ -19,10 +19,10 @@ from typing import List, Optional
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
+from ..graph import format_dims, same_dim
 from ..rule import FusionRule, Match, Variant
 from ._elementwise import check_keeps_type, first_reason
 
@@ -119,24 +119,11 @@ def _per_feature(m: Match, name: str) -> Optional[str]:
         return f"{name} is {ty.dtype}, x is {m['x'].ty.dtype}"
     dims = list(ty.shape.values)
     ok = (0 < len(dims) <= len(x_shape.values)
-          and _same_dim(dims[-1], x_shape[-1])
-          and all(_same_dim(d, 1) for d in dims[:-1]))
+          and same_dim(dims[-1], x_shape[-1])
+          and all(same_dim(d, 1) for d in dims[:-1]))
     if not ok:
-        return f"{name} has shape {_dims(dims)}, expected {_dims([x_shape[-1]])} (one value per feature)"
+        return f"{name} has shape {format_dims(dims)}, expected {format_dims([x_shape[-1]])} (one value per feature)"
     return None
-
-
-def _dims(dims) -> str:
-    return "[" + ", ".join(str(int(d)) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in dims) + "]"
-
-
-def _same_dim(a, b) -> bool:
-    if isinstance(a, int) or isinstance(b, int) or isinstance(a, tvm.tirx.IntImm) or isinstance(b, tvm.tirx.IntImm):
-        try:
-            return int(a) == int(b)
-        except (TypeError, ValueError):
-            return False
-    return tvm_ffi.structural_equal(a, b)
 
 
 def _as_vector(e: relax.Expr, n) -> relax.Expr:
