@@ -5,6 +5,7 @@
 it holds a fused operator, ``Expected`` is built with ``relax.BlockBuilder`` + ``tvm_fusion_ext.ops.call_op``:
 the operator's PrimFunc written out in TVMScript would be a page of TIR that says nothing about the rewrite.
 Constant weights (QKV) cannot be written inline in TVMScript, so that case builds both modules in Python.
+Python-built modules are one ``main`` with one dataflow block (:func:`tvm_fusion_ext.testing.build_module`).
 """
 
 import numpy as np
@@ -14,6 +15,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from tvm_fusion_ext.ops import call_op
+from tvm_fusion_ext.testing import build_module
 from tvm_fusion_ext.transform import (Canonicalize, FuseBiasResidualLayerNorm, FuseMatmulBiasActivation,
                                       FuseMultiHeadAttention, FuseQKVProjection)
 
@@ -64,17 +66,12 @@ def test_dense_with_transposed_weight_bias_and_gelu():
 
     # Expected: the transpose is absorbed (transpose_b), the [1, 1, N] bias is viewed as [N]
     x, w, b = _tensor("x", (2, 5, 12)), _tensor("w", (7, 12)), _tensor("b", (1, 1, 7))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w, b]):
-        with bb.dataflow():
-            bias = bb.emit(relax.op.reshape(b, [7]))
-            dense = call_op(bb, "fused_dense", {"x": x, "w": w, "bias": bias},
-                            {"act": "gelu", "transpose_b": True})
-            gv = bb.emit_output(dense)
-        bb.emit_func_output(gv)
-    expected = bb.get()
 
-    tvm.ir.assert_structural_equal(FuseMatmulBiasActivation()(Before), expected)
+    def expected(bb):
+        bias = bb.emit(relax.op.reshape(b, [7]))
+        return call_op(bb, "fused_dense", {"x": x, "w": w, "bias": bias}, {"act": "gelu", "transpose_b": True})
+
+    tvm.ir.assert_structural_equal(FuseMatmulBiasActivation()(Before), build_module([x, w, b], expected))
 
 
 def test_bias_residual_layernorm():
@@ -93,14 +90,8 @@ def test_bias_residual_layernorm():
 
     x, b, r = _tensor("x", (2, 6, 16)), _tensor("b", (16,)), _tensor("r", (2, 6, 16))
     g, be = _tensor("g", (16,)), _tensor("be", (16,))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, b, r, g, be]):
-        with bb.dataflow():
-            ln = call_op(bb, "fused_layernorm", {"x": x, "residual": r, "bias": b, "gamma": g, "beta": be},
-                         {"eps": 1e-5})
-            gv = bb.emit_output(ln)
-        bb.emit_func_output(gv)
-    expected = bb.get()
+    expected = build_module([x, b, r, g, be], lambda bb: call_op(
+        bb, "fused_layernorm", {"x": x, "residual": r, "bias": b, "gamma": g, "beta": be}, {"eps": 1e-5}))
 
     tvm.ir.assert_structural_equal(FuseBiasResidualLayerNorm()(Before), expected)
 
@@ -110,35 +101,24 @@ def test_qkv_projections_become_one_matmul_and_a_split():
     wq, wk, wv = (rng.standard_normal((8, n)).astype("float32") for n in (4, 4, 2))
     bq, bk = (rng.standard_normal((4,)).astype("float32") for _ in range(2))
 
-    def before():
-        x = _tensor("x", (3, 8))
-        bb = relax.BlockBuilder()
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                q = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, relax.const(wq))), relax.const(bq)))
-                # a Gemm(transB=1) import: the weight is stored [N, K] and transposed in the graph
-                wk_t = bb.emit(relax.op.permute_dims(relax.const(np.ascontiguousarray(wk.T)), [1, 0]))
-                k = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, wk_t)), relax.const(bk)))
-                v = bb.emit(relax.op.matmul(x, relax.const(wv)))  # no bias
-                gv = bb.emit_output(relax.Tuple([q, k, v]))
-            bb.emit_func_output(gv)
-        return bb.get()
+    x = _tensor("x", (3, 8))
 
-    def expected():
-        x = _tensor("x", (3, 8))
-        bb = relax.BlockBuilder()
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                y = bb.emit(relax.op.matmul(x, relax.const(np.concatenate([wq, wk, wv], axis=1))))
-                # the missing bias of v is a run of zeros in the merged bias
-                y = bb.emit(relax.op.add(y, relax.const(np.concatenate([bq, bk, np.zeros(2, "float32")]))))
-                parts = bb.emit(relax.op.split(y, [4, 8], axis=-1))
-                q, k, v = (bb.emit(relax.TupleGetItem(parts, i)) for i in range(3))
-                gv = bb.emit_output(relax.Tuple([q, k, v]))
-            bb.emit_func_output(gv)
-        return bb.get()
+    def before(bb):
+        q = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, relax.const(wq))), relax.const(bq)))
+        # a Gemm(transB=1) import: the weight is stored [N, K] and transposed in the graph
+        wk_t = bb.emit(relax.op.permute_dims(relax.const(np.ascontiguousarray(wk.T)), [1, 0]))
+        k = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, wk_t)), relax.const(bk)))
+        v = bb.emit(relax.op.matmul(x, relax.const(wv)))  # no bias
+        return relax.Tuple([q, k, v])
 
-    tvm.ir.assert_structural_equal(FuseQKVProjection()(before()), expected())
+    def expected(bb):
+        y = bb.emit(relax.op.matmul(x, relax.const(np.concatenate([wq, wk, wv], axis=1))))
+        # the missing bias of v is a run of zeros in the merged bias
+        y = bb.emit(relax.op.add(y, relax.const(np.concatenate([bq, bk, np.zeros(2, "float32")]))))
+        parts = bb.emit(relax.op.split(y, [4, 8], axis=-1))
+        return relax.Tuple([bb.emit(relax.TupleGetItem(parts, i)) for i in range(3)])
+
+    tvm.ir.assert_structural_equal(FuseQKVProjection()(build_module([x], before)), build_module([x], expected))
 
 
 def test_attention_absorbs_head_split_and_merge():
@@ -171,18 +151,15 @@ def test_attention_absorbs_head_split_and_merge():
     # [B, 1, 1, T] (its broadcast goes), writes BSHD, and the head merge is a reshape of that
     xq, xk, xv = _tensor("xq", (2, 5, 12)), _tensor("xk", (2, 7, 12)), _tensor("xv", (2, 7, 12))
     keep = _tensor("keep", (2, 1, 1, 7), "bool")
-    bb = relax.BlockBuilder()
-    with bb.function("main", [xq, xk, xv, keep]):
-        with bb.dataflow():
-            q4 = bb.emit(relax.op.reshape(xq, [2, 5, 3, 4]))
-            k4 = bb.emit(relax.op.reshape(xk, [2, 7, 3, 4]))
-            v4 = bb.emit(relax.op.reshape(xv, [2, 7, 3, 4]))
-            mask = bb.emit(relax.op.where(keep, relax.const(0.0, "float32"), relax.const(-1e9, "float32")))
-            attn = bb.emit(call_op(bb, "fused_attention", {"q": q4, "k": k4, "v": v4, "mask": mask},
-                                   {"scale": 0.5, "causal": False, "q_layout": "BSHD", "k_layout": "BSHD",
-                                    "v_layout": "BSHD", "out_layout": "BSHD"}))
-            gv = bb.emit_output(relax.op.reshape(attn, [2, 5, 12]))
-        bb.emit_func_output(gv)
-    expected = bb.get()
 
-    tvm.ir.assert_structural_equal(FuseMultiHeadAttention()(Before), expected)
+    def expected(bb):
+        q4 = bb.emit(relax.op.reshape(xq, [2, 5, 3, 4]))
+        k4 = bb.emit(relax.op.reshape(xk, [2, 7, 3, 4]))
+        v4 = bb.emit(relax.op.reshape(xv, [2, 7, 3, 4]))
+        mask = bb.emit(relax.op.where(keep, relax.const(0.0, "float32"), relax.const(-1e9, "float32")))
+        attn = bb.emit(call_op(bb, "fused_attention", {"q": q4, "k": k4, "v": v4, "mask": mask},
+                               {"scale": 0.5, "causal": False, "q_layout": "BSHD", "k_layout": "BSHD",
+                                "v_layout": "BSHD", "out_layout": "BSHD"}))
+        return relax.op.reshape(attn, [2, 5, 12])
+
+    tvm.ir.assert_structural_equal(FuseMultiHeadAttention()(Before), build_module([xq, xk, xv, keep], expected))
