@@ -19,7 +19,7 @@ parameters; ONNX imports bind them as constants, hence this rule.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import numpy as np
 import tvm
@@ -33,7 +33,7 @@ from .rule import Found, FusionRule, Match, Matcher, Variant, rule_pass
 @dataclass
 class _Projection:
     matmul: relax.Var  # the matmul binding
-    weight: np.ndarray  # [K, N], already un-transposed
+    weight: np.ndarray  # [K, N], already un-transposed (read only for a group that merges: weights are large)
     bias: Optional[np.ndarray] = None  # [N] when the add after the matmul is absorbed
     add: Optional[relax.Var] = None  # that add's binding
 
@@ -59,19 +59,24 @@ class ParallelProjections(Matcher):
         matmuls = _matmuls_of(x, graph.position[root][0], graph)
         if len(matmuls) < 2:
             return None
-        group = _Group()
+        members, refusal = [], None
         for mm in matmuls:
-            refusal = _projection_error(mm, x, graph)
-            if refusal is None:
-                group.projections.append(_Projection(mm, _weight_of(graph.var2val[mm].args[1], graph)))
+            error = _projection_error(mm, x, graph)
+            if error is None:
+                members.append(mm)
             else:
-                group.refusal = group.refusal or refusal
-        mergeable = len(group.projections) >= 2
+                refusal = refusal or error
+        mergeable = len(members) >= 2
         # found once per group: at its first member when it merges, at its first matmul when it is refused
-        if not root.same_as(group.projections[0].matmul if mergeable else matmuls[0]):
+        if not root.same_as(members[0] if mergeable else matmuls[0]):
             return None
+        group = _Group(refusal=refusal)
         if not mergeable:
             return Found({"x": x, "group": group})
+        for mm in members:
+            weight = _weight_of(graph.var2val[mm].args[1], graph)
+            array = const_value(weight.const)
+            group.projections.append(_Projection(mm, array.T if weight.transposed else array))
         for p in group.projections:
             _absorb_bias(p, graph)
         covered = [p.matmul for p in group.projections if p.add is not None]
@@ -89,24 +94,29 @@ def _matmuls_of(x: relax.Var, block: int, graph: FunctionGraph) -> List[relax.Va
 def _projection_error(mm: relax.Var, x: relax.Var, graph: FunctionGraph) -> Optional[str]:
     call = graph.var2val[mm]
     w = _weight_of(call.args[1], graph)
-    if w is None or w.ndim != 2:
+    if w is None or w.const.ty.ndim != 2:
         return f"weight of '{mm.name}' is not a constant 2-D tensor"
     xs = static_shape(x)
-    if xs is None or len(xs) < 2 or explicit_out_dtype(call) not in (None, str(w.dtype)):
+    if xs is None or len(xs) < 2 or explicit_out_dtype(call) not in (None, str(w.const.ty.dtype)):
         return f"'{mm.name}' is not a plain dense projection"
     return None
 
 
-def _weight_of(arg: relax.Expr, graph: FunctionGraph) -> Optional[np.ndarray]:
-    """The constant [K, N] weight behind a matmul operand (looking through one transpose), else None."""
+class _Weight(NamedTuple):
+    const: tvm.ir.GenericConst
+    transposed: bool  # the graph reads it through a [1, 0] transpose (ONNX Gemm transB)
+
+
+def _weight_of(arg: relax.Expr, graph: FunctionGraph) -> Optional[_Weight]:
+    """The constant behind a matmul's weight operand (looking through one transpose), else None."""
     value = graph.value(arg)
-    w = const_value(value)
-    if w is not None:
-        return w
+    if isinstance(value, tvm.ir.GenericConst):
+        return _Weight(value, False)
     if op_name(value) == "relax.permute_dims":
-        w = const_value(graph.value(value.args[0]))
-        if w is not None and w.ndim == 2 and int_list(value.attrs.axes) in (None, [1, 0]):
-            return w.T
+        inner = graph.value(value.args[0])
+        if (isinstance(inner, tvm.ir.GenericConst) and inner.ty.ndim == 2
+                and int_list(value.attrs.axes) in (None, [1, 0])):
+            return _Weight(inner, True)
     return None
 
 

@@ -141,13 +141,10 @@ class Match:
         self.roots: List[relax.Var] = list(found.roots) or [root_var]
         self.multi_root = bool(found.roots)
         self.covered: Set[relax.Var] = set(found.covered) - set(self.roots)
+        #: every binding the match takes over (roots, covered, and the one it was found at)
+        self.bindings: Set[relax.Var] = self.covered | set(self.roots) | {root_var}
         self._exprs = found.exprs
         self._remap = None  # set by the engine while it rebuilds the function
-
-    @property
-    def bindings(self) -> Set[relax.Var]:
-        """Every binding the match takes over (roots, covered, and the one it was found at)."""
-        return self.covered | set(self.roots) | {self.root_var}
 
     # -- reading the match (original graph) ---------------------------------------------------------
     def has(self, name: str) -> bool:

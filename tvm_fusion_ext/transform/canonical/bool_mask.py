@@ -13,6 +13,14 @@ such as -10000 is *not* rewritten: a fully masked row would turn from uniform in
 The idiom is only rewritten under a softmax (that is where the additive form is the canonical one); the
 real exports' own masks (``scores + where(mask, 0, -inf)``, dynamo's ``where(mask, 0, -3.4e38)`` shared by
 all layers) are already additive and need nothing.
+
+Pattern
+    ``softmax(where(cond, s, NEG) [+ other])`` or ``softmax(where(cond, NEG, s) [+ other])``, ``s`` not a
+    constant.
+Check
+    ``cond`` is boolean; NEG is one value, -inf or <= -1e30; the select does not broadcast ``s``.
+Rewrite
+    ``softmax(s + where(cond, 0, NEG) [+ other])`` (or ``where(cond, NEG, 0)``), same softmax axis.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ Pattern (what TVM's ONNX importer makes of an opset < 17 export)::
 largest match wins; without gamma/beta the replacement gets ones/zeros.
 Check: both means reduce exactly the last axis and keep it; the exponent is 2; eps is a positive scalar;
 gamma/beta hold one value per feature (shape ``[N]``, leading 1s allowed).
+Rewrite: ``layer_norm(x, gamma, beta, axes=[-1], epsilon=eps)``.
 """
 
 from __future__ import annotations

@@ -15,6 +15,14 @@ defines a row with no visible key as 0, the guard's own answer.
 
 The walk is conservative: an op not known to keep finite values finite (exp, log, division by a
 non-constant, ...) counts as "may carry -inf".
+
+Pattern
+    ``where(isnan(p), zero, p)``.
+Check
+    ``p`` is a softmax, ``zero`` the constant 0 without broadcasting ``p``, and the softmax input cannot hold
+    -inf (:func:`may_be_nonfinite`).
+Rewrite
+    ``p``.
 """
 
 from __future__ import annotations
