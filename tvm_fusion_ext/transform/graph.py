@@ -164,9 +164,15 @@ def format_dims(dims: Sequence[Dim]) -> str:
 # constants
 # ---------------------------------------------------------------------------------------------------
 
+def is_constant(e) -> bool:
+    """``e`` is a constant tensor (``tvm.ir.GenericConst``, 0.27's ``relax.Constant``)."""
+    return isinstance(e, tvm.ir.GenericConst)
+
+
 def const_value(e) -> Optional[np.ndarray]:
-    """The array of a constant (``tvm.ir.GenericConst``, 0.27's ``relax.Constant``), else None."""
-    if isinstance(e, tvm.ir.GenericConst):
+    """The array of a constant (a copy: weights are large, test :func:`is_constant` first when that is all
+    you need), else None."""
+    if is_constant(e):
         return e.value.numpy()
     return None
 

@@ -26,7 +26,7 @@ import tvm
 from tvm import relax
 
 from .bias import per_column_bias_error
-from .graph import FunctionGraph, const_value, explicit_out_dtype, int_list, op_name, static_shape
+from .graph import FunctionGraph, const_value, explicit_out_dtype, int_list, is_constant, op_name, static_shape
 from .rule import Found, FusionRule, Match, Matcher, Variant, rule_pass
 
 
@@ -103,19 +103,18 @@ def _projection_error(mm: relax.Var, x: relax.Var, graph: FunctionGraph) -> Opti
 
 
 class _Weight(NamedTuple):
-    const: tvm.ir.GenericConst
+    const: relax.Expr  # a constant
     transposed: bool  # the graph reads it through a [1, 0] transpose (ONNX Gemm transB)
 
 
 def _weight_of(arg: relax.Expr, graph: FunctionGraph) -> Optional[_Weight]:
     """The constant behind a matmul's weight operand (looking through one transpose), else None."""
     value = graph.value(arg)
-    if isinstance(value, tvm.ir.GenericConst):
+    if is_constant(value):
         return _Weight(value, False)
     if op_name(value) == "relax.permute_dims":
         inner = graph.value(value.args[0])
-        if (isinstance(inner, tvm.ir.GenericConst) and inner.ty.ndim == 2
-                and int_list(value.attrs.axes) in (None, [1, 0])):
+        if is_constant(inner) and inner.ty.ndim == 2 and int_list(value.attrs.axes) in (None, [1, 0]):
             return _Weight(inner, True)
     return None
 

@@ -23,7 +23,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from ..graph import format_dims, same_dim
+from ..graph import const_value, format_dims, is_constant, same_dim
 from ..rule import FusionRule, Match, Variant
 from ._elementwise import check_keeps_type, first_reason
 
@@ -130,8 +130,8 @@ def _per_feature(m: Match, name: str) -> Optional[str]:
 def _as_vector(e: relax.Expr, n) -> relax.Expr:
     if e.ty.ndim == 1:
         return e
-    if isinstance(e, tvm.ir.GenericConst):  # keep weights constant for later rules and FoldConstant-free builds
-        return relax.const(e.value.numpy().reshape(-1))
+    if is_constant(e):  # keep weights constant for later rules and FoldConstant-free builds
+        return relax.const(const_value(e).reshape(-1))
     return relax.op.reshape(e, [n])
 
 

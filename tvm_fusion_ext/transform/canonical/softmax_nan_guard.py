@@ -30,12 +30,11 @@ from __future__ import annotations
 from typing import List, Optional
 
 import numpy as np
-import tvm
 import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from ..graph import FunctionGraph, const_value, op_name, scalar_value
+from ..graph import FunctionGraph, const_value, is_constant, op_name, scalar_value
 from ..rule import FusionRule, Match, Variant
 
 # ops whose output is finite when their inputs are (up to overflow, which the contract above excludes)
@@ -63,7 +62,7 @@ def may_be_nonfinite(e: relax.Expr, graph: FunctionGraph, depth: int = 0) -> boo
             return False
     if isinstance(e, relax.Var):
         return True  # a float function input reached without an activation op: a mask, may hold -inf
-    if isinstance(e, tvm.ir.GenericConst):
+    if is_constant(e):
         v = const_value(e)
         return not (v.dtype == bool or not np.issubdtype(v.dtype, np.floating) or np.isfinite(v).all())
     if isinstance(e, relax.ShapeExpr) or not isinstance(e, relax.Expr):
