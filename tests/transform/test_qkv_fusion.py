@@ -138,3 +138,23 @@ def test_single_projection_untouched():
     fused, report = fuse(mod, FuseQKVProjection())
     tvm.ir.assert_structural_equal(fused, mod)
     assert report.fused["qkv"] == 0
+
+
+def test_scalar_bias_is_not_absorbed():
+    # x @ W + c with a one-column W: c has as many elements as a bias but is a broadcast scalar, not a vector
+    rng = np.random.default_rng(8)
+    x = relax.Var("x", relax.TensorType((3, 8), "float32"))
+
+    def build(bb):
+        q = bb.emit(relax.op.matmul(x, relax.const(rng.standard_normal((8, 1)).astype("float32"))))
+        qc = bb.emit(relax.op.add(q, relax.const(0.5, "float32")))
+        k = bb.emit(relax.op.matmul(x, relax.const(rng.standard_normal((8, 1)).astype("float32"))))
+        return relax.Tuple([qc, k])
+
+    mod = build_module([x], build)
+    fused, report = fuse(mod, FuseQKVProjection())
+    assert report.fused["qkv"] == 1
+    assert fused["main"].script().count("R.add") == 1  # the scalar add stays where it was
+    inputs = random_inputs(mod, seed=9)
+    for actual, expected in zip(*reversed(run_before_after(mod, fused, inputs))):
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
