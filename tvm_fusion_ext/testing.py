@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tvm
 from tvm import relax
 
 from .tools.reference import numpy_activation  # noqa: F401  (re-exported for tests)
+from .transform.graph import bindings, static_shape
+from .transform.report import FusionReport
+from .transform.rule import FusionRule, rule_pass
 
 
 def random_inputs(mod: tvm.IRModule, seed: int = 0, func: str = "main", int_high: int = 2) -> List[np.ndarray]:
@@ -27,14 +30,75 @@ def random_inputs(mod: tvm.IRModule, seed: int = 0, func: str = "main", int_high
     return out
 
 
+def build_module(params: Sequence[relax.Var], build: Callable[[relax.BlockBuilder], relax.Expr]) -> tvm.IRModule:
+    """A module whose ``main(*params)`` is one dataflow block: ``build(bb)`` emits it and returns the result."""
+    bb = relax.BlockBuilder()
+    with bb.function("main", list(params)):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def fuse(mod: tvm.IRModule, *steps: Union[tvm.transform.Pass, FusionRule]) -> Tuple[tvm.IRModule, FusionReport]:
+    """Apply ``steps`` in order (default: ``SemanticFusion()``), each a pass or a single rule, and return the
+    result with the :class:`FusionReport` of everything they did."""
+    if not steps:
+        from .transform.pipeline import SemanticFusion
+
+        steps = (SemanticFusion(),)
+    with FusionReport.collect() as report:
+        for step in steps:
+            mod = (rule_pass(step.name, [step]) if isinstance(step, FusionRule) else step)(mod)
+    return mod, report
+
+
+def assert_refused(mod: tvm.IRModule, *steps, reason: str, rule: Optional[str] = None) -> List[str]:
+    """``steps`` leave ``mod`` as it was, ``rule`` fired nowhere and one of its refusals contains ``reason``.
+
+    ``rule`` is a rule's name; it may be left out when the only step is a :class:`FusionRule`. Returns the
+    rule's refusal reasons."""
+    if rule is None:
+        (only,) = steps
+        rule = only.name
+    out, report = fuse(mod, *steps)
+    assert report.count(rule) == 0, report.summary()
+    tvm.ir.assert_structural_equal(out, mod)
+    reasons = [e.detail for e in report.refused if e.rule == rule]
+    assert any(reason in r for r in reasons), reasons
+    return reasons
+
+
 def run_relax(mod: tvm.IRModule, inputs: Sequence[np.ndarray], target: Optional[dict] = None,
               func: str = "main"):
     """Compile with stock ``tvm.compile`` on llvm (no scheduling: a reference, not a fast path) and run."""
-    tgt = tvm.target.Target(target or {"kind": "llvm"})
-    ex = tvm.compile(mod, tgt)
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    result = vm[func](*[tvm.runtime.tensor(np.ascontiguousarray(a).reshape(np.shape(a))) for a in inputs])
-    return _to_numpy(result)
+    vm = _vm(mod, target)
+    return _to_numpy(vm[func](*_tensors(inputs)))
+
+
+def run_before_after(before: tvm.IRModule, after: tvm.IRModule, inputs: Sequence[np.ndarray],
+                     target: Optional[dict] = None):
+    """``(before's main(inputs), after's main(inputs))``, both compiled like :func:`run_relax`.
+
+    When ``before`` holds nothing but ``main`` (a graph before fusion), both are compiled as one module, which
+    halves the build time the comparison costs.
+    """
+    after_names = {gv.name_hint for gv in after.get_global_vars()}
+    if [gv.name_hint for gv in before.get_global_vars()] != ["main"] or "before_main" in after_names:
+        return run_relax(before, inputs, target), run_relax(after, inputs, target)
+    both = tvm.IRModule(dict(after.functions_items()))
+    both["before_main"] = before["main"].with_attr("global_symbol", "before_main")
+    vm = _vm(both, target)
+    args = _tensors(inputs)
+    return _to_numpy(vm["before_main"](*args)), _to_numpy(vm["main"](*args))
+
+
+def _vm(mod: tvm.IRModule, target: Optional[dict]) -> relax.VirtualMachine:
+    return relax.VirtualMachine(tvm.compile(mod, tvm.target.Target(target or {"kind": "llvm"})), tvm.cpu())
+
+
+def _tensors(inputs: Sequence[np.ndarray]) -> list:
+    return [tvm.runtime.tensor(np.ascontiguousarray(a).reshape(np.shape(a))) for a in inputs]
 
 
 def _to_numpy(result):
@@ -57,7 +121,7 @@ def fused_calls(mod: tvm.IRModule, func: str = "main") -> Dict[str, int]:
     from .ops import op_of
 
     counts: Dict[str, int] = {}
-    for binding in _bindings(mod[func]):
+    for binding in bindings(mod[func]):
         v = binding.value
         if isinstance(v, relax.Call) and v.op.same_as(tvm.ir.Op.get("relax.call_tir")):
             name = op_of(mod[v.args[0]])
@@ -68,17 +132,5 @@ def fused_calls(mod: tvm.IRModule, func: str = "main") -> Dict[str, int]:
 
 def tensor_shapes(mod: tvm.IRModule, func: str = "main") -> List[List[int]]:
     """Static shapes of every tensor bound in ``mod[func]`` (to prove e.g. no S×S tensor is left)."""
-    shapes = []
-    for binding in _bindings(mod[func]):
-        ty = binding.var.ty
-        if isinstance(ty, relax.TensorType) and ty.shape is not None:
-            try:
-                shapes.append([int(d) for d in ty.shape.values])
-            except TypeError:
-                continue
-    return shapes
-
-
-def _bindings(func):
-    for block in func.body.blocks:
-        yield from block.bindings
+    shapes = (static_shape(binding.var) for binding in bindings(mod[func]))
+    return [shape for shape in shapes if shape is not None]

@@ -7,18 +7,14 @@ import tvm
 from tvm import relax
 
 from tvm_fusion_ext.ops import params_of
-from tvm_fusion_ext.testing import fused_calls, random_inputs, run_relax, tensor_shapes
-from tvm_fusion_ext.transform import Canonicalize, FuseMultiHeadAttention, FusionReport
+from tvm_fusion_ext.testing import (assert_refused, build_module, fuse, fused_calls, random_inputs, run_before_after,
+                                    tensor_shapes)
+from tvm_fusion_ext.transform import Canonicalize, FuseMultiHeadAttention
 
 from _attention_graphs import B, D, F32_MIN, H, S, T, attention_module, numpy_attention
 
-
-def _fuse(mod, canonicalize=False):
-    with FusionReport.collect() as report:
-        if canonicalize:
-            mod = Canonicalize()(mod)
-        fused = FuseMultiHeadAttention()(mod)
-    return fused, report
+RULE = "FuseMultiHeadAttention"
+ATTENTION = FuseMultiHeadAttention()
 
 
 def _no_scores_left(mod, s=S, t=T):
@@ -31,14 +27,17 @@ def _attention_params(mod):
     return [params_of(f) for f in calls if f.attrs is not None and "tfx.op" in f.attrs]
 
 
+def _steps(canonicalize):
+    return (Canonicalize(), FuseMultiHeadAttention()) if canonicalize else (FuseMultiHeadAttention(),)
+
+
 def _assert_fused(mod, canonicalize=False, seed=0, s=S, t=T, rtol=1e-5, atol=1e-5, inputs=None):
-    fused, report = _fuse(mod, canonicalize)
+    fused, report = fuse(mod, *_steps(canonicalize))
     assert report.fused["attention"] == 1, report.summary()
     assert fused_calls(fused) == {"fused_attention": 1}
     assert _no_scores_left(fused, s, t), tensor_shapes(fused)
     inputs = inputs if inputs is not None else random_inputs(mod, seed=seed)
-    expected = run_relax(mod, inputs)
-    actual = run_relax(fused, inputs)
+    expected, actual = run_before_after(mod, fused, inputs)
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol)
     return fused, report, inputs, actual
 
@@ -159,8 +158,7 @@ def test_nan_guard_over_inf_mask_is_absorbed(mask):
     else:
         inputs[3][...] = 0.0
         inputs[3][1] = float("-inf")
-    with FusionReport.collect() as report:
-        Canonicalize()(mod)
+    _, report = fuse(mod, Canonicalize())
     assert report.canonicalized.get("DropSoftmaxNanGuard") is None
     assert any("-inf" in e.detail for e in report.refused)
     fused, _, _, actual = _assert_fused(mod, canonicalize=True, inputs=inputs)
@@ -169,14 +167,13 @@ def test_nan_guard_over_inf_mask_is_absorbed(mask):
 
 
 def _applied(mod):
-    with FusionReport.collect() as report:
-        FuseMultiHeadAttention()(Canonicalize()(mod))
+    _, report = fuse(mod, Canonicalize(), FuseMultiHeadAttention())
     return [e.detail for e in report.applied if e.kind == "attention"]
 
 
 def test_fuses_every_layer():
     mod = attention_module("bshd", mask=(B, 1, 1, T), s=T, layers=3)
-    fused, report = _fuse(mod)
+    fused, report = fuse(mod, FuseMultiHeadAttention())
     assert report.fused["attention"] == 3
     assert fused_calls(fused) == {"fused_attention": 3}
     assert _no_scores_left(fused, T, T)
@@ -184,36 +181,17 @@ def test_fuses_every_layer():
 
 # --- negatives: near misses are refused with a reason and the module is left exactly as it was ------------
 
-def _assert_refused(mod, reason_part, canonicalize=False):
-    if canonicalize:
-        mod = Canonicalize()(mod)
-    fused, report = _fuse(mod)
-    assert report.fused["attention"] == 0
-    tvm.ir.assert_structural_equal(fused, mod)
-    reasons = [e.detail for e in report.refused if e.rule == "FuseMultiHeadAttention"]
-    assert any(reason_part in r for r in reasons), reasons
-    return reasons
-
-
 def test_softmax_not_over_keys_is_refused():
-    _assert_refused(attention_module("bshd", softmax_axis=2), "softmax is over axis 2")
+    assert_refused(attention_module("bshd", softmax_axis=2), ATTENTION, rule=RULE, reason="softmax is over axis 2")
 
 
 def test_probs_used_elsewhere_is_refused():
-    _assert_refused(attention_module("bshd", probs_used=True), "is also used by")
+    assert_refused(attention_module("bshd", probs_used=True), ATTENTION, rule=RULE, reason="is also used by")
 
 
 def test_non_constant_scale_is_refused():
-    _assert_refused(attention_module("bshd", scale_var=True), "scale is not a scalar constant")
-
-
-def _custom(build, params):
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build(bb))
-        bb.emit_func_output(out)
-    return bb.get()
+    mod = attention_module("bshd", scale_var=True)
+    assert_refused(mod, ATTENTION, rule=RULE, reason="scale is not a scalar constant")
 
 
 def _var(name, shape, dtype="float32"):
@@ -234,7 +212,7 @@ def test_mask_over_merged_batch_heads_is_refused():
         kt = bb.emit(relax.op.permute_dims(k3, [0, 2, 1]))
         return _attend(bb, q3, kt, v3, lambda sc: bb.emit(relax.op.add(sc, m)))
 
-    _assert_refused(_custom(build, [q, k, v, m]), "does not broadcast to (B, H, S, T)")
+    assert_refused(build_module([q, k, v, m], build), ATTENTION, rule=RULE, reason="does not broadcast to (B, H, S, T)")
 
 
 def test_mask_over_merged_batch_heads_without_batch_axis_fuses():
@@ -246,7 +224,7 @@ def test_mask_over_merged_batch_heads_without_batch_axis_fuses():
         kt = bb.emit(relax.op.permute_dims(k3, [0, 2, 1]))
         return _attend(bb, q3, kt, v3, lambda sc: bb.emit(relax.op.add(sc, m)))
 
-    fused, _, _, _ = _assert_fused(_custom(build, [q, k, v, m]))
+    fused, _, _, _ = _assert_fused(build_module([q, k, v, m], build))
     (params,) = _attention_params(fused)
     assert params["q_layout"] == "BHSD"  # read from the 4-D tensors, not their [B·H, S, D] views
 
@@ -260,7 +238,7 @@ def test_interleaved_head_split_is_refused():
         kt = bb.emit(relax.op.permute_dims(k4, [0, 3, 2, 1]))
         return _attend(bb, q, kt, v, lambda sc: sc)
 
-    _assert_refused(_custom(build, [q, xk, v]), "k is not a head-split view")
+    assert_refused(build_module([q, xk, v], build), ATTENTION, rule=RULE, reason="k is not a head-split view")
 
 
 def test_multiplicative_mask_is_refused():
@@ -270,12 +248,12 @@ def test_multiplicative_mask_is_refused():
         kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
         return _attend(bb, q, kt, v, lambda sc: bb.emit(relax.op.multiply(sc, m)))
 
-    _assert_refused(_custom(build, [q, k, v, m]), "multiplied by a tensor")
+    assert_refused(build_module([q, k, v, m], build), ATTENTION, rule=RULE, reason="multiplied by a tensor")
 
 
 def test_bool_mask_without_canonicalize_is_not_fused():
     # where(mask, s, -inf) is not additive: only Canonicalize turns it into s + where(mask, 0, -inf)
     mod = attention_module("bshd", mask="bool")
-    fused, report = _fuse(mod)
+    fused, report = fuse(mod, FuseMultiHeadAttention())
     assert report.fused["attention"] == 0
     tvm.ir.assert_structural_equal(fused, mod)

@@ -11,12 +11,10 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_fusion_ext.testing import random_inputs, run_relax
-from tvm_fusion_ext.transform import FusionReport
+from tvm_fusion_ext.testing import assert_refused, build_module, fuse, random_inputs, run_before_after, run_relax
 from tvm_fusion_ext.transform.canonical.attention_scale import MergeSplitAttentionScale
 from tvm_fusion_ext.transform.canonical.bool_mask import BoolMaskToAdditive
 from tvm_fusion_ext.transform.canonical.softmax_nan_guard import DropSoftmaxNanGuard
-from tvm_fusion_ext.transform.rule import rule_pass
 
 B, H, S, T, D = 2, 3, 5, 7, 4
 F32_MIN = float(np.finfo(np.float32).min)
@@ -31,36 +29,14 @@ def _var(name, shape, dtype="float32"):
     return relax.Var(name, relax.TensorType(shape, dtype))
 
 
-def _module(params, build):
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build(bb))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
-def _apply(rule_cls, mod):
-    with FusionReport.collect() as report:
-        out = rule_pass(rule_cls.__name__, [rule_cls()])(mod)
-    return out, report
-
-
 def _ops(mod):
     return [b.value.op.name for blk in mod["main"].body.blocks for b in blk.bindings
             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
 
 
 def _assert_same_numbers(before, after, inputs):
-    np.testing.assert_allclose(run_relax(after, inputs), run_relax(before, inputs), rtol=1e-5, atol=1e-6)
-
-
-def _assert_refused(rule_cls, mod, reason_part):
-    out, report = _apply(rule_cls, mod)
-    assert report.count(rule_cls.__name__) == 0
-    tvm.ir.assert_structural_equal(out, mod)
-    reasons = [e.detail for e in report.refused if e.rule == rule_cls.__name__]
-    assert any(reason_part in r for r in reasons), reasons
+    expected, actual = run_before_after(before, after, inputs)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
 
 
 # --- DropSoftmaxNanGuard ------------------------------------------------------------------------------
@@ -88,13 +64,13 @@ def _guarded_probs(mask_kind, mask_value=F32_MIN, guarded="softmax", zero=0.0):
         p = bb.emit(relax.op.nn.softmax(s) if guarded == "softmax" else relax.op.exp(s))
         return bb.emit(relax.op.where(bb.emit(relax.op.isnan(p)), _c(zero), p))
 
-    return _module(params, build)
+    return build_module(params, build)
 
 
 @pytest.mark.parametrize("mask_kind, mask_value", [("bool", F32_MIN), ("bool", -10000.0), ("const", F32_MIN)])
 def test_guard_over_finite_mask_is_dropped(mask_kind, mask_value):
     mod = _guarded_probs(mask_kind, mask_value)
-    out, report = _apply(DropSoftmaxNanGuard, mod)
+    out, report = fuse(mod, DropSoftmaxNanGuard())
     assert report.count("DropSoftmaxNanGuard") == 1
     assert "relax.isnan" not in _ops(out) and "relax.nn.softmax" in _ops(out)
     inputs = random_inputs(mod, seed=0)
@@ -107,7 +83,7 @@ def test_guard_over_finite_mask_is_dropped(mask_kind, mask_value):
 def test_guard_over_possible_inf_mask_is_kept(mask_kind):
     # -inf from a constant, or any value from a float mask input: a row can be all -inf, the guard matters
     mod = _guarded_probs(mask_kind, mask_value=NEG_INF)
-    _assert_refused(DropSoftmaxNanGuard, mod, "may hold -inf")
+    assert_refused(mod, DropSoftmaxNanGuard(), reason="may hold -inf")
     inputs = random_inputs(mod, seed=1)
     if mask_kind == "bool":
         inputs[2][0] = False
@@ -116,11 +92,13 @@ def test_guard_over_possible_inf_mask_is_kept(mask_kind):
 
 
 def test_guard_over_non_softmax_is_refused():
-    _assert_refused(DropSoftmaxNanGuard, _guarded_probs("bool", guarded="exp"), "not a softmax")
+    mod = _guarded_probs("bool", guarded="exp")
+    assert_refused(mod, DropSoftmaxNanGuard(), reason="not a softmax")
 
 
 def test_guard_with_nonzero_fill_is_refused():
-    _assert_refused(DropSoftmaxNanGuard, _guarded_probs("bool", zero=1.0), "not the constant 0")
+    mod = _guarded_probs("bool", zero=1.0)
+    assert_refused(mod, DropSoftmaxNanGuard(), reason="not the constant 0")
 
 
 # --- BoolMaskToAdditive -------------------------------------------------------------------------------
@@ -139,7 +117,7 @@ def _where_softmax(neg, keep_first=True, extra=False, mask_shape=(B, 1, 1, T)):
             s = bb.emit(relax.op.add(s, pad))
         return bb.emit(relax.op.nn.softmax(s))
 
-    return _module(params, build)
+    return build_module(params, build)
 
 
 @pytest.mark.parametrize("neg", [NEG_INF, F32_MIN])
@@ -147,7 +125,7 @@ def _where_softmax(neg, keep_first=True, extra=False, mask_shape=(B, 1, 1, T)):
 @pytest.mark.parametrize("extra", [False, True])
 def test_where_mask_becomes_additive(neg, keep_first, extra):
     mod = _where_softmax(neg, keep_first, extra)
-    out, report = _apply(BoolMaskToAdditive, mod)
+    out, report = fuse(mod, BoolMaskToAdditive())
     assert report.count("BoolMaskToAdditive") == 1
     # the select now runs at the mask's shape and is added to the scores
     wheres = [b for blk in out["main"].body.blocks for b in blk.bindings
@@ -160,14 +138,14 @@ def test_where_mask_becomes_additive(neg, keep_first, extra):
 
 def test_small_negative_fill_is_refused():
     # where(m, s, -10000) and s + where(m, 0, -10000) differ on fully masked rows (uniform vs softmax(s))
-    _assert_refused(BoolMaskToAdditive, _where_softmax(-10000.0), "not -inf")
+    assert_refused(_where_softmax(-10000.0), BoolMaskToAdditive(), reason="not -inf")
 
 
 def test_already_additive_mask_is_left_alone():
     x, m = _var("x", (B, H, S, T)), _var("m", (B, 1, 1, T), "bool")
-    mod = _module([x, m], lambda bb: bb.emit(relax.op.nn.softmax(
+    mod = build_module([x, m], lambda bb: bb.emit(relax.op.nn.softmax(
         bb.emit(relax.op.add(x, bb.emit(relax.op.where(m, _c(0.0), _c(NEG_INF))))))))
-    out, report = _apply(BoolMaskToAdditive, mod)
+    out, report = fuse(mod, BoolMaskToAdditive())
     tvm.ir.assert_structural_equal(out, mod)
     assert report.applied == [] and report.refused == []
 
@@ -183,7 +161,7 @@ def _split_scale(op_q="multiply", op_k="multiply", cq=D ** -0.25, ck=D ** -0.25,
         ck_const = relax.const(np.full(k_factor_shape, ck, "float32")) if k_factor_shape else _c(ck)
         return bb.emit(relax.op.matmul(bb.emit(fq(q, _c(cq))), bb.emit(fk(kt, ck_const))))
 
-    return _module([q, kt], build)
+    return build_module([q, kt], build)
 
 
 @pytest.mark.parametrize("op_q, op_k, cq, ck, expected", [
@@ -193,7 +171,7 @@ def _split_scale(op_q="multiply", op_k="multiply", cq=D ** -0.25, ck=D ** -0.25,
 ])
 def test_split_scale_moves_after_matmul(op_q, op_k, cq, ck, expected):
     mod = _split_scale(op_q, op_k, cq, ck)
-    out, report = _apply(MergeSplitAttentionScale, mod)
+    out, report = fuse(mod, MergeSplitAttentionScale())
     assert report.count("MergeSplitAttentionScale") == 1
     ops = _ops(out)
     assert ops == ["relax.matmul", "relax.multiply"], ops
@@ -205,12 +183,13 @@ def test_split_scale_moves_after_matmul(op_q, op_k, cq, ck, expected):
 
 def test_tensor_factor_is_refused():
     # a per-column factor on kᵀ scales the product's columns: it does not commute out as one scalar
-    _assert_refused(MergeSplitAttentionScale, _split_scale(k_factor_shape=(T,)), "not a nonzero scalar constant")
+    mod = _split_scale(k_factor_shape=(T,))
+    assert_refused(mod, MergeSplitAttentionScale(), reason="not a nonzero scalar constant")
 
 
 def test_one_sided_scale_is_left_alone():
     q, kt = _var("q", (B, H, S, D)), _var("kt", (B, H, D, T))
-    mod = _module([q, kt], lambda bb: bb.emit(relax.op.matmul(bb.emit(relax.op.multiply(q, _c(0.5))), kt)))
-    out, report = _apply(MergeSplitAttentionScale, mod)
+    mod = build_module([q, kt], lambda bb: bb.emit(relax.op.matmul(bb.emit(relax.op.multiply(q, _c(0.5))), kt)))
+    out, report = fuse(mod, MergeSplitAttentionScale())
     tvm.ir.assert_structural_equal(out, mod)
     assert report.applied == []

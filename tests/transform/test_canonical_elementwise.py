@@ -14,12 +14,11 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
+from tvm_fusion_ext.testing import assert_refused, build_module, fuse, run_before_after
 from tvm_fusion_ext.transform.canonical.gelu_erf import ErfGeluToGelu
 from tvm_fusion_ext.transform.canonical.gelu_tanh import TanhGeluToGeluTanh
 from tvm_fusion_ext.transform.canonical.layernorm_decomposed import DecomposedLayerNormToLayerNorm
 from tvm_fusion_ext.transform.canonical.silu import SigmoidMulToSilu
-from tvm_fusion_ext.transform.report import FusionReport
-from tvm_fusion_ext.transform.rule import apply_rules
 
 op = relax.op
 SQRT2 = math.sqrt(2.0)
@@ -40,52 +39,24 @@ def _module(build, shapes=(X_SHAPE,), dtype="float32"):
 
     Each intermediate is emitted as its own binding, the way the ONNX importer lays graphs out.
     """
-    bb = relax.BlockBuilder()
     params = [relax.Var(f"p{i}", relax.TensorType(s, dtype)) for i, s in enumerate(shapes)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            gv = bb.emit_output(build(bb.emit, *params))
-        bb.emit_func_output(gv)
-    return bb.get()
-
-
-def _canon(mod, rule):
-    with FusionReport.collect() as report:
-        out = apply_rules(mod, [rule])
-    return out, report
-
-
-def _run_new_and_old(new_mod, old_mod, arrays):
-    """Compile the rewritten ``main`` and the original one (as ``reference``) together; run both."""
-    both = tvm.IRModule(dict(new_mod.functions_items()))
-    both["reference"] = old_mod["main"].with_attr("global_symbol", "reference")
-    vm = relax.VirtualMachine(tvm.compile(both, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
-    args = [tvm.runtime.tensor(a) for a in arrays]
-    return vm["main"](*args).numpy(), vm["reference"](*args).numpy()
+    return build_module(params, lambda bb: build(bb.emit, *params))
 
 
 def _assert_canonicalised(mod, rule, canonical_op, gone_op, arrays, reference, rtol=1e-5, atol=1e-5):
-    out, report = _canon(mod, rule)
+    out, report = fuse(mod, rule)
     assert report.count(rule.name) == 1, report.summary()
     script = out.script()
     assert canonical_op in script
     assert gone_op not in script
-    new, old = _run_new_and_old(out, mod, arrays)
+    old, new = run_before_after(mod, out, arrays)
     np.testing.assert_allclose(new, old, rtol=rtol, atol=atol)
     np.testing.assert_allclose(new, reference, rtol=rtol, atol=atol)
     return out, report
 
 
-def _assert_refused(mod, rule, reason_part):
-    out, report = _canon(mod, rule)
-    tvm.ir.assert_structural_equal(out, mod)
-    assert report.count(rule.name) == 0
-    reasons = [e.detail for e in report.refused if e.rule == rule.name]
-    assert any(reason_part in r for r in reasons), reasons
-
-
 def _assert_untouched(mod, rule):
-    out, report = _canon(mod, rule)
+    out, report = fuse(mod, rule)
     tvm.ir.assert_structural_equal(out, mod)
     assert report.count(rule.name) == 0
 
@@ -170,7 +141,7 @@ def test_erf_gelu_splat_constants_that_keep_the_shape():
 
 def test_erf_gelu_fp16_constants_within_their_rounding():
     mod = _module(erf_gelu("mul", order="x*(0.5*f)", dtype="float16"), dtype="float16")
-    out, report = _canon(mod, ErfGeluToGelu())
+    out, report = fuse(mod, ErfGeluToGelu())
     assert report.count("ErfGeluToGelu") == 1
     assert "R.nn.gelu(" in out.script()
 
@@ -185,7 +156,7 @@ def test_erf_gelu_fp16_constants_within_their_rounding():
     (erf_gelu("div", half=np.full((2, 1, 1), 0.5)), "broadcasts x"),
 ], ids=["k0.7", "div1.4", "div-by-inverse", "add2", "half0.6", "non-uniform", "broadcasting"])
 def test_erf_gelu_near_misses_are_refused(build, reason):
-    _assert_refused(_module(build), ErfGeluToGelu(), reason)
+    assert_refused(_module(build), ErfGeluToGelu(), reason=reason)
 
 
 def test_erf_gelu_not_rewritten_when_erf_is_used_elsewhere():
@@ -194,7 +165,7 @@ def test_erf_gelu_not_rewritten_when_erf_is_used_elsewhere():
         gelu = e(op.multiply(e(op.multiply(x, e(op.add(erf, C(1.0))))), C(0.5)))
         return op.add(gelu, erf)
 
-    _assert_refused(_module(build), ErfGeluToGelu(), "is also used by")
+    assert_refused(_module(build), ErfGeluToGelu(), reason="is also used by")
 
 
 def test_erf_gelu_needs_the_same_x_twice():
@@ -266,7 +237,7 @@ def test_tanh_gelu_every_spelling(cube, order, swap):
     (tanh_gelu(order="(x*0.5)*f", half=0.6), "outer factor is 0.6"),
 ], ids=["pow2.9", "kappa", "beta", "add2", "half0.6"])
 def test_tanh_gelu_near_misses_are_refused(build, reason):
-    _assert_refused(_module(build), TanhGeluToGeluTanh(), reason)
+    assert_refused(_module(build), TanhGeluToGeluTanh(), reason=reason)
 
 
 def fast_gelu(kappa=0.044715, one=1.0, beta=0.7978845608, order="(x*0.5)*f"):
@@ -292,7 +263,7 @@ def test_tanh_gelu_factored_fast_gelu_spelling():
     (fast_gelu(beta=0.79), "tanh scale is 0.79"),
 ], ids=["kappa", "one", "beta"])
 def test_fast_gelu_near_misses_are_refused(build, reason):
-    _assert_refused(_module(build), TanhGeluToGeluTanh(), reason)
+    assert_refused(_module(build), TanhGeluToGeluTanh(), reason=reason)
 
 
 def test_tanh_gelu_not_rewritten_when_cube_is_used_elsewhere():
@@ -302,7 +273,7 @@ def test_tanh_gelu_not_rewritten_when_cube_is_used_elsewhere():
         gelu = e(op.multiply(e(op.multiply(x, e(op.add(t, C(1.0))))), C(0.5)))
         return op.subtract(gelu, x3)
 
-    _assert_refused(_module(build), TanhGeluToGeluTanh(), "is also used by")
+    assert_refused(_module(build), TanhGeluToGeluTanh(), reason="is also used by")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -327,7 +298,7 @@ def test_silu_not_rewritten_when_sigmoid_is_used_elsewhere():
         s = e(op.sigmoid(x))
         return op.add(e(op.multiply(x, s)), s)
 
-    _assert_refused(_module(build), SigmoidMulToSilu(), "is also used by")
+    assert_refused(_module(build), SigmoidMulToSilu(), reason="is also used by")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -428,21 +399,21 @@ def test_onnx_imported_decomposed_layernorm_is_rewritten():
     (decomposed_ln(eps=0.0), "eps is 0, not positive"),
 ], ids=["mean-axis", "var-axis", "pow3", "eps0"])
 def test_decomposed_layernorm_near_misses_are_refused(build, reason):
-    _assert_refused(_ln_module(build), DecomposedLayerNormToLayerNorm(), reason)
+    assert_refused(_ln_module(build), DecomposedLayerNormToLayerNorm(), reason=reason)
 
 
 def test_decomposed_layernorm_gamma_of_wrong_shape_keeps_its_multiply():
     """A per-position gamma is no LayerNorm weight: the affine match is refused, only the normalisation
     itself is canonicalised and the original multiply/add stay."""
     mod = _ln_module(decomposed_ln(), gamma_shape=(LN_SHAPE[1], N))
-    out, report = _canon(mod, DecomposedLayerNormToLayerNorm())
+    out, report = fuse(mod, DecomposedLayerNormToLayerNorm())
     assert any("gamma has shape [4, 8], expected [8]" in e.detail for e in report.refused), report.summary()
     assert report.count("DecomposedLayerNormToLayerNorm") == 1
     assert [e.detail for e in report.applied] == ["affine=none, norm=sqrt, eps=1e-05"]
     script = out.script()
     assert "R.nn.layer_norm(" in script and "R.multiply(" in script
     x, g, b = _rand(*LN_SHAPE), _rand(LN_SHAPE[1], N, seed=1), _rand(N, seed=2)
-    new, old = _run_new_and_old(out, mod, [x, g, b])
+    old, new = run_before_after(mod, out, [x, g, b])
     np.testing.assert_allclose(new, old, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(new, layernorm_ref(x, g, b), rtol=1e-5, atol=1e-5)
 
@@ -464,7 +435,7 @@ def test_decomposed_layernorm_not_rewritten_when_centred_x_is_used_elsewhere():
         y = e(op.add(e(op.multiply(e(op.divide(d, e(op.sqrt(e(op.add(var, C(1e-5))))))), g)), b))
         return op.add(y, d)
 
-    _assert_refused(_ln_module(build), DecomposedLayerNormToLayerNorm(), "is also used by")
+    assert_refused(_ln_module(build), DecomposedLayerNormToLayerNorm(), reason="is also used by")
 
 
 def test_decomposed_layernorm_with_symbolic_shape():

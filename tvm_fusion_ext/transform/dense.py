@@ -20,7 +20,9 @@ from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
 from ..ops import call_op
-from .rule import FusionRule, Match, Variant, as_vector, int_list, per_column_bias_error, rule_pass
+from .bias import as_vector, per_column_bias_error
+from .graph import explicit_out_dtype, int_list
+from .rule import FusionRule, Match, Variant, rule_pass
 
 ACTIVATION_OPS = {
     "relax.nn.relu": "relu",
@@ -66,8 +68,8 @@ class MatmulBiasActivationRule(FusionRule):
             return "input is a vector: matmul semantics differ from a dense layer"
         if m.dtype("x") != m.dtype("w"):
             return f"input dtype {m.dtype('x')} differs from weight dtype {m.dtype('w')}"
-        out_dtype = str(m["mm"].attrs.out_dtype or "")
-        if out_dtype not in ("", "void", "None", m.dtype("x")):
+        out_dtype = explicit_out_dtype(m["mm"])
+        if out_dtype not in (None, m.dtype("x")):
             return f"matmul changes dtype to {out_dtype}"
         if m.tag["transpose_b"]:
             axes = int_list(m["wt"].attrs.axes)

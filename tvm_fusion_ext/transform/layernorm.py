@@ -19,7 +19,9 @@ from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
 from ..ops import call_op
-from .rule import FusionRule, Match, Variant, as_vector, int_list, per_column_bias_error, rule_pass
+from .bias import as_vector, per_column_bias_error
+from .graph import int_list
+from .rule import FusionRule, Match, Variant, rule_pass
 
 
 class BiasResidualLayerNormRule(FusionRule):

@@ -12,13 +12,14 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .graph import op_name
+
 
 @relax.expr_functor.mutator
 class _Clamp(relax.PyExprMutator):
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        if (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.take"
-                and str(call.attrs.mode) == "fast"):
+        if op_name(call) == "relax.take" and str(call.attrs.mode) == "fast":
             axis = call.attrs.axis
             return relax.op.take(call.args[0], call.args[1], axis=None if axis is None else int(axis), mode="clip")
         return call

@@ -12,7 +12,8 @@ from typing import List, Optional, Tuple
 import tvm_ffi
 from tvm.relax.dpl import DFPattern, is_op
 
-from ..rule import Match, is_close, uniform_value
+from ..graph import is_close, uniform_value
+from ..rule import Match
 
 # relative tolerance per dtype: fp32 exports of 1/√2 are within ~1e-7 of it, fp16 within half an ulp (~3e-4)
 _REL_TOL = {"float16": 1e-3, "bfloat16": 8e-3}

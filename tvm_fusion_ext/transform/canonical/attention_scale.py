@@ -4,10 +4,15 @@ SDPA exports scale both attention operands by d^-¼ before q·kᵀ (numerically 
 bilinear, so scalar factors on either operand move out of it exactly in real arithmetic, whatever their
 signs; in floating point the result differs by rounding only. ``/ c`` counts as ``· 1/c``.
 
-Check: both factors are scalar constants (a tensor factor would scale rows/columns, not the product) that do
-not broadcast their operand to another shape. Only the two-sided form is rewritten: moving a one-sided scale
-onto the (larger, S×T) product would cost work unless an attention fusion absorbs it, and the attention rule
-already reads a scale on q or k directly.
+Pattern
+    ``matmul(a · ca | a / ca, b · cb | b / cb)``.
+Check
+    both factors are scalar constants (a tensor factor would scale rows/columns, not the product) that do
+    not broadcast their operand to another shape. Only the two-sided form is rewritten: moving a one-sided
+    scale onto the (larger, S×T) product would cost work unless an attention fusion absorbs it, and the
+    attention rule already reads a scale on q or k directly.
+Rewrite
+    ``matmul(a, b) · c`` with ``c`` the product of the two factors.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from ..rule import FusionRule, Match, Variant, scalar_value
+from ..graph import scalar_value
+from ..rule import FusionRule, Match, Variant
 
 
 class MergeSplitAttentionScale(FusionRule):

@@ -13,6 +13,14 @@ such as -10000 is *not* rewritten: a fully masked row would turn from uniform in
 The idiom is only rewritten under a softmax (that is where the additive form is the canonical one); the
 real exports' own masks (``scores + where(mask, 0, -inf)``, dynamo's ``where(mask, 0, -3.4e38)`` shared by
 all layers) are already additive and need nothing.
+
+Pattern
+    ``softmax(where(cond, s, NEG) [+ other])`` or ``softmax(where(cond, NEG, s) [+ other])``, ``s`` not a
+    constant.
+Check
+    ``cond`` is boolean; NEG is one value, -inf or <= -1e30; the select does not broadcast ``s``.
+Rewrite
+    ``softmax(s + where(cond, 0, NEG) [+ other])`` (or ``where(cond, NEG, 0)``), same softmax axis.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from ..rule import FusionRule, Match, Variant, uniform_value
+from ..graph import uniform_value
+from ..rule import FusionRule, Match, Variant
 
 #: a select value at or below this is "minus infinity" (see the module docstring)
 BIG_NEGATIVE = -1e30
@@ -68,4 +77,4 @@ class BoolMaskToAdditive(FusionRule):
         x = bb.emit(relax.op.add(m.arg("s"), bb.emit(add_mask)))
         if m.tag["extra"]:
             x = bb.emit(relax.op.add(x, m.arg("other")))
-        return relax.op.nn.softmax(x, axis=int(m._var2val[m.root_var].attrs.axis))
+        return relax.op.nn.softmax(x, axis=int(m.root_value.attrs.axis))

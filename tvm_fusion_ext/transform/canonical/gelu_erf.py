@@ -3,6 +3,7 @@
 Pattern: ``0.5 · x · (1 + erf(x / √2))`` with the erf argument written ``x / √2`` or ``x · (1/√2)``, and the
 three multiply orders of :func:`half_x_products` (torch's legacy exporter and the dynamo exporter differ here).
 Check: every constant has its exact value (to the rounding of its dtype) and none broadcasts ``x``.
+Rewrite: ``gelu(x)``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Pattern: ``0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))`` with ``x³`` written ``x ** 3`` (HF
 ``NewGELUActivation``) or ``x · x · x`` (torch's legacy exporter), or the factored tanh argument
 ``x · √(2/π) · (1 + 0.044715 · x · x)`` (HF ``FastGELUActivation``), in the three multiply orders of
-:func:`half_x_products`. Check: every constant has its exact value and none broadcasts ``x``.
+:func:`half_x_products`.
+Check: every constant has its exact value and none broadcasts ``x``.
+Rewrite: ``gelu_tanh(x)``.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ Pattern (what TVM's ONNX importer makes of an opset < 17 export)::
 largest match wins; without gamma/beta the replacement gets ones/zeros.
 Check: both means reduce exactly the last axis and keep it; the exponent is 2; eps is a positive scalar;
 gamma/beta hold one value per feature (shape ``[N]``, leading 1s allowed).
+Rewrite: ``layer_norm(x, gamma, beta, axes=[-1], epsilon=eps)``.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from typing import List, Optional
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
+from ..graph import const_value, format_dims, is_constant, same_dim
 from ..rule import FusionRule, Match, Variant
 from ._elementwise import check_keeps_type, first_reason
 
@@ -119,31 +120,18 @@ def _per_feature(m: Match, name: str) -> Optional[str]:
         return f"{name} is {ty.dtype}, x is {m['x'].ty.dtype}"
     dims = list(ty.shape.values)
     ok = (0 < len(dims) <= len(x_shape.values)
-          and _same_dim(dims[-1], x_shape[-1])
-          and all(_same_dim(d, 1) for d in dims[:-1]))
+          and same_dim(dims[-1], x_shape[-1])
+          and all(same_dim(d, 1) for d in dims[:-1]))
     if not ok:
-        return f"{name} has shape {_dims(dims)}, expected {_dims([x_shape[-1]])} (one value per feature)"
+        return f"{name} has shape {format_dims(dims)}, expected {format_dims([x_shape[-1]])} (one value per feature)"
     return None
-
-
-def _dims(dims) -> str:
-    return "[" + ", ".join(str(int(d)) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in dims) + "]"
-
-
-def _same_dim(a, b) -> bool:
-    if isinstance(a, int) or isinstance(b, int) or isinstance(a, tvm.tirx.IntImm) or isinstance(b, tvm.tirx.IntImm):
-        try:
-            return int(a) == int(b)
-        except (TypeError, ValueError):
-            return False
-    return tvm_ffi.structural_equal(a, b)
 
 
 def _as_vector(e: relax.Expr, n) -> relax.Expr:
     if e.ty.ndim == 1:
         return e
-    if isinstance(e, tvm.ir.GenericConst):  # keep weights constant for later rules and FoldConstant-free builds
-        return relax.const(e.value.numpy().reshape(-1))
+    if is_constant(e):  # keep weights constant for later rules and FoldConstant-free builds
+        return relax.const(const_value(e).reshape(-1))
     return relax.op.reshape(e, [n])
 
 

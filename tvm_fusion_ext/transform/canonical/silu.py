@@ -2,6 +2,8 @@
 
 Pattern: a multiply whose operands are ``x`` and ``sigmoid`` of the very same ``x`` (either order: dpl matches
 ``relax.multiply`` commutatively). ``x · sigmoid(y)`` is a gate (GLU-style), not SiLU, and does not match.
+Check: the product keeps ``x``'s type.
+Rewrite: ``silu(x)``.
 """
 
 from __future__ import annotations

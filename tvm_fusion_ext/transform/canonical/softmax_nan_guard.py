@@ -15,6 +15,14 @@ defines a row with no visible key as 0, the guard's own answer.
 
 The walk is conservative: an op not known to keep finite values finite (exp, log, division by a
 non-constant, ...) counts as "may carry -inf".
+
+Pattern
+    ``where(isnan(p), zero, p)``.
+Check
+    ``p`` is a softmax, ``zero`` the constant 0 without broadcasting ``p``, and the softmax input cannot hold
+    -inf (:func:`may_be_nonfinite`).
+Rewrite
+    ``p``.
 """
 
 from __future__ import annotations
@@ -22,12 +30,12 @@ from __future__ import annotations
 from typing import List, Optional
 
 import numpy as np
-import tvm
 import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from ..rule import FusionRule, Match, Variant, const_value, scalar_value
+from ..graph import FunctionGraph, const_value, is_constant, op_name, scalar_value
+from ..rule import FusionRule, Match, Variant
 
 # ops whose output is finite when their inputs are (up to overflow, which the contract above excludes)
 _TRANSPARENT = {
@@ -44,10 +52,9 @@ _ACTIVATION = {
 _MAX_DEPTH = 32
 
 
-def may_be_nonfinite(e: relax.Expr, var2val: dict, depth: int = 0) -> bool:
+def may_be_nonfinite(e: relax.Expr, graph: FunctionGraph, depth: int = 0) -> bool:
     """Conservative: True unless ``e`` is provably free of -inf/+inf/NaN under the finite-activation contract."""
-    while isinstance(e, relax.Var) and e in var2val:
-        e = var2val[e]
+    e = graph.value(e)
     ty = getattr(e, "ty", None)
     if isinstance(ty, relax.TensorType) and ty.dtype is not None:
         dtype = str(ty.dtype)
@@ -55,21 +62,21 @@ def may_be_nonfinite(e: relax.Expr, var2val: dict, depth: int = 0) -> bool:
             return False
     if isinstance(e, relax.Var):
         return True  # a float function input reached without an activation op: a mask, may hold -inf
-    if isinstance(e, tvm.ir.GenericConst):
+    if is_constant(e):
         v = const_value(e)
         return not (v.dtype == bool or not np.issubdtype(v.dtype, np.floating) or np.isfinite(v).all())
     if isinstance(e, relax.ShapeExpr) or not isinstance(e, relax.Expr):
         return False
-    if not isinstance(e, relax.Call) or not isinstance(e.op, tvm.ir.Op) or depth > _MAX_DEPTH:
+    name = op_name(e)
+    if name is None or depth > _MAX_DEPTH:
         return True
-    name = e.op.name
     if name in _ACTIVATION:
         return False
     if name == "relax.divide":
-        c = scalar_value(e.args[1] if not isinstance(e.args[1], relax.Var) else var2val.get(e.args[1]))
-        return c is None or c == 0 or may_be_nonfinite(e.args[0], var2val, depth + 1)
+        c = scalar_value(graph.value(e.args[1]))
+        return c is None or c == 0 or may_be_nonfinite(e.args[0], graph, depth + 1)
     if name in _TRANSPARENT:
-        return any(may_be_nonfinite(a, var2val, depth + 1) for a in e.args
+        return any(may_be_nonfinite(a, graph, depth + 1) for a in e.args
                    if isinstance(a, relax.Expr) and not isinstance(a, relax.ShapeExpr))
     return True
 
@@ -85,13 +92,13 @@ class DropSoftmaxNanGuard(FusionRule):
 
     def check(self, m: Match) -> Optional[str]:
         sm = m.value("p")
-        if not (isinstance(sm, relax.Call) and isinstance(sm.op, tvm.ir.Op) and sm.op.name == "relax.nn.softmax"):
+        if op_name(sm) != "relax.nn.softmax":
             return "the guarded tensor is not a softmax"
         if m.scalar("zero") != 0.0:
             return "the guard's replacement is not the constant 0"
         if not tvm_ffi.structural_equal(m.root_var.ty, m["p"].ty):
             return "the guard's 0 broadcasts the probabilities"
-        if may_be_nonfinite(sm.args[0], m._var2val):
+        if may_be_nonfinite(sm.args[0], m.graph):
             return "the softmax input may hold -inf (a -inf mask): fully masked rows need the guard"
         return None
 

@@ -1,0 +1,143 @@
+"""What the attention rule needs to know about an additive mask: its value when it is built from constants,
+whether that value is the causal mask, and an equivalent at the size it varies over.
+
+Exporters build key-padding masks as ``[B, 1, S, T]`` tensors (legacy: ``where(broadcast_to(m), 0, -inf)``
+per layer; dynamo: ``logical_and(ones[1,1,S,T], gather_nd(...)[B,1,1,T])`` once). The fused attention operator
+broadcasts its mask itself, so the same meaning is carried by the un-broadcast operands: :func:`compact_mask`
+peels ``broadcast_to``, shrinks constants along axes where they are uniform, and rebuilds the elementwise ops
+on the smaller operands. Anything else is kept as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .graph import FunctionGraph, const_value, numel, op_name, static_shape
+
+#: masks at or below this are "minus infinity" for detecting a causal mask: exp(s + m - max) underflows to
+#: exactly 0 in any float type, and s + m == m in fp32 for |s| < 1e22, so the op's -inf is the same thing
+CAUSAL_NEG = -1e30
+
+_CONST_EVAL_DEPTH = 8
+_COMPACT_DEPTH = 16
+
+_BINARY = {"relax.add": np.add, "relax.multiply": np.multiply, "relax.subtract": np.subtract,
+           "relax.logical_and": np.logical_and, "relax.logical_or": np.logical_or}
+
+# ops whose result is the broadcast of their operands, element by element
+_ELEMENTWISE = {
+    "relax.where", "relax.logical_and", "relax.logical_or", "relax.logical_not", "relax.add", "relax.subtract",
+    "relax.multiply", "relax.divide", "relax.negative", "relax.astype", "relax.equal", "relax.not_equal",
+    "relax.less", "relax.less_equal", "relax.greater", "relax.greater_equal",
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# value
+# ---------------------------------------------------------------------------------------------------
+
+def const_eval(e: relax.Expr, graph: FunctionGraph, depth: int = 0) -> Optional[np.ndarray]:
+    """Value of an expression computed from constants only (the masks exporters build), else None."""
+    e = graph.value(e)
+    value = const_value(e)
+    if value is not None:
+        return value
+    op = op_name(e)
+    if depth > _CONST_EVAL_DEPTH or op is None:
+        return None
+
+    def arg(i):
+        return const_eval(e.args[i], graph, depth + 1)
+
+    if op == "relax.where":
+        args = [arg(i) for i in range(3)]
+        return None if any(a is None for a in args) else np.where(*args)
+    if op == "relax.astype":
+        a = arg(0)
+        return None if a is None else a.astype(str(e.attrs.dtype))
+    if op in ("relax.tril", "relax.triu"):
+        a, k = arg(0), e.args[1]
+        if a is None or not isinstance(k, tvm.tirx.IntImm):
+            return None
+        return (np.tril if op == "relax.tril" else np.triu)(a, int(k.value))
+    if op in ("relax.reshape", "relax.broadcast_to"):
+        a, shape = arg(0), static_shape(e)
+        if a is None or shape is None:
+            return None
+        return a.reshape(shape) if op == "relax.reshape" else np.broadcast_to(a, shape)
+    if op in _BINARY:
+        a, b = arg(0), arg(1)
+        if a is None or b is None:
+            return None
+        with np.errstate(all="ignore"):
+            return _BINARY[op](a, b)
+    if op == "relax.logical_not":
+        a = arg(0)
+        return None if a is None else np.logical_not(a)
+    return None
+
+
+def is_causal_mask(value: np.ndarray, s: int, t: int) -> bool:
+    """``value`` (broadcast right-aligned to (…, s, t)) is 0 on visible keys, <= CAUSAL_NEG on hidden ones,
+    with the operator's convention: key j is visible to query i iff j <= i + t - s."""
+    if value.ndim < 2 or tuple(value.shape[-2:]) != (s, t) or not np.issubdtype(value.dtype, np.floating):
+        return False
+    hidden = np.arange(t)[None, :] > np.arange(s)[:, None] + (t - s)
+    flat = value.reshape(-1, s, t)
+    return bool(np.all(flat[:, ~hidden] == 0) and np.all(flat[:, hidden] <= CAUSAL_NEG))
+
+
+# ---------------------------------------------------------------------------------------------------
+# compaction
+# ---------------------------------------------------------------------------------------------------
+
+def compact_mask(expr: relax.Expr, graph: FunctionGraph, remap: Callable[[relax.Expr], relax.Expr],
+                 bb: relax.BlockBuilder) -> relax.Expr:
+    """An expression that broadcasts to ``expr`` (original graph) and is no larger, in the rebuilt graph."""
+    small = _compact(expr, graph, remap, bb, depth=0)
+    return small if small is not None else remap(expr)
+
+
+def _smallest_constant(arr: np.ndarray) -> np.ndarray:
+    for axis in range(arr.ndim):
+        first = np.take(arr, [0], axis=axis)
+        if arr.shape[axis] > 1 and np.array_equal(arr, np.broadcast_to(first, arr.shape),
+                                                  equal_nan=arr.dtype.kind == "f"):
+            arr = first
+    while arr.ndim > 0 and arr.shape[0] == 1:
+        arr = arr.reshape(arr.shape[1:])
+    return arr
+
+
+def _compact(expr, graph, remap, bb, depth) -> Optional[relax.Expr]:
+    """Smaller equivalent of ``expr`` or None when it cannot be made smaller."""
+    if depth > _COMPACT_DEPTH:
+        return None
+    value = graph.value(expr)
+    arr = const_value(value)
+    if arr is not None:
+        small = _smallest_constant(arr)
+        return relax.const(small, str(arr.dtype)) if small.size < arr.size else None
+    op = op_name(value)
+    if op == "relax.broadcast_to":
+        inner = value.args[0]
+        small = _compact(inner, graph, remap, bb, depth + 1)
+        return small if small is not None else remap(inner)
+    if op not in _ELEMENTWISE:
+        return None
+    args, changed = [], False
+    for a in value.args:
+        small = _compact(a, graph, remap, bb, depth + 1)
+        changed |= small is not None
+        args.append(small if small is not None else remap(a))
+    if not changed:
+        return None
+    new = bb.normalize(relax.Call(value.op, args, value.attrs, value.ty_args))
+    new_size, old_size = numel(static_shape(new)), numel(static_shape(value))
+    if new_size is None or old_size is None or new_size >= old_size:
+        return None
+    return bb.emit(new, name_hint="mask")
