@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 from ..fileio import atomic_write
-from .common import add_model_args, load_npz, shapes_arg
+from .common import add_model_args, load_model_arg, load_npz
 
 
 def cmd_run(args) -> int:
     import numpy as np
 
     from ..deploy.io import check_inputs
-    from ..frontend import input_specs, load_onnx
+    from ..dims import shape_bounds
+    from ..frontend import input_specs
     from ..runtime import CompiledModel
     from ..targets import resolve_target
 
     inputs = load_npz(args.inputs)
     target = resolve_target(args.target)
-    mod = load_onnx(args.model, shapes=shapes_arg(args))
-    check_inputs(input_specs(mod), inputs, args.model)  # before the build: bad inputs fail in a second
+    mod = load_model_arg(args)
+    check_inputs(input_specs(mod), inputs, args.model, shape_bounds(mod))  # before the build: bad inputs fail in a second
     model = CompiledModel.from_module(mod, target, logs=args.logs, fuse=not args.no_fusion, label=args.model)
     if args.logs is not None:
         print(model.compiled.records_note)

@@ -5,28 +5,45 @@ numpy only."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 from ..errors import InputError
 
 
-def check_inputs(specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray], label: str = "model") -> List[np.ndarray]:
+def check_inputs(specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray], label: str = "model",
+                 bounds: Optional[Mapping[str, Tuple[int, int]]] = None) -> List[np.ndarray]:
     """Arrays in parameter order, or an InputError naming the first problem (before anything is built or run).
 
-    ``specs`` maps each input name to ``(shape, dtype)``."""
+    ``specs`` maps each input name to ``(shape, dtype)``; a dim of ``shape`` is an ``int`` (static) or the name of
+    a symbolic dim, which must take the same value in every input and lie within ``bounds[name]``
+    (``(lower, upper)``, inclusive)."""
     unknown = [n for n in inputs if n not in specs]  # first: a misspelt name explains the missing one
     if unknown:
         raise InputError(f"{label}: unknown input '{unknown[0]}' (expected {list(specs)})")
     missing = [n for n in specs if n not in inputs]
     if missing:
         raise InputError(f"{label}: missing input '{missing[0]}' (expected {list(specs)})")
+    bounds = bounds or {}
+    seen: Dict[str, Tuple[int, str]] = {}  # dim name -> (value, the input that fixed it)
     arrays = []
     for name, (shape, dtype) in specs.items():
         a = np.asarray(inputs[name])
-        if tuple(a.shape) != tuple(shape):
-            raise InputError(f"{label}: input '{name}' has shape {list(a.shape)}, the model was built for {list(shape)}")
+        if a.ndim != len(shape) or any(isinstance(d, int) and d != n for d, n in zip(shape, a.shape)):
+            raise InputError(f"{label}: input '{name}' has shape {list(a.shape)}, the model was built for "
+                             f"{list(shape)}")
+        for axis, (d, n) in enumerate(zip(shape, a.shape)):
+            if isinstance(d, int):
+                continue
+            if d in seen and seen[d][0] != n:
+                raise InputError(f"{label}: input '{name}' dim {axis} ({d}) is {n}, but input '{seen[d][1]}' has "
+                                 f"{d} = {seen[d][0]}")
+            seen.setdefault(d, (int(n), name))
+            low, high = bounds.get(d, (1, None))
+            if n < low or (high is not None and n > high):
+                raise InputError(f"{label}: input '{name}' dim {axis} ({d}) is {n}, outside the range the model "
+                                 f"was compiled for ({low}..{high})")
         if str(a.dtype) != dtype:
             raise InputError(f"{label}: input '{name}' has dtype {a.dtype}, expected {dtype}")
         arrays.append(np.ascontiguousarray(a).reshape(a.shape))  # 0-d stays 0-d

@@ -77,7 +77,8 @@ def _make(name: str, input_types: Dict[str, relax.TensorType], params: dict):
     placeholders = {}
     for n in present:
         ty = input_types[n]
-        shape = [int(d) for d in ty.shape.values]
+        # symbolic dims (batch, sequence) stay TIR variables: the PrimFunc binds them from its buffers' shapes
+        shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in ty.shape.values]
         placeholders[n] = te.placeholder(shape, str(ty.dtype), name=n)
     out = spec.compute(**placeholders, **params)
     func = te.create_prim_func([placeholders[n] for n in present] + [out])
@@ -90,7 +91,7 @@ def _make(name: str, input_types: Dict[str, relax.TensorType], params: dict):
     func = func.without_attr("global_symbol") if "global_symbol" in func.attrs else func
     for k, v in attrs.items():
         func = func.with_attr(k, v)
-    out_ty = relax.TensorType([int(d) for d in out.shape], str(out.dtype))
+    out_ty = relax.TensorType([int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in out.shape], str(out.dtype))
     return func, out_ty
 
 
