@@ -10,6 +10,7 @@ from .canonicalize import Canonicalize
 from .dense import FuseMatmulBiasActivation
 from .layernorm import FuseBiasResidualLayerNorm
 from .qkv import FuseQKVProjection
+from .rope import FuseRotaryEmbedding
 from .shape_computations import ResolveShapeComputations
 
 
@@ -23,6 +24,7 @@ def SemanticFusion() -> tvm.transform.Pass:  # noqa: N802
             relax.transform.CanonicalizeBindings(),
             Canonicalize(),
             FuseQKVProjection(),
+            FuseRotaryEmbedding(),
             FuseMultiHeadAttention(),
             FuseMatmulBiasActivation(),
             FuseBiasResidualLayerNorm(),
