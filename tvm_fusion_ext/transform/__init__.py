@@ -11,6 +11,7 @@ _EXPORTS = {
     "FuseMatmulBiasActivation": ".dense",
     "FuseMultiHeadAttention": ".attention",
     "FuseQKVProjection": ".qkv",
+    "FuseRMSNorm": ".rmsnorm",
     "FuseRotaryEmbedding": ".rope",
     "ResolveShapeComputations": ".shape_computations",
     "SemanticFusion": ".pipeline",

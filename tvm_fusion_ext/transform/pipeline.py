@@ -10,6 +10,7 @@ from .canonicalize import Canonicalize
 from .dense import FuseMatmulBiasActivation
 from .layernorm import FuseBiasResidualLayerNorm
 from .qkv import FuseQKVProjection
+from .rmsnorm import FuseRMSNorm
 from .rope import FuseRotaryEmbedding
 from .shape_computations import ResolveShapeComputations
 
@@ -28,6 +29,7 @@ def SemanticFusion() -> tvm.transform.Pass:  # noqa: N802
             FuseMultiHeadAttention(),
             FuseMatmulBiasActivation(),
             FuseBiasResidualLayerNorm(),
+            FuseRMSNorm(),
         ],
         name="tfx.SemanticFusion",
     )
