@@ -28,14 +28,17 @@ def _dense_func(m=16, k=32, n=24):
     return make_prim_func("fused_dense", types, {"act": "relu", "transpose_b": False})
 
 
+_OPERATOR_RULES = ("tfx.dense", "tfx.attention", "tfx.layernorm", "tfx.rmsnorm")
+
+
 def test_one_template_per_operator_and_family():
     table = registered()
     for family in ("cpu", "cuda"):
-        for rule in ("tfx.dense", "tfx.attention", "tfx.layernorm"):
+        for rule in _OPERATOR_RULES:
             template = table[(rule, family)]
             assert isinstance(template, ScheduleRule) and template.family == family and template.block_rule == rule
-    assert [t.family for t in template_rules(CPU)] == ["cpu"] * 3
-    assert [t.family for t in template_rules(CUDA)] == ["cuda"] * 3
+    assert [t.family for t in template_rules(CPU)] == ["cpu"] * len(_OPERATOR_RULES)
+    assert [t.family for t in template_rules(CUDA)] == ["cuda"] * len(_OPERATOR_RULES)
 
 
 def test_template_applies_only_to_its_block_and_family():
