@@ -175,22 +175,38 @@ def _dynamic_model(dim=("batch", "seq")):
     return _model(nodes, [_vi("x", TP.FLOAT, [dim[0], dim[1], 8])], [_vi("y", TP.FLOAT, [dim[0], dim[1], 8])], [w])
 
 
-def test_dynamic_dims_need_shapes(run_llvm, run_ort):
+def test_dynamic_dims_import_symbolic(run_ort):
+    """Dynamic dims stay symbolic (one variable per dim_param), bounded; one build serves every size."""
+    from tvm_fusion_ext.dims import shape_bounds
+    from tvm_fusion_ext.runtime import CompiledModel
+
     m = _dynamic_model()
-    msg = _load_error(m, "input 'x' has dynamic dimension 'batch' (dim 0); pass shapes=")
-    assert msg.startswith("ONNX model 'g': ")
-    mod = load_onnx(m, shapes={"x": [2, 5, 8]})
-    assert input_specs(mod) == {"x": ((2, 5, 8), "float32")}
-    x = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
-    np.testing.assert_allclose(run_llvm(mod, {"x": x})[0], run_ort(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    mod = load_onnx(m)
+    assert input_specs(mod) == {"x": (("batch", "seq", 8), "float32")}
+    assert shape_bounds(mod) == {"batch": (1, 64), "seq": (1, 512)}  # leading axis: a batch; others: a sequence
+    model = CompiledModel.from_module(mod, fuse=False)
+    for shape in ((2, 5, 8), (1, 17, 8)):
+        x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(model.run({"x": x})["y"], run_ort(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(InputError, match=r"input 'x' dim 1 \(seq\) is 600, outside the range .* \(1\.\.512\)"):
+        model.run({"x": np.zeros((1, 600, 8), np.float32)})
+    # shapes= still pins dims for a static build
+    assert input_specs(load_onnx(m, shapes={"x": [2, 5, 8]})) == {"x": ((2, 5, 8), "float32")}
 
 
-def test_dynamic_dim_named_in_file_error(tmp_path):
-    p = tmp_path / "dyn.onnx"
-    onnx.save(_dynamic_model(dim=(1, "seq")), p)
-    _load_error(p, f"{p}: input 'x' has dynamic dimension 'seq' (dim 1); pass shapes=")
-    # dim_value 0 / absent is as dynamic as a named one
-    _load_error(_dynamic_model(dim=(1, None)), "input 'x' has dynamic dimension '?' (dim 1)")
+def test_dynamic_dim_names_and_bounds():
+    from tvm_fusion_ext.dims import shape_bounds
+
+    # dim_value 0 / absent is as dynamic as a named one, and gets its own variable
+    mod = load_onnx(_dynamic_model(dim=(1, None)))
+    assert input_specs(mod) == {"x": ((1, "x_dim1", 8), "float32")}
+    mod = load_onnx(_dynamic_model(dim=("batch size", "seq")), max_shapes={"x": [4, 256, 8]})
+    assert shape_bounds(mod) == {"batch_size": (1, 4), "seq": (1, 256)}
+    m = _dynamic_model()
+    _load_error(m, ["max shapes name unknown input 'y'"], InputError, max_shapes={"y": [1, 2, 8]})
+    _load_error(m, ["input 'x' dim 2 is fixed to 8", "max shape gives 9"], InputError, max_shapes={"x": [1, 2, 9]})
+    _load_error(m, ["rank 2", "input 'x'"], InputError, max_shapes={"x": [1, 2]})
+    _load_error(_dynamic_model(dim=(1, 4)), "no input dim is dynamic", InputError, max_shapes={"x": [1, 4, 8]})
 
 
 def test_shapes_argument_errors():

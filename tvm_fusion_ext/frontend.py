@@ -4,8 +4,8 @@ What this adds over ``tvm.relax.frontend.onnx.from_onnx``:
 
 * files are read here, external data (dynamo exports write ``<model>.onnx.data``) is resolved relative to the
   model file, and missing / truncated / non-ONNX files become a :class:`ModelLoadError` naming the file;
-* every graph input must end up with a static shape: symbolic dims (``dim_param``, ``0`` or ``-1``) need
-  ``shapes=``; otherwise the error names the input and the dim;
+* dynamic input dims (``dim_param``, ``0`` or ``-1``) become symbolic TIR variables with upper bounds, or are
+  pinned by ``shapes=`` (see :mod:`.dims`);
 * ops TVM cannot import are refused before importing, naming op type and node; a failure inside a converter is
   reported naming the node instead of a raw TVM traceback;
 * legacy-exporter graphs (``torch.onnx.export(..., dynamo=False)``) import despite TVM 0.27's
@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .dims import infer_bounds, input_dims, with_bounds
 from .errors import InputError, ModelLoadError
 
 ONNX_INPUT_NAMES_ATTR = "onnx_input_names"
@@ -45,13 +46,16 @@ _DIRECT_OPS = {"If", "Constant"}
 # public API
 # --------------------------------------------------------------------------------------------------------------
 def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
-              dtypes: Mapping[str, str] | None = None, opset: int | None = None):
-    """Import an ONNX model (path or ``onnx.ModelProto``) as a Relax ``IRModule`` with static input shapes.
+              dtypes: Mapping[str, str] | None = None, opset: int | None = None,
+              max_shapes: Mapping[str, Sequence[int]] | None = None):
+    """Import an ONNX model (path or ``onnx.ModelProto``) as a Relax ``IRModule``; weights become constants.
 
-    ``shapes`` fixes input dims by ONNX input name (required for symbolic dims; a dim the model fixes cannot be
-    changed, since static exports bake it into Reshape constants). ``dtypes`` overrides input element types;
-    ``opset`` overrides the model's opset. Weights become constants. Raises :class:`ModelLoadError` for the
-    model, :class:`InputError` for bad ``shapes``/``dtypes``; both carry a one-line message.
+    Dynamic input dims stay symbolic (one TIR variable per ONNX ``dim_param``, see :mod:`.dims`), each with an
+    upper bound: from ``max_shapes`` (by ONNX input name, like ``shapes``), from the graph, or a default.
+    ``shapes`` pins dims by ONNX input name instead (a static build; a dim the model fixes cannot be changed,
+    since static exports bake it into Reshape constants). ``dtypes`` overrides input element types; ``opset``
+    overrides the model's opset. Raises :class:`ModelLoadError` for the model, :class:`InputError` for bad
+    ``shapes``/``max_shapes``/``dtypes``; both carry a one-line message.
     """
     import onnx
 
@@ -62,7 +66,7 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
     graph = proto.graph
     init_names = {t.name for t in graph.initializer}
     graph_inputs = [i for i in graph.input if i.name not in init_names]
-    shape_dict = _static_shapes(graph_inputs, shapes, label)
+    shape_dict, dim_vars = input_dims(graph_inputs, shapes, label)
     dtype_dict = _check_dtypes(graph_inputs, dtypes, label)
     _check_ops(graph, label)
     mod = _import(proto, label, shape_dict, dtype_dict, opset)
@@ -71,10 +75,15 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
     n_in = len(graph_inputs)
     if len(main.params) != n_in:  # defensive: the importer's param order is what the attr below relies on
         raise ModelLoadError(f"{label}: imported 'main' has {len(main.params)} parameters for {n_in} graph inputs")
-    mod["main"] = main.with_attrs({
+    main = main.with_attrs({
         ONNX_INPUT_NAMES_ATTR: [i.name for i in graph_inputs],
         ONNX_OUTPUT_NAMES_ATTR: [o.name for o in graph.output],
     })
+    if dim_vars:
+        main = with_bounds(main, infer_bounds(mod, dim_vars, graph_inputs, max_shapes, label))
+    elif max_shapes:
+        raise InputError(f"{label}: max shapes given, but no input dim is dynamic")
+    mod["main"] = main
     return mod
 
 
@@ -98,13 +107,17 @@ def output_names(mod) -> list[str]:
     return [f"output_{i}" for i in range(n)]
 
 
-def input_specs(mod) -> dict[str, tuple[tuple[int, ...], str]]:
-    """``{onnx_input_name: (static shape, dtype)}`` for ``mod["main"]``'s parameters, in parameter order."""
+def input_specs(mod) -> dict[str, tuple[tuple, str]]:
+    """``{onnx_input_name: (shape, dtype)}`` for ``mod["main"]``'s parameters, in parameter order. A static dim is
+    an ``int``, a symbolic one the name of its variable (``"batch"``); :func:`~.dims.shape_bounds` bounds those."""
+    from tvm import tirx
+
     main = _main(mod)
     specs = {}
     for name, param in zip(input_names(mod), main.params):
         ty = param.ty
-        specs[name] = (tuple(int(d) for d in ty.shape.values), str(ty.dtype))
+        dims = tuple(int(d) if isinstance(d, tirx.IntImm) else str(d) for d in ty.shape.values)
+        specs[name] = (dims, str(ty.dtype))
     return specs
 
 
@@ -207,59 +220,6 @@ def _check_is_model(proto, label):
 # --------------------------------------------------------------------------------------------------------------
 # checks before importing
 # --------------------------------------------------------------------------------------------------------------
-def _static_shapes(graph_inputs, shapes, label) -> dict[str, list[int]]:
-    shapes = dict(shapes or {})
-    known = [i.name for i in graph_inputs]
-    for name in shapes:
-        if name not in known:
-            raise InputError(f"{label}: shapes names unknown input {name!r}; model inputs are: {', '.join(known)}")
-    out = {}
-    for vi in graph_inputs:
-        name = vi.name
-        if not vi.type.HasField("tensor_type"):
-            raise ModelLoadError(f"{label}: input {name!r} is not a tensor (only tensor inputs are supported)")
-        tt = vi.type.tensor_type
-        declared = None
-        if tt.HasField("shape"):
-            declared = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
-                        else (d.dim_param or "?") for d in tt.shape.dim]
-        if name in shapes:
-            given = [_as_dim(d, name, label) for d in shapes[name]]
-            if declared is not None:
-                if len(given) != len(declared):
-                    raise InputError(f"{label}: shape {given} for input {name!r} has rank {len(given)} but the "
-                                     f"model declares rank {len(declared)} {declared}")
-                for k, (g, d) in enumerate(zip(given, declared)):
-                    if isinstance(d, int) and g != d:
-                        # Static exports bake sizes into Reshape constants: a different size cannot work.
-                        raise InputError(f"{label}: input {name!r} dim {k} is fixed to {d} in the model; "
-                                         f"shapes gives {g}")
-            out[name] = given
-            continue
-        if declared is None:
-            raise ModelLoadError(f"{label}: input {name!r} has unknown rank; pass shapes=... "
-                                 f"e.g. {{{name!r}: [1, 128]}}")
-        for k, d in enumerate(declared):
-            if not isinstance(d, int):
-                dims = [str(x) if isinstance(x, int) else f"<{x if x != '?' else 'dim' + str(j)}>"
-                        for j, x in enumerate(declared)]
-                raise ModelLoadError(f"{label}: input {name!r} has dynamic dimension {d!r} (dim {k}); pass "
-                                     f"shapes=... e.g. shapes={{{name!r}: [{', '.join(dims)}]}} "
-                                     f"(CLI form {name}:{'x'.join(dims)})")
-        out[name] = list(declared)
-    return out
-
-
-def _as_dim(d, name, label) -> int:
-    try:
-        v = int(d)
-    except (TypeError, ValueError):
-        raise InputError(f"{label}: shape of input {name!r} has non-integer dimension {d!r}") from None
-    if v <= 0 or v != d:
-        raise InputError(f"{label}: shape of input {name!r} has invalid dimension {d!r} (must be a positive integer)")
-    return v
-
-
 def _check_dtypes(graph_inputs, dtypes, label) -> dict[str, str]:
     from tvm.relax.frontend.onnx.onnx_frontend import get_type
 
@@ -290,6 +250,7 @@ def _convert_map() -> dict[str, Any]:
 
     cmap = dict(onnx_frontend._get_convert_map())
     cmap["ConstantOfShape"] = _constant_of_shape_class()
+    cmap["Expand"] = _expand_class()
     return cmap
 
 
@@ -379,6 +340,46 @@ def _constant_of_shape_class():
 
     _CLASSES["ConstantOfShape"] = _ConstantOfShape
     return _ConstantOfShape
+
+
+def _expand_class():
+    """``Expand`` to a shape computed at run time (a ``ShapeExpr`` with symbolic dims).
+
+    The stock converter decides whether the expansion is a no-op with ``target_shape == data_shape``, a Python
+    list comparison that asks ``bool()`` of a symbolic ``PrimExpr`` and raises as soon as a dim is symbolic
+    (every dynamic-axis export, and static builds of them, hit it). Same broadcasting rules, with the
+    comparison done structurally."""
+    if "Expand" in _CLASSES:
+        return _CLASSES["Expand"]
+    import tvm_ffi
+    from tvm import relax, tirx
+    from tvm.relax.frontend.onnx import onnx_frontend as of
+
+    class _Expand(of.Expand):
+        @classmethod
+        def _impl_v13(cls, bb, inputs, attr, params):
+            data, shape = inputs[0], inputs[1]
+            if not isinstance(shape, relax.ShapeExpr):
+                return super()._impl_v13(bb, inputs, attr, params)
+            data_shape = list(data.ty.shape.values)
+            target = list(shape.values)
+            if len(target) < len(data_shape):
+                target = data_shape[: len(data_shape) - len(target)] + target
+            data_shape = [tirx.IntImm("int64", 1)] * (len(target) - len(data_shape)) + data_shape
+            out = []
+            for want, have in zip(target, data_shape):
+                if isinstance(want, tirx.IntImm) and int(want) in (-1, 1):
+                    out.append(have)  # -1 keeps the input's dim; 1 never shrinks one (ONNX broadcasting)
+                elif isinstance(have, tirx.IntImm) and int(have) == 1:
+                    out.append(want)
+                else:
+                    out.append(want if not isinstance(have, tirx.IntImm) or isinstance(want, tirx.IntImm) else have)
+            same = len(out) == len(data.ty.shape.values) and all(
+                tvm_ffi.structural_equal(a, b) for a, b in zip(out, data.ty.shape.values))
+            return data if same else relax.op.broadcast_to(data, relax.ShapeExpr(out))
+
+    _CLASSES["Expand"] = _Expand
+    return _Expand
 
 
 def _importer_class():

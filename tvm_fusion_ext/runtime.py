@@ -15,7 +15,7 @@ class CompiledModel:
     """Executable + VM + the model's I/O contract (names, shapes, dtypes)."""
 
     def __init__(self, executable, target: tvm.target.Target, input_specs: Dict[str, tuple],
-                 output_names: List[str], label: str = "model", compiled=None):
+                 output_names: List[str], label: str = "model", compiled=None, bounds: Optional[dict] = None):
         from tvm import relax
 
         from .deploy.threads import configure_cpu_threads
@@ -25,6 +25,8 @@ class CompiledModel:
         self.input_specs = dict(input_specs)
         self.output_names = list(output_names)
         self.label = label
+        #: ``{symbolic dim: (lower, upper)}`` (empty for a static model)
+        self.bounds = dict(bounds or {})
         #: the :class:`~tvm_fusion_ext.compile.Compiled` it came from (fusion report, records used), if known
         self.compiled = compiled
         self.device = device_of(target)
@@ -37,10 +39,12 @@ class CompiledModel:
     def from_module(cls, mod: tvm.IRModule, target=None, logs: Optional[str] = None, fuse: bool = True,
                     label: str = "model", knobs: Optional[dict] = None) -> "CompiledModel":
         from .compile import compile_model
+        from .dims import shape_bounds
         from .frontend import input_specs, output_names
 
         compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs)
-        return cls(compiled.executable, compiled.target, input_specs(mod), output_names(mod), label, compiled)
+        return cls(compiled.executable, compiled.target, input_specs(mod), output_names(mod), label, compiled,
+                   shape_bounds(mod))
 
     @classmethod
     def from_onnx(cls, model, target=None, shapes=None, logs: Optional[str] = None, fuse: bool = True):
@@ -57,7 +61,7 @@ class CompiledModel:
 
     # -- inputs ---------------------------------------------------------------------------------------
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> List[np.ndarray]:
-        return check_inputs(self.input_specs, inputs, self.label)
+        return check_inputs(self.input_specs, inputs, self.label, self.bounds)
 
     # -- running --------------------------------------------------------------------------------------
     def _call(self, tensors):

@@ -56,3 +56,30 @@ def reseal(path, edit):
     edit(manifest)
     with open(file, "w") as f:
         json.dump(seal(manifest), f)
+
+
+def dynamic_onnx(path):
+    """An ONNX file with dynamic ``batch`` and ``seq`` dims shared by two inputs:
+    ``y = relu(x @ W + b) * mask[..., None]`` for ``x: float32[batch, seq, 8]``, ``mask: float32[batch, seq]``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 16)).astype("float32"), "W"),
+             numpy_helper.from_array(rng.standard_normal(16).astype("float32"), "b"),
+             numpy_helper.from_array(np.array([-1], np.int64), "last")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("Unsqueeze", ["mask", "last"], ["m3"]),
+             helper.make_node("Mul", ["r", "m3"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "dynamic", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8]),
+                           helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 16])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return str(path)
+
+
+def dynamic_feeds(batch, seq, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((batch, seq, 8)).astype("float32"),
+            "mask": (rng.random((batch, seq)) < 0.8).astype("float32")}

@@ -121,25 +121,26 @@ def test_unsupported_op_in_subprocess(tmp_path):
     _one_line_error(r.returncode, r.stderr, "com.example.FancyNorm")
 
 
-def test_dynamic_dims_need_shape_and_shape_fixes_it(tmp_path, capfd):
+def test_dynamic_dims_run_symbolic_and_bad_shape_flags(tmp_path, capfd):
     model, proto = _tiny_dynamic_model(tmp_path / "dyn.onnx")
     x = np.random.default_rng(2).standard_normal((2, 4)).astype("float32")
     np.savez(tmp_path / "x.npz", x=x)
     run = ["run", model, "--inputs", str(tmp_path / "x.npz"), "--output", str(tmp_path / "y.npz")]
-    _expect_error(capfd, run, "'x'", "dynamic", "batch", out_dir=tmp_path,
-                  label="dynamic dims without --shape")
-    line = _expect_error(capfd, ["fuse", model], "dynamic", label="dynamic dims without --shape (fuse)")
-    assert "x:" in line  # tells the CLI form to use
     for bad_shape, needle in (("y:2x4", "unknown input 'y'"), ("x:2", "rank"), ("x:2x5", "fixed to 4"),
                               ("x:0x4", "<= 0"), ("x=2x4", "bad shape item")):
         _expect_error(capfd, run + ["--shape", bad_shape], needle, out_dir=tmp_path,
                       label=f"--shape {bad_shape}")
-    # and --shape fixes it: the output equals onnxruntime's
-    assert main(run + ["--shape", "x:2x4"]) == 0
-    capfd.readouterr()
+    # a bound the input exceeds: refused before running, naming the input, the dim and the range
+    _expect_error(capfd, run + ["--max-shape", "x:1x4"], "'x'", "dim 0", "1..1", out_dir=tmp_path,
+                  label="--max-shape below the input")
+    _expect_error(capfd, run + ["--max-shape", "x:2x5"], "fixed to 4", out_dir=tmp_path, label="--max-shape rank")
     ort = pytest.importorskip("onnxruntime")
     ref = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], ref, rtol=1e-5, atol=1e-5)
+    # without --shape the dynamic dim stays symbolic; with it the build is static: both equal onnxruntime
+    for extra in ([], ["--shape", "x:2x4"]):
+        assert main(run + extra) == 0
+        capfd.readouterr()
+        np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], ref, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -9,15 +9,31 @@ from typing import Dict, List, Optional
 from ..errors import InputError
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="ONNX model file")
-    p.add_argument("--shape", help="static input shapes for dynamic dims, e.g. input_ids:1x128,attention_mask:1x128")
+def add_model_args(p: argparse.ArgumentParser, model_help: str = "ONNX model file") -> None:
+    p.add_argument("model", help=model_help)
+    p.add_argument("--shape", help="pin dynamic dims to a static build, e.g. input_ids:1x128,attention_mask:1x128 "
+                                   "(without it they stay symbolic)")
+    p.add_argument("--max-shape", help="upper bounds of the dynamic dims, same form as --shape (default: batch 64, "
+                                       "sequence the position table's length when the graph shows one, else 512)")
 
 
 def shapes_arg(args) -> Optional[Dict[str, List[int]]]:
     from ..frontend import parse_shape_arg
 
     return parse_shape_arg(args.shape) if getattr(args, "shape", None) else None
+
+
+def max_shapes_arg(args) -> Optional[Dict[str, List[int]]]:
+    from ..frontend import parse_shape_arg
+
+    return parse_shape_arg(args.max_shape) if getattr(args, "max_shape", None) else None
+
+
+def load_model_arg(args):
+    """``load_onnx`` of the command's MODEL with its --shape / --max-shape."""
+    from ..frontend import load_onnx
+
+    return load_onnx(args.model, shapes=shapes_arg(args), max_shapes=max_shapes_arg(args))
 
 
 def load_npz(path: str):

@@ -6,18 +6,16 @@ from __future__ import annotations
 import os
 import time
 
-from .common import add_model_args, shapes_arg
+from .common import add_model_args, max_shapes_arg, shapes_arg
 
 
 def cmd_compile(args) -> int:
     from ..compile.artifact import check_destination, compile_artifact
-    from ..frontend import parse_shape_arg
 
     check_destination(args.output)  # before minutes of compiling
-    max_shapes = parse_shape_arg(args.max_shape) if args.max_shape else None
     t0 = time.perf_counter()
     manifest = compile_artifact(args.model, args.output, target=args.target, logs=args.logs, shapes=shapes_arg(args),
-                                max_shapes=max_shapes, fuse_graph=not args.no_fusion)
+                                max_shapes=max_shapes_arg(args), fuse_graph=not args.no_fusion)
     print(describe(manifest, args.output, time.perf_counter() - t0))
     return 0
 
@@ -60,7 +58,5 @@ def add_parser(sub) -> None:
                    help="llvm (this CPU, default), llvm:CPU (an LLVM CPU name, e.g. llvm:x86-64-v3 to run on any "
                         "AVX2 machine), cuda or cuda:sm_80 / cuda:sm_90")
     p.add_argument("--logs", help="tuning-log directory (or a root of them) to apply")
-    p.add_argument("--max-shape", help="upper bounds of symbolic dims, same syntax as --shape, e.g. "
-                                       "input_ids:8x512,attention_mask:8x512")
     p.add_argument("--no-fusion", action="store_true", help="compile without the fusion passes")
     p.set_defaults(func=cmd_compile)

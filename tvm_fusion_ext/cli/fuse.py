@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 
-from .common import add_model_args, shapes_arg
+from .common import add_model_args, load_model_arg
 
 
 def cmd_fuse(args) -> int:
     from ..compile import fuse
-    from ..frontend import load_onnx
-
-    mod = load_onnx(args.model, shapes=shapes_arg(args))
+    mod = load_model_arg(args)
     _, report = fuse(mod)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

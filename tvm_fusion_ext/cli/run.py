@@ -6,17 +6,18 @@ from __future__ import annotations
 
 from ..errors import InputError
 from ..fileio import atomic_write
-from .common import load_npz
+from .common import add_model_args, load_npz
+
+#: flags that only mean something when compiling (what an artifact has done already)
+_COMPILE_FLAGS = (("--target", "target"), ("--logs", "logs"), ("--shape", "shape"), ("--max-shape", "max_shape"),
+                  ("--no-fusion", "no_fusion"))
 
 
 def cmd_run(args) -> int:
     from ..deploy.manifest import is_artifact
 
     inputs = load_npz(args.inputs)
-    if is_artifact(args.model):
-        outputs = _run_artifact(args, inputs)
-    else:
-        outputs = _run_onnx(args, inputs)
+    outputs = _run_artifact(args, inputs) if is_artifact(args.model) else _run_onnx(args, inputs)
     _write(args.output, outputs)
     return 0
 
@@ -24,8 +25,7 @@ def cmd_run(args) -> int:
 def _run_artifact(args, inputs):
     from ..deploy import load
 
-    given = [flag for flag, value in (("--target", args.target), ("--logs", args.logs), ("--shape", args.shape),
-                                      ("--no-fusion", args.no_fusion)) if value]
+    given = [flag for flag, attr in _COMPILE_FLAGS if getattr(args, attr)]
     if given:
         raise InputError(f"{given[0]} applies when compiling; {args.model} is an artifact, compiled already "
                          f"(recompile with `tvm-fusion compile ... {given[0]}`)")
@@ -34,14 +34,15 @@ def _run_artifact(args, inputs):
 
 def _run_onnx(args, inputs):
     from ..deploy.io import check_inputs
-    from ..frontend import input_specs, load_onnx
+    from ..dims import shape_bounds
+    from ..frontend import input_specs
     from ..runtime import CompiledModel
     from ..targets import resolve_target
-    from .common import shapes_arg
+    from .common import load_model_arg
 
     target = resolve_target(args.target or "llvm")
-    mod = load_onnx(args.model, shapes=shapes_arg(args))
-    check_inputs(input_specs(mod), inputs, args.model)  # before the build: bad inputs fail in a second
+    mod = load_model_arg(args)
+    check_inputs(input_specs(mod), inputs, args.model, shape_bounds(mod))  # before the build: bad inputs fail fast
     model = CompiledModel.from_module(mod, target, logs=args.logs, fuse=not args.no_fusion, label=args.model)
     if args.logs is not None:
         print(model.compiled.records_note)
@@ -60,11 +61,10 @@ def _write(path: str, outputs) -> None:
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run a model (ONNX file, built here, or artifact directory) on inputs from an "
                                    ".npz file")
-    p.add_argument("model", help="ONNX model file, or an artifact directory from `tvm-fusion compile`")
-    p.add_argument("--shape", help="ONNX only: static input shapes for dynamic dims, e.g. input_ids:1x128")
+    add_model_args(p, "ONNX model file, or an artifact directory from `tvm-fusion compile`")
     p.add_argument("--inputs", required=True, help=".npz with one array per ONNX input name")
     p.add_argument("--output", required=True, help=".npz to write, one array per ONNX output name")
-    p.add_argument("--target", help="ONNX only: llvm (default), cuda or cuda:sm_80 / cuda:sm_90")
-    p.add_argument("--logs", help="ONNX only: tuning-log directory to apply")
-    p.add_argument("--no-fusion", action="store_true", help="ONNX only: build without the fusion passes")
+    p.add_argument("--target", help="ONNX file only: llvm (default), cuda or cuda:sm_80 / cuda:sm_90")
+    p.add_argument("--logs", help="ONNX file only: tuning-log directory to apply")
+    p.add_argument("--no-fusion", action="store_true", help="ONNX file only: build without the fusion passes")
     p.set_defaults(func=cmd_run)

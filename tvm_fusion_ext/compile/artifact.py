@@ -9,7 +9,6 @@ at the end, so a failed or interrupted compile leaves no partial artifact, and a
 
 from __future__ import annotations
 
-import inspect
 import os
 import platform
 import shutil
@@ -23,7 +22,7 @@ from ..deploy import host
 from ..deploy.manifest import (FORMAT, FORMAT_VERSION, LIBRARY_FILE, MANIFEST_FILE, WEIGHTS_FILE, describe_file,
                                is_artifact, seal, sha256_of_file)
 from ..deploy.weights import ALIGNMENT, write_weights
-from ..errors import ArtifactError, InputError
+from ..errors import ArtifactError
 from ..targets import TargetInfo, TargetSpec
 from .pipeline import Compiled, compile_model
 
@@ -37,13 +36,7 @@ def compile_artifact(model, out: str, target: TargetSpec = None, logs: Optional[
     from ..frontend import load_onnx
 
     check_destination(out)
-    if max_shapes:
-        if "max_shapes" not in inspect.signature(load_onnx).parameters:
-            raise InputError("--max-shape needs symbolic-shape support in the ONNX frontend, which this version "
-                             "lacks: pin the dims with --shape instead")
-        mod = load_onnx(model, shapes=shapes, max_shapes=max_shapes)
-    else:
-        mod = load_onnx(model, shapes=shapes)
+    mod = load_onnx(model, shapes=shapes, max_shapes=max_shapes)
     compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse_graph, lift_weights=True)
     source = None
     if isinstance(model, (str, os.PathLike)):
@@ -180,18 +173,17 @@ def _dims(shape) -> list:
 
 
 def _bounds(mod: tvm.IRModule) -> dict:
-    """``{dim name: (lower, upper or None)}``: the frontend's ``shape_bounds`` when it has one, else ``main``'s
-    ``tir_var_lower_bound`` / ``tir_var_upper_bound`` attrs (TVM's own, which its memory planning reads)."""
-    from .. import frontend
+    """``{dim name: (lower, upper or None)}``: :func:`~tvm_fusion_ext.dims.shape_bounds` (from ``main``'s
+    ``tir_var_upper_bound``, TVM's own attr, which its memory planning reads), with ``tir_var_lower_bound``
+    when a module carries one."""
+    from ..dims import shape_bounds
 
-    if hasattr(frontend, "shape_bounds"):
-        return {str(k): (int(lo), None if hi is None else int(hi))
-                for k, (lo, hi) in frontend.shape_bounds(mod).items()}
+    bounds = dict(shape_bounds(mod))
     attrs = mod["main"].attrs
     lower = dict(attrs["tir_var_lower_bound"]) if attrs is not None and "tir_var_lower_bound" in attrs else {}
-    upper = dict(attrs["tir_var_upper_bound"]) if attrs is not None and "tir_var_upper_bound" in attrs else {}
-    return {str(k): (int(lower.get(k, 1)), None if k not in upper else int(upper[k]))
-            for k in set(lower) | set(upper)}
+    for name, low in lower.items():
+        bounds[str(name)] = (int(low), bounds.get(str(name), (1, None))[1])
+    return bounds
 
 
 def _records_entry(compiled: Compiled) -> dict:

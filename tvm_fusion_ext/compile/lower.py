@@ -108,9 +108,11 @@ def VectorisableMath(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: 
 def lower(mod: tvm.IRModule, target: TargetSpec = None) -> tvm.IRModule:
     """Relax (fused by SemanticFusion or not) -> Relax calling unscheduled TIR PrimFuncs, for ``target``."""
     from ..transform.safe_gather import ClampGatherIndices
+    from ..transform.shape_computations import ResolveShapeComputations
 
     target = resolve_target(target)
     passes = [
+        ResolveShapeComputations(),  # an unfused dynamic-axis export still needs its lengths tied to its inputs
         ClampGatherIndices(),  # a bad token id must not read past the embedding table
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),

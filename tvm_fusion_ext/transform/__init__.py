@@ -11,6 +11,7 @@ _EXPORTS = {
     "FuseMatmulBiasActivation": ".dense",
     "FuseMultiHeadAttention": ".attention",
     "FuseQKVProjection": ".qkv",
+    "ResolveShapeComputations": ".shape_computations",
     "SemanticFusion": ".pipeline",
     "FusionReport": ".report",
     "Found": ".rule",

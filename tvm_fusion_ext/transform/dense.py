@@ -21,7 +21,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ..ops import call_op
 from .bias import as_vector, per_column_bias_error
-from .graph import explicit_out_dtype, int_list
+from .graph import explicit_out_dtype, format_dims, int_list
 from .rule import FusionRule, Match, Variant, rule_pass
 
 ACTIVATION_OPS = {
@@ -59,11 +59,17 @@ class MatmulBiasActivationRule(FusionRule):
         return out
 
     def check(self, m: Match) -> Optional[str]:
-        xs, ws = m.shape("x"), m.shape("w")
-        if xs is None or ws is None:
-            return "operand shapes are not static"
-        if len(ws) != 2:
-            return f"weight has rank {len(ws)}: a batched matmul is not a dense layer"
+        # the rows (batch, sequence) may be symbolic; the weight, being a layer's parameters, is not
+        xs, w_dims = m.dims("x"), m.dims("w")
+        if xs is None or w_dims is None:
+            return "operand shapes are unknown"
+        if len(w_dims) != 2:
+            return f"weight has rank {len(w_dims)}: a batched matmul is not a dense layer"
+        ws = m.shape("w")
+        if ws is None:
+            return f"weight shape {format_dims(w_dims)} is not static"
+        if not isinstance(xs[-1], int):
+            return f"input width {xs[-1]} is symbolic"
         if len(xs) < 2:
             return "input is a vector: matmul semantics differ from a dense layer"
         if m.dtype("x") != m.dtype("w"):

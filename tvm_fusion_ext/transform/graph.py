@@ -140,11 +140,22 @@ def numel(shape: Optional[Sequence[int]]) -> Optional[int]:
 
 
 def same_dim(a: Dim, b: Dim) -> bool:
-    """Two dimensions are provably equal (two static sizes, or the same symbolic expression)."""
+    """Two dimensions are provably equal (two static sizes, or symbolic expressions equal for every value of
+    their variables: ``batch * seq`` and ``seq * batch``)."""
     a_static, b_static = _as_int(a), _as_int(b)
-    if a_static is not None or b_static is not None:
+    if a_static is not None and b_static is not None:
         return a_static == b_static
-    return tvm_ffi.structural_equal(a, b)
+    if tvm_ffi.structural_equal(a, b):
+        return True
+    from tvm import sym
+
+    return bool(sym.Analyzer().can_prove_equal(tvm.tirx.IntImm("int64", a) if isinstance(a, int) else a,
+                                               tvm.tirx.IntImm("int64", b) if isinstance(b, int) else b))
+
+
+def same_dims(a: Optional[Sequence[Dim]], b: Optional[Sequence[Dim]]) -> bool:
+    """Two shapes of the same rank whose dimensions are pairwise :func:`same_dim`."""
+    return a is not None and b is not None and len(a) == len(b) and all(same_dim(x, y) for x, y in zip(a, b))
 
 
 def _as_int(d) -> Optional[int]:

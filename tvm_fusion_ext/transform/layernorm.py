@@ -20,7 +20,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ..ops import call_op
 from .bias import as_vector, per_column_bias_error
-from .graph import int_list
+from .graph import format_dims, int_list, same_dims
 from .rule import FusionRule, Match, Variant, rule_pass
 
 
@@ -41,9 +41,11 @@ class BiasResidualLayerNormRule(FusionRule):
         return out
 
     def check(self, m: Match) -> Optional[str]:
-        out = m.shape("ln")
+        out = m.dims("ln")  # rows may be symbolic (batch, sequence); the normalised width may not
         if out is None:
-            return "shape is not static"
+            return "shape is unknown"
+        if not isinstance(out[-1], int):
+            return f"normalised width {out[-1]} is symbolic"
         rank = len(out)
         axes = [a % rank for a in int_list(m["ln"].attrs.axes)]
         if axes != [rank - 1]:
@@ -56,8 +58,8 @@ class BiasResidualLayerNormRule(FusionRule):
             if shape != [n]:
                 return f"{name} of shape {shape} is not a vector of width {n}"
         for name in ("x", "residual"):
-            if m.shape(name) != out:
-                return f"{name} of shape {m.shape(name)} is broadcast to {out}"
+            if not same_dims(m.dims(name), out):
+                return f"{name} of shape {format_dims(m.dims(name) or [])} is broadcast to {format_dims(out)}"
             if m.dtype(name) != m.dtype("ln"):
                 return f"{name} dtype {m.dtype(name)} differs from {m.dtype('ln')}"
         if m.tag["bias"]:

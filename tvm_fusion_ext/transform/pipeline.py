@@ -10,14 +10,16 @@ from .canonicalize import Canonicalize
 from .dense import FuseMatmulBiasActivation
 from .layernorm import FuseBiasResidualLayerNorm
 from .qkv import FuseQKVProjection
+from .shape_computations import ResolveShapeComputations
 
 
 def SemanticFusion() -> tvm.transform.Pass:  # noqa: N802
-    """Canonicalise, then fuse: QKV first (it needs the three separate projections), attention next (it
+    """Resolve size computations to the input dims they equal (dynamic-axis exports), canonicalise, then fuse: QKV first (it needs the three separate projections), attention next (it
     absorbs head split/merge reshapes that dense fusion would otherwise leave stranded), then dense epilogues,
     then residual LayerNorms (which see the dense outputs as their inputs)."""
     return tvm.transform.Sequential(
         [
+            ResolveShapeComputations(),
             relax.transform.CanonicalizeBindings(),
             Canonicalize(),
             FuseQKVProjection(),

@@ -26,7 +26,8 @@ import tvm
 from tvm import relax
 
 from .bias import per_column_bias_error
-from .graph import FunctionGraph, const_value, explicit_out_dtype, int_list, is_constant, op_name, static_shape
+from .graph import (FunctionGraph, const_value, explicit_out_dtype, int_list, is_constant, op_name, same_dims,
+                    shape_dims)
 from .rule import Found, FusionRule, Match, Matcher, Variant, rule_pass
 
 
@@ -96,7 +97,7 @@ def _projection_error(mm: relax.Var, x: relax.Var, graph: FunctionGraph) -> Opti
     w = _weight_of(call.args[1], graph)
     if w is None or w.const.ty.ndim != 2:
         return f"weight of '{mm.name}' is not a constant 2-D tensor"
-    xs = static_shape(x)
+    xs = shape_dims(x)
     if xs is None or len(xs) < 2 or explicit_out_dtype(call) not in (None, str(w.const.ty.dtype)):
         return f"'{mm.name}' is not a plain dense projection"
     return None
@@ -130,10 +131,10 @@ def _absorb_bias(p: _Projection, graph: FunctionGraph) -> None:
     other = value.args[1] if value.args[0].same_as(p.matmul) else value.args[0]
     b = const_value(graph.value(other))
     n = p.weight.shape[1]
-    out_shape = static_shape(p.matmul)
+    out_shape = shape_dims(p.matmul)
     if b is None or b.dtype != p.weight.dtype or per_column_bias_error(list(b.shape), n, len(out_shape)):
         return
-    if static_shape(add) != out_shape:  # the bias must not broadcast the output
+    if not same_dims(shape_dims(add), out_shape):  # the bias must not broadcast the output
         return
     p.bias, p.add = b.reshape(n), add
 
