@@ -20,7 +20,7 @@ LAYERS = [
     ("compile",),
     ("runtime", "tune"),
     ("models",),
-    ("tools", "tune.compare"),
+    ("tools", "tune.compare", "tune.pool", "tune.pool_tasks"),  # pools are built from models
     ("cli",),
 ]
 TOP_LEVEL = {"__init__", "testing"}  # the lazy public surface and the test helpers: may import anything

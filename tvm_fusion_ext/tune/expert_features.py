@@ -91,17 +91,17 @@ def _caches():
 
 
 def machine_of(target) -> Machine:
-    from .expert import cpu_vector_bits
+    from ..targets import TargetInfo
 
-    cores = int(target.attrs.get("num-cores") or 0) or (os.cpu_count() or 1)
-    if target.kind.name == "cuda":
-        return Machine(cores=1, lanes=4, register_bytes=4 * MAX_REGISTERS_PER_THREAD, l1_bytes=48 * 1024,
-                       l2_bytes=48 * 1024)
-    bits = cpu_vector_bits(target)
+    info = TargetInfo.of(target)
+    if info.is_cuda:
+        return Machine(cores=1, lanes=info.vector_bits // 32, register_bytes=4 * MAX_REGISTERS_PER_THREAD,
+                       l1_bytes=info.max_shared_memory_per_block, l2_bytes=info.max_shared_memory_per_block)
     l1, l2 = _caches()
     # AVX2: 16 ymm registers of 32 bytes; AVX-512: 32 zmm of 64 bytes
-    return Machine(cores=cores, lanes=bits // 32, register_bytes=(16 if bits == 256 else 32) * bits // 8,
-                   l1_bytes=l1, l2_bytes=l2)
+    wide = info.vector_bits >= 512
+    return Machine(cores=info.cores, lanes=info.vector_bits // 32,
+                   register_bytes=(32 if wide else 16) * info.vector_bits // 8, l1_bytes=l1, l2_bytes=l2)
 
 
 # ----------------------------------------------------------------------------------------------- IR walk
@@ -355,8 +355,10 @@ def _max_unroll(blocks: List[_Block]) -> int:
 
 def _cuda_pressure(func, target) -> dict:
     """Threads, shared memory and registers against the target's limits (the expert rules' estimates)."""
+    from ..targets import TargetInfo
     from . import expert
 
+    info = TargetInfo.of(target)
     threads: Dict[str, int] = {}
     for loop in expert._loops(func.body):  # noqa: SLF001
         if loop.kind == tvm.tirx.ForKind.THREAD_BINDING and loop.thread_binding is not None:
@@ -364,7 +366,7 @@ def _cuda_pressure(func, target) -> dict:
             if tag.startswith("threadIdx"):
                 threads[tag] = max(threads.get(tag, 1), _extent(loop))
     per_block = math.prod(threads.values()) if threads else 1
-    out = {"threads_per_block_ratio": per_block / expert._limit(target, "max_threads_per_block", 1024)}  # noqa
+    out = {"threads_per_block_ratio": per_block / info.max_threads_per_block}
     try:
         from tvm.s_tir.analysis import calculate_allocated_bytes
 
@@ -372,8 +374,8 @@ def _cuda_pressure(func, target) -> dict:
         sizes = {str(k): int(v) for k, v in dict(calculate_allocated_bytes(lowered["main"])).get("main", {}).items()}
     except Exception:  # noqa: BLE001  (not lowerable here: VerifyGPUCode decides; no pressure figure)
         return out
-    shared = sum(v for k, v in sizes.items() if k.startswith("shared"))
-    out["shared_memory_ratio"] = shared / expert._limit(target, "max_shared_memory_per_block", 49152)  # noqa
+    out["shared_memory_ratio"] = sum(v for k, v in sizes.items() if k.startswith("shared")) / \
+        info.max_shared_memory_per_block
     local = sizes.get("local", 0)
     warp_wide = expert._warp_fragment_bytes(func, lowered["main"])  # noqa: SLF001
     local += warp_wide // expert.WARP - warp_wide

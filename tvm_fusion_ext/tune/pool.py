@@ -239,7 +239,7 @@ class Bench:
     def __init__(self, target, opts: CollectOptions):
         from tvm.s_tir import meta_schedule as ms
 
-        from ..build import configure_cpu_threads
+        from ..deploy.threads import configure_cpu_threads
         from .driver import skip_tensor_intrin
 
         self.target = target
@@ -329,7 +329,7 @@ def collect(root: str, opts: CollectOptions, command: str = "") -> dict:
     with _stub_tensor_intrin(True):
         task = prepare_task(opts.task, opts.space, target, opts.seed)
         if meta is None:
-            from .logs import target_label
+            from ..records import target_label
 
             meta = {"task": opts.task, "space": opts.space, "kernel": task.name, "flops": task.flops,
                     "target": str(target), "target_label": target_label(target), "machine": machine_info(),

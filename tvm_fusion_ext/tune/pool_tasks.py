@@ -83,14 +83,13 @@ def task_names() -> List[str]:
 
 def get_task(name: str, target):
     """The driver ``Task`` of pool task ``name`` on ``target`` (design spaces not generated yet)."""
-    from ..build import lower
-    from ..transform.pipeline import SemanticFusion
+    from ..compile import prepare
     from .driver import extract_tasks
 
     if name not in TASKS:
         raise FusionExtError(f"unknown pool task '{name}' (known: {', '.join(TASKS)})")
     spec = TASKS[name]
-    tasks, _ = extract_tasks(lower(SemanticFusion()(spec.build()), target), target)
+    tasks, _ = extract_tasks(prepare(spec.build(), target)[0], target)
     found = [t for t in tasks if t.rule == spec.rule]
     if len(found) != 1:
         raise FusionExtError(f"pool task '{name}': expected one {spec.rule} kernel after lowering, "

@@ -132,7 +132,9 @@ class RankXGB:
     PARAMS = {"objective": "rank:pairwise", "max_depth": 6, "eta": 0.2, "subsample": 1.0, "min_child_weight": 1,
               "lambda": 1.0, "nthread": 1, "seed": 43, "tree_method": "hist"}
 
-    def __init__(self, pool: Pool, expert_features: bool = True, rounds: int = 60, pretrain_rounds: int = 200):
+    def __init__(self, pool: Pool, expert_features: bool = True, rounds: int = 60, pretrain_rounds: int = 200,
+                 params: tuple = ()):
+        self.params = {**self.PARAMS, **dict(params)}
         self.pool = pool
         self.expert = expert_features
         self.rows = candidate_rows(pool, expert_features)
@@ -156,7 +158,7 @@ class RankXGB:
             return
         d = xgb.DMatrix(np.concatenate(xs), label=np.concatenate(ys))
         d.set_group(groups)
-        self.base = xgb.train(self.PARAMS, d, num_boost_round=self.pretrain_rounds)
+        self.base = xgb.train(self.params, d, num_boost_round=self.pretrain_rounds)
 
     def clone_for(self, pool: Pool) -> "RankXGB":
         twin = RankXGB.__new__(RankXGB)
@@ -180,7 +182,7 @@ class RankXGB:
         d.set_group([len(seen)])
         if self.base is not None:
             d.set_base_margin(self.base.predict(xgb.DMatrix(self.rows[seen]), output_margin=True))
-        self.booster = xgb.train(self.PARAMS, d, num_boost_round=self.rounds)
+        self.booster = xgb.train(self.params, d, num_boost_round=self.rounds)
 
     def score(self, idx: Sequence[int], seed: int) -> Optional[np.ndarray]:
         import xgboost as xgb
