@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .converters import Unsupported, check_graph, fixed_converters, node_label
 from .dims import infer_bounds, input_dims, with_bounds
 from .errors import InputError, ModelLoadError
 
@@ -251,6 +252,7 @@ def _convert_map() -> dict[str, Any]:
     cmap = dict(onnx_frontend._get_convert_map())
     cmap["ConstantOfShape"] = _constant_of_shape_class()
     cmap["Expand"] = _expand_class()
+    cmap.update(fixed_converters())
     return cmap
 
 
@@ -276,8 +278,9 @@ def _check_ops(graph, label):
         others = sorted({n.op_type for n in bad[1:]} - {first.op_type})
         more = f" (and {len(bad) - 1} more unsupported node(s){': ' + ', '.join(others) if others else ''})" \
             if len(bad) > 1 else ""
-        raise ModelLoadError(f"{label}: op {op!r} (node {first.name or '<unnamed>'!r}) is not supported by TVM's "
+        raise ModelLoadError(f"{label}: op {op!r} (node {node_label(first)}) is not supported by TVM's "
                              f"ONNX importer{more}")
+    check_graph(graph, label, set(cmap) | _DIRECT_OPS)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -386,6 +389,7 @@ def _importer_class():
     """TVM's graph importer with our converter map and node-naming errors (a subclass: TVM is not patched)."""
     if "Importer" in _CLASSES:
         return _CLASSES["Importer"]
+    import onnx
     from tvm.relax.frontend.onnx import onnx_frontend as of
 
     class _Importer(of.ONNXGraphImporter):
@@ -397,10 +401,31 @@ def _importer_class():
         def _check_for_unsupported_ops(self, graph):
             pass  # done by _check_ops before we get here, with node names
 
+        def from_onnx(self, graph, opset):
+            try:
+                return super().from_onnx(graph, opset)
+            except BaseException:
+                _close_builder(self.bb)
+                raise
+
+        def _construct_nodes(self, graph):
+            super()._construct_nodes(graph)
+            # A graph output computed by Shape is a Relax shape, which the VM returns as a ShapeTuple, not a tensor
+            for out in graph.output:
+                value = self._nodes.get(out.name)
+                if isinstance(value, of.relax.Expr) and isinstance(value.ty, of.relax.ShapeType):
+                    self._nodes[out.name] = self.bb.emit(of.relax.op.shape_to_tensor(value))
+
+        def _parse_value_proto(self, value_proto):
+            # TVM names a node by node.name in its errors; most exporters leave it empty
+            if isinstance(value_proto, onnx.NodeProto):
+                return node_label(value_proto)
+            return super()._parse_value_proto(value_proto)
+
         def _convert_operator(self, op_name, inputs, attrs, opset):
-            node = attrs.get("tvm_custom", {}).get("name") or "<unnamed>"
+            node = attrs.get("tvm_custom", {}).get("name") or "'<unnamed>'"
             if op_name not in self._cmap:
-                raise ModelLoadError(f"{self._label}: op {op_name!r} (node {node!r}) is not supported by TVM's "
+                raise ModelLoadError(f"{self._label}: op {op_name!r} (node {node}) is not supported by TVM's "
                                      f"ONNX importer")
             try:
                 sym = self._cmap[op_name].get_converter(opset)(self.bb, inputs, attrs, [self._nodes, self._params])
@@ -408,8 +433,10 @@ def _importer_class():
                     sym = self.bb.normalize(sym)
             except ModelLoadError:
                 raise
+            except Unsupported as err:
+                raise ModelLoadError(f"{self._label}: op {op_name!r} (node {node}) is not supported: {err}") from None
             except Exception as err:
-                raise ModelLoadError(f"{self._label}: TVM cannot import node {node!r} (op {op_name}): "
+                raise ModelLoadError(f"{self._label}: TVM cannot import node {node} (op {op_name}): "
                                      f"{_one_line(err)}") from None
             return sym
 
@@ -427,6 +454,14 @@ def _one_line(err: BaseException, limit: int = 300) -> str:
     msg = " ".join(lines)
     msg = f"{type(err).__name__}: {msg}" if msg else type(err).__name__
     return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def _close_builder(bb) -> None:
+    """End the binding block and the scope a failed ``from_onnx`` leaves open (the function scope's exit does not):
+    TVM's BlockBuilder otherwise prints "destroyed with remaining blocks" to stderr when it is collected, a second
+    line after our one-line error. Exactly one of each is open (ending one that is not segfaults)."""
+    bb._end_block()
+    bb.end_scope()
 
 
 def _main(mod):

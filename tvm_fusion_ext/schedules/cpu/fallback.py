@@ -4,7 +4,7 @@
   its elementwise epilogue) gets the ``tfx.dense`` register-blocked template with default knobs: a generic
   parallel loop would leave it 50-100x slower than the dense template.
 * Everything else (reshapes, transposes, softmax, gathers, elementwise leftovers): inline what can be
-  inlined, then per remaining block fuse the spatial loops into one parallel loop and split off an exact
+  inlined (nothing in a kernel holding an opaque extern block: its accesses are undeclared), then per remaining block fuse the spatial loops into one parallel loop and split off an exact
   vector-width inner loop (spatial blocks), or keep the reduction loops serial inside it (reduction blocks).
   Kernels too small to pay for a thread-pool launch stay on one thread but are still vectorised.
 
@@ -78,6 +78,18 @@ def _loop_kinds(sch: s_tir.Schedule, block) -> Optional[List[str]]:
     return kinds
 
 
+def _has_opaque_block(sch: s_tir.Schedule) -> bool:
+    """Whether a root block declares no reads and no writes although it computes something: TE extern ops (sort,
+    NMS, cumsum) lower to such blocks. Their real accesses are invisible to the schedule's dependence analysis, so
+    ``compute_inline`` may inline a buffer such a block reads or even writes in place (NonMaxSuppression's
+    ``T_gather``: the build then failed with "Buffer T_gather is used before its definition")."""
+    for block in root_blocks(sch):
+        b = sch.get(block)
+        if not b.reads and not b.writes and not isinstance(b.body, tirx.Evaluate):
+            return True
+    return False
+
+
 class Fallback(CPUScheduleRule):
     """Dense template for leftover matmuls; parallel outer + vectorised inner loop for everything else."""
 
@@ -96,7 +108,8 @@ class Fallback(CPUScheduleRule):
             infos = normalize_prim_func(sch)
             if infos is None:
                 return None
-            dl.try_inline(sch, infos)
+            if not _has_opaque_block(sch):
+                dl.try_inline(sch, infos)
         lanes = TargetInfo.of(target).lanes()
         reductions = []
         for block in root_blocks(sch):
