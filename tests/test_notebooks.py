@@ -26,7 +26,7 @@ CELL_TIMEOUT = 600  # seconds per cell: generous, so a slow shared runner fails 
 def test_notebooks_exist():
     names = [p.name for p in NOTEBOOKS]
     assert names == ["01_fusion_passes.ipynb", "02_operators_and_schedules.ipynb", "03_tuning_xgboost.ipynb",
-                     "04_end_to_end.ipynb"], names
+                     "04_end_to_end.ipynb", "05_deploy.ipynb"], names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

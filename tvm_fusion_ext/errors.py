@@ -28,3 +28,16 @@ class TargetError(FusionExtError):
 
 class TuningLogError(FusionExtError):
     """A tuning-log directory is corrupt or belongs to another model/target."""
+
+
+class ArtifactError(FusionExtError):
+    """A compiled artifact cannot be written or loaded (see the two kinds below)."""
+
+
+class CorruptArtifactError(ArtifactError):
+    """An artifact's files are missing, truncated or changed since they were written (checksums differ)."""
+
+
+class IncompatibleArtifactError(ArtifactError):
+    """An intact artifact that this machine cannot run: another artifact format or TVM version, CPU features
+    this CPU lacks, a GPU that is not there."""

@@ -252,6 +252,7 @@ def _convert_map() -> dict[str, Any]:
     cmap = dict(onnx_frontend._get_convert_map())
     cmap["ConstantOfShape"] = _constant_of_shape_class()
     cmap["Expand"] = _expand_class()
+    cmap["Range"] = _range_class()
     cmap.update(fixed_converters())
     return cmap
 
@@ -383,6 +384,38 @@ def _expand_class():
 
     _CLASSES["Expand"] = _Expand
     return _Expand
+
+
+def _range_class():
+    """``Range`` whose bounds are computed from input sizes (``Range(0, Shape(x)[1], 1)``).
+
+    The stock converter turns a bound that is not a constant into a data-dependent length: a fresh variable
+    (``range_len_0``) bound at run time, unrelated to the input dim it equals, so every tensor built from the
+    range (position ids, masks) gets shapes that cannot be matched with the inputs' (``[range_len_0, 1, seq,
+    seq]`` + ``[batch, 12, seq, seq]`` has no known shape, and a later ``Reshape`` with ``-1`` fails). When the
+    bounds are sizes (see :mod:`.symbolic_values`), the range is an ``arange`` with a symbolic length."""
+    if "Range" in _CLASSES:
+        return _CLASSES["Range"]
+    from tvm import relax, tirx
+    from tvm.relax.frontend.onnx import onnx_frontend as of
+
+    from .symbolic_values import Evaluator
+
+    class _Range(of.Range):
+        @classmethod
+        def _impl_v12(cls, bb, inputs, attr, params):
+            dtype = str(getattr(getattr(inputs[0], "ty", None), "dtype", ""))
+            if dtype.startswith("int"):
+                ev = Evaluator(bb.lookup_binding)
+                values = [ev.elements(x) for x in inputs[:3]]
+                if all(v is not None and len(v) == 1 for v in values):
+                    start, limit, delta = (v[0] for v in values)
+                    if isinstance(delta, tirx.IntImm) and int(delta) > 0:
+                        return relax.op.arange(start, limit, delta, dtype)
+            return super()._impl_v12(bb, inputs, attr, params)
+
+    _CLASSES["Range"] = _Range
+    return _Range
 
 
 def _importer_class():

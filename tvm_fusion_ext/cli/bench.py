@@ -4,19 +4,20 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional
 
+from ..deploy.manifest import is_artifact
 from ..errors import InputError
 from ..tools.bench.model import DEFAULT_BATCH, DEFAULT_SEQ
 from ..tools.bench.report import RUNTIMES
 
 
-def parse_against(text: Optional[str]) -> List[str]:
+def parse_against(text: Optional[str], known=RUNTIMES) -> List[str]:
     if text is None:
-        return list(RUNTIMES)
+        return list(known)
     items = [t.strip().lower() for t in text.split(",") if t.strip()]
-    bad = [t for t in items if t not in RUNTIMES]
+    bad = [t for t in items if t not in known]
     if bad or not items:
-        raise InputError(f"--against: unknown runtime '{bad[0] if bad else text}' (choose from {','.join(RUNTIMES)})")
-    return [r for r in RUNTIMES if r in items]
+        raise InputError(f"--against: unknown runtime '{bad[0] if bad else text}' (choose from {','.join(known)})")
+    return [r for r in known if r in items]
 
 
 def parse_seqs(text: str) -> List[int]:
@@ -30,9 +31,9 @@ def parse_seqs(text: str) -> List[int]:
 
 
 def run_bench(args, out: Callable[[str], None] = print) -> dict:
-    from ..tools.bench import bench_attention, bench_dense, bench_model, plot, write_json
-
     """What ``tvm-fusion bench`` does with its parsed arguments (validation first: bad flags fail fast)."""
+    from ..tools.bench import bench_attention, bench_dense, bench_model
+
     if args.dense:
         if args.model is not None or args.attention_only or args.plot:
             raise InputError("--dense takes no model file, --attention-only or --plot")
@@ -47,8 +48,7 @@ def run_bench(args, out: Callable[[str], None] = print) -> dict:
                                  spin=args.spin, out=out)
     else:
         if args.model is None:
-            raise InputError("bench needs a MODEL.onnx (or --attention-only)")
-        against = parse_against(args.against)
+            raise InputError("bench needs a MODEL.onnx or an artifact directory (or --attention-only)")
         seq = parse_seqs(args.seq)[0] if args.seq else None
         if args.seq and len(parse_seqs(args.seq)) > 1:
             raise InputError("--seq takes one length in model mode")
@@ -56,9 +56,32 @@ def run_bench(args, out: Callable[[str], None] = print) -> dict:
             raise InputError("--batch must be positive")
         if args.repeat is not None and args.repeat <= 0:
             raise InputError("--repeat must be positive")
+        if is_artifact(args.model):
+            return _finish(args, _bench_artifact(args, seq, out), out)
+        if args.onnx:
+            raise InputError("--onnx is for an artifact: MODEL is the ONNX file itself here")
+        against = parse_against(args.against)
         result = bench_model(args.model, logs=args.logs, against=against, seq=seq, batch=args.batch,
                              target=args.target, repeat=args.repeat or 20, torch_model=args.torch, spin=args.spin,
                              out=out)
+    return _finish(args, result, out)
+
+
+def _bench_artifact(args, seq, out):
+    from ..tools.bench import ARTIFACT_RUNTIMES, bench_artifact
+
+    compile_flags = [flag for flag, value in (("--logs", args.logs), ("--target", args.target != "llvm"))
+                     if value]
+    if compile_flags:
+        raise InputError(f"{compile_flags[0]} applies when compiling; {args.model} is an artifact, compiled already")
+    return bench_artifact(args.model, onnx=args.onnx, against=parse_against(args.against, ARTIFACT_RUNTIMES),
+                          seq=seq, batch=args.batch, repeat=args.repeat or 20, spin=args.spin,
+                          torch_model=args.torch, out=out)
+
+
+def _finish(args, result, out):
+    from ..tools.bench import plot, write_json
+
     if args.json:
         write_json(args.json, result)
         out(f"wrote {args.json}")
@@ -71,9 +94,13 @@ def run_bench(args, out: Callable[[str], None] = print) -> dict:
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="time this package against ONNX Runtime, torch and stock TVM "
                                      "(or attention kernels alone)")
-    p.add_argument("model", nargs="?", help="ONNX model file (not with --attention-only)")
+    p.add_argument("model", nargs="?", help="ONNX model file, or an artifact directory from `tvm-fusion compile` "
+                                            "(not with --attention-only)")
+    p.add_argument("--onnx", help="artifact mode: the ONNX file for ONNX Runtime, torch and the in-process build "
+                                  "(default: the source recorded in the artifact, if unchanged)")
     p.add_argument("--logs", help="tuning-log directory to apply to this package's build")
-    p.add_argument("--against", help=f"comma-separated runtimes to compare with (default {','.join(RUNTIMES)})")
+    p.add_argument("--against", help=f"comma-separated runtimes to compare with (default {','.join(RUNTIMES)}; "
+                                     f"for an artifact: ort, torch, build = the same model built in this process)")
     p.add_argument("--seq", help=f"sequence length for dynamic dims / our exports (default: the model's, or "
                                  f"{DEFAULT_SEQ}); with --attention-only a list, e.g. 512,1024,2048")
     p.add_argument("--batch", type=int, help=f"batch size for dynamic dims / our exports (default: the model's, "

@@ -9,8 +9,8 @@ from typing import Dict, List, Optional
 from ..errors import InputError
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="ONNX model file")
+def add_model_args(p: argparse.ArgumentParser, model_help: str = "ONNX model file") -> None:
+    p.add_argument("model", help=model_help)
     p.add_argument("--shape", help="pin dynamic dims to a static build, e.g. input_ids:1x128,attention_mask:1x128 "
                                    "(without it they stay symbolic)")
     p.add_argument("--max-shape", help="upper bounds of the dynamic dims, same form as --shape (default: batch 64, "

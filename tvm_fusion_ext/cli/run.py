@@ -1,41 +1,70 @@
-"""``tvm-fusion run MODEL.onnx --inputs X.npz --output Y.npz``: build and run a model once."""
+"""``tvm-fusion run MODEL --inputs X.npz --output Y.npz``: run a model once. ``MODEL`` is an ONNX file (built
+here, then run) or an artifact directory from ``tvm-fusion compile`` (loaded and run with TVM's runtime only:
+that branch imports nothing that compiles, so it works under ``TVM_USE_RUNTIME_LIB=1``)."""
 
 from __future__ import annotations
 
+from ..errors import InputError
 from ..fileio import atomic_write
-from .common import add_model_args, load_model_arg, load_npz
+from .common import add_model_args, load_npz
+
+#: flags that only mean something when compiling (what an artifact has done already)
+_COMPILE_FLAGS = (("--target", "target"), ("--logs", "logs"), ("--shape", "shape"), ("--max-shape", "max_shape"),
+                  ("--no-fusion", "no_fusion"))
 
 
 def cmd_run(args) -> int:
-    import numpy as np
+    from ..deploy.manifest import is_artifact
 
+    inputs = load_npz(args.inputs)
+    outputs = _run_artifact(args, inputs) if is_artifact(args.model) else _run_onnx(args, inputs)
+    _write(args.output, outputs)
+    return 0
+
+
+def _run_artifact(args, inputs):
+    from ..deploy import load
+
+    given = [flag for flag, attr in _COMPILE_FLAGS if getattr(args, attr)]
+    if given:
+        raise InputError(f"{given[0]} applies when compiling; {args.model} is an artifact, compiled already "
+                         f"(recompile with `tvm-fusion compile ... {given[0]}`)")
+    return load(args.model).run(inputs)
+
+
+def _run_onnx(args, inputs):
     from ..deploy.io import check_inputs
     from ..dims import shape_bounds
     from ..frontend import input_specs
     from ..runtime import CompiledModel
     from ..targets import resolve_target
+    from .common import load_model_arg
 
-    inputs = load_npz(args.inputs)
-    target = resolve_target(args.target)
+    target = resolve_target(args.target or "llvm")
     mod = load_model_arg(args)
-    check_inputs(input_specs(mod), inputs, args.model, shape_bounds(mod))  # before the build: bad inputs fail in a second
+    check_inputs(input_specs(mod), inputs, args.model, shape_bounds(mod))  # before the build: bad inputs fail fast
     model = CompiledModel.from_module(mod, target, logs=args.logs, fuse=not args.no_fusion, label=args.model)
     if args.logs is not None:
         print(model.compiled.records_note)
-    outputs = model.run(inputs)
-    atomic_write(args.output, lambda f: np.savez(f, **outputs), binary=True)
+    return model.run(inputs)
+
+
+def _write(path: str, outputs) -> None:
+    import numpy as np
+
+    atomic_write(path, lambda f: np.savez(f, **outputs), binary=True)
     for name, value in outputs.items():
         print(f"{name}: shape {list(value.shape)} dtype {value.dtype}")
-    print(f"wrote {args.output}")
-    return 0
+    print(f"wrote {path}")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("run", help="build and run a model on inputs from an .npz file")
-    add_model_args(p)
+    p = sub.add_parser("run", help="run a model (ONNX file, built here, or artifact directory) on inputs from an "
+                                   ".npz file")
+    add_model_args(p, "ONNX model file, or an artifact directory from `tvm-fusion compile`")
     p.add_argument("--inputs", required=True, help=".npz with one array per ONNX input name")
     p.add_argument("--output", required=True, help=".npz to write, one array per ONNX output name")
-    p.add_argument("--target", default="llvm", help="llvm (default), cuda or cuda:sm_80 / cuda:sm_90")
-    p.add_argument("--logs", help="tuning-log directory to apply")
-    p.add_argument("--no-fusion", action="store_true", help="build without the fusion passes")
+    p.add_argument("--target", help="ONNX file only: llvm (default), cuda or cuda:sm_80 / cuda:sm_90")
+    p.add_argument("--logs", help="ONNX file only: tuning-log directory to apply")
+    p.add_argument("--no-fusion", action="store_true", help="ONNX file only: build without the fusion passes")
     p.set_defaults(func=cmd_run)

@@ -8,8 +8,8 @@ the graph the build schedules, and fusion runs once per compilation, with its re
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Optional, Tuple
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
 
 import tvm
 
@@ -31,6 +31,8 @@ class Compiled:
     report: Optional[FusionReport]           # None when compiled without fusion
     records: Optional[str] = None            # the record directory applied, if any
     records_note: str = ""                   # which records were used, or why none
+    #: with ``lift_weights``: ``[(parameter name, value)]`` to pass after the inputs, in parameter order
+    weights: List[Tuple[str, object]] = field(default_factory=list)
 
 
 def fuse(mod: tvm.IRModule) -> Tuple[tvm.IRModule, FusionReport]:
@@ -62,18 +64,26 @@ def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Ta
 
 
 def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse_graph: bool = True,
-                  knobs: Optional[dict] = None) -> Compiled:
+                  knobs: Optional[dict] = None, lift_weights: bool = False) -> Compiled:
     """Fuse, lower, schedule (records from ``logs``, templates, fallback) and build ``mod`` for ``target``.
 
     ``logs`` is a record directory or a root of them (the one whose manifest matches this model and target is
     used; none matching builds untuned, and :attr:`Compiled.records_note` says so). ``knobs`` maps a block
-    rule (``"tfx.dense"``) to template knobs, for kernels no record covers."""
+    rule (``"tfx.dense"``) to template knobs, for kernels no record covers. ``lift_weights``: the scheduled
+    module's large constants become trailing parameters of ``main`` (:attr:`Compiled.weights`), so that an
+    artifact can store them beside the library (:mod:`.weights`)."""
     target = resolve_target(target)
     records, note = select_records(logs, mod, target)
     logger.info(note)
     lowered, report = prepare(mod, target, fuse_graph)
-    executable = finalize(schedule(lowered, target, records=records, knobs=knobs), target)
-    return Compiled(executable, target, report, records, note)
+    scheduled = schedule(lowered, target, records=records, knobs=knobs)
+    weights = []
+    if lift_weights:
+        from .weights import lift_weights as lift
+
+        scheduled, weights = lift(scheduled)
+    executable = finalize(scheduled, target)
+    return Compiled(executable, target, report, records, note, weights)
 
 
 def build(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse: bool = True,

@@ -55,8 +55,11 @@ def apply_records(mod: tvm.IRModule, target: tvm.target.Target, record_dir: str)
 
 def schedule(mod: tvm.IRModule, target: TargetSpec = None, records: Optional[str] = None,
              knobs: Optional[dict] = None) -> tvm.IRModule:
-    """Schedule a lowered module: ``records`` (a record directory) first, then templates, then the fallback."""
+    """Schedule a lowered module: ``records`` (a record directory) first, then templates, then the fallback;
+    then bound causal attention's key-block loops by their query tiles (whichever schedule made them)."""
+    from .causal_skip import SkipMaskedKeyBlocks
+
     target = resolve_target(target)
     if records is not None:
         mod = apply_records(mod, target, records)
-    return ApplyTemplates(target, knobs)(mod)
+    return SkipMaskedKeyBlocks()(ApplyTemplates(target, knobs)(mod))

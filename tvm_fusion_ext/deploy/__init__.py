@@ -2,4 +2,17 @@
 
 Everything here imports ``tvm.runtime`` and numpy only, so it works where TVM runs runtime-only
 (``libtvm_compiler.so`` absent, or ``TVM_USE_RUNTIME_LIB=1``).
+
+============  ===============================================================================================
+``loader``    :func:`load` an artifact directory → :class:`DeployedModel` (``run(inputs)`` by ONNX name)
+``manifest``  the artifact format: layout, versions, checksums, the checks before anything is loaded
+``host``      whether this machine can run a library: CPU architecture and features, GPU
+``weights``   the weights file: 64-byte aligned raw tensors, memory-mapped on load
+``io``        inputs checked against their specs (symbolic dims and bounds), outputs flattened
+``threads``   sizing TVM's CPU thread pool
+============  ===============================================================================================
 """
+
+from .loader import DeployedModel, load
+
+__all__ = ["DeployedModel", "load"]

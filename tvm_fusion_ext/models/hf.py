@@ -88,12 +88,15 @@ def hf_example_inputs(config, seq: int = 128, batch: int = 1, seed: int = 0) -> 
 
 def export_hf_model(kind: str = "minilm", path: str | os.PathLike | None = None, exporter: str = "legacy",
                     attn: str = "sdpa", seq: int = 128, batch: int = 1, num_layers: int | None = None,
-                    seed: int = 0) -> str:
+                    seed: int = 0, dynamic: bool = False, max_batch: int = 64, max_seq: int | None = None) -> str:
     """Export a real encoder to ONNX with torch and return the path.
 
     ``exporter="legacy"``: ``torch.onnx.export(dynamo=False, opset_version=17)``, one file.
     ``exporter="dynamo"``: ``dynamo=True, opset_version=18``; weights go to ``<path>.data`` next to it.
-    Shapes are static (``[batch, seq]``), as in the measurements in the field notes.
+    Shapes are static (``[batch, seq]``, as in the measurements in the field notes) unless ``dynamic``: then
+    dims 0 and 1 of every input and of the output are the symbolic ``batch`` and ``seq`` (legacy:
+    ``dynamic_axes``; dynamo: ``torch.export.Dim`` with maxima ``max_batch`` and ``max_seq``, by default the
+    position-embedding table's size), and ``batch``/``seq`` are only the shapes traced with.
     """
     if exporter not in ("legacy", "dynamo"):
         raise ModelLoadError(f"unknown exporter {exporter!r}; expected 'legacy' or 'dynamo'")
@@ -109,8 +112,15 @@ def export_hf_model(kind: str = "minilm", path: str | os.PathLike | None = None,
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     ex = hf_example_inputs(config, seq=seq, batch=batch, seed=seed)
-    args = tuple(torch.from_numpy(ex[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
-    kw = dict(input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["last_hidden_state"])
+    names = ("input_ids", "attention_mask", "token_type_ids")
+    args = tuple(torch.from_numpy(ex[k]) for k in names)
+    kw = dict(input_names=list(names), output_names=["last_hidden_state"])
+    if dynamic:
+        max_seq = int(max_seq or config.max_position_embeddings)
+        if not (1 <= seq <= max_seq and 1 <= batch <= max_batch):
+            raise ModelLoadError(f"export_hf_model: traced shape batch {batch}, seq {seq} is outside the dynamic "
+                                 f"bounds batch <= {max_batch}, seq <= {max_seq}")
+        kw.update(_dynamic_dims(exporter, names, max_batch, max_seq))
     # The exporters print progress and tracer warnings; keep the caller's output clean.
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -118,9 +128,23 @@ def export_hf_model(kind: str = "minilm", path: str | os.PathLike | None = None,
             torch.onnx.export(module, args, path, dynamo=False, opset_version=17, **kw)
         else:
             torch.onnx.export(module, args, path, dynamo=True, opset_version=18, verbose=False, **kw)
-    _record_export(path, dict(kind=kind, exporter=exporter, attn=attn, seq=seq, batch=batch, num_layers=num_layers,
-                              seed=seed))
+    info = dict(kind=kind, exporter=exporter, attn=attn, seq=seq, batch=batch, num_layers=num_layers, seed=seed)
+    if dynamic:
+        info.update(dynamic=True, max_batch=max_batch, max_seq=max_seq)
+    _record_export(path, info)
     return path
+
+
+def _dynamic_dims(exporter: str, names, max_batch: int, max_seq: int) -> dict:
+    """Exporter arguments making dims 0 and 1 of every input (and of the output) ``batch`` and ``seq``."""
+    if exporter == "legacy":
+        axes = {0: "batch", 1: "seq"}
+        return {"dynamic_axes": {**{n: axes for n in names}, "last_hidden_state": axes}}
+    from torch.export import Dim
+
+    # one Dim object per name: torch.export ties inputs that share it to one symbol
+    batch, seq = Dim("batch", min=1, max=max_batch), Dim("seq", min=1, max=max_seq)
+    return {"dynamic_shapes": {n: {0: batch, 1: seq} for n in names}}
 
 
 def _record_export(path: str, info: dict) -> None:

@@ -14,7 +14,15 @@ running statistics, O(S·d) in total. The one buffer not placed that way is ``at
 Semantics the graph-side rules rely on:
 
 * ``mask`` (rank ≤ 4) is broadcast right-aligned against (B, H, S, T) and added to the scaled scores.
-* ``causal``: key ``j`` is visible to query ``i`` iff ``j <= i + T - S``.
+* ``causal``: key ``j`` is visible to query ``i`` iff ``j <= i + T - S``. Key blocks no row of a query tile
+  can see are skipped by the compiled kernel (:mod:`..compile.causal_skip`): about half the work.
+* Grouped-query attention: K and V may have fewer heads ``Hkv`` than Q (``H % Hkv == 0``); query head ``h``
+  reads K/V head ``h // (H / Hkv)`` in place (``repeat_kv``'s order), so no repeated K/V exists.
+* Rotary embeddings (``q_rope`` / ``k_rope`` = ``"half"`` or ``"interleaved"``): the operand is read as
+  ``x·cos + rot(x)·sin`` with ``cos``/``sin`` of shape (1 | B, 1 | L, D) (L = S for q, T for k). ``rot`` is
+  rotate-half (``[-x₂, x₁]`` of the two halves of the head dim) or the interleaved form (``(-x₁, x₀)`` per
+  pair). Q is rotated into a per-query-tile stage ``attn_qr`` (the template places it under the tile loop),
+  K while it is copied into key blocks (``attn_kt``): no rotated copy of Q or K is ever written whole.
 * Keys whose score is -inf (mask -inf, causal, padding) get weight exactly 0. A row with no visible key
   yields 0 (no NaN): this is what SDPA exports guard with ``Where(IsNaN, 0, ·)``. Finite big-negative masks
   (-3.4e38, -10000) are ordinary scores; the running max starts at the lowest *finite* value so no
@@ -28,6 +36,7 @@ from typing import Optional
 from tvm import te, tirx
 
 from .registry import register_op
+from .rope import check_rope_tables, rotary_read
 
 LAYOUTS = ("BSHD", "BHSD")
 ACC = "float32"
@@ -84,18 +93,26 @@ def _at(t, layout: str, b, h, s, d):
     return t[b, h, s, d] if layout == "BHSD" else t[b, s, h, d]
 
 
-@register_op("fused_attention", inputs=("q", "k", "v", "mask"))
-def fused_attention(q, k, v, mask=None, *, scale: float, causal: bool = False, q_layout: str = "BSHD",
-                    k_layout: str = "BSHD", v_layout: str = "BSHD", out_layout: str = "BSHD",
-                    key_block: Optional[int] = None):
+@register_op("fused_attention", inputs=("q", "k", "v", "mask", "q_cos", "q_sin", "k_cos", "k_sin"))
+def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_sin=None, *, scale: float,
+                    causal: bool = False, q_layout: str = "BSHD", k_layout: str = "BSHD", v_layout: str = "BSHD",
+                    out_layout: str = "BSHD", key_block: Optional[int] = None, q_rope: str = "none",
+                    k_rope: str = "none"):
     for name, lay in (("q", q_layout), ("k", k_layout), ("v", v_layout), ("out", out_layout)):
         if lay not in LAYOUTS:
             raise ValueError(f"fused_attention: {name}_layout must be one of {LAYOUTS}, got '{lay}'")
     B, H, S, D = (int(x) for x in _dims(q, q_layout))
     T = int(_dims(k, k_layout)[2])
-    if [int(x) for x in _dims(k, k_layout)] != [B, H, T, D] or [int(x) for x in _dims(v, v_layout)] != [B, H, T, D]:
+    HKV = int(_dims(k, k_layout)[1])
+    kv_shape = [B, HKV, T, D]
+    if ([int(x) for x in _dims(k, k_layout)] != kv_shape or [int(x) for x in _dims(v, v_layout)] != kv_shape
+            or H % HKV):
         raise ValueError("fused_attention: q, k, v shapes disagree "
-                         f"({list(q.shape)} {q_layout}, {list(k.shape)} {k_layout}, {list(v.shape)} {v_layout})")
+                         f"({list(q.shape)} {q_layout}, {list(k.shape)} {k_layout}, {list(v.shape)} {v_layout}; "
+                         "K/V heads must divide Q heads)")
+    group = H // HKV  # query heads per K/V head
+    check_rope_tables("fused_attention", "q", q_rope, q_cos, q_sin, B, S, D)
+    check_rope_tables("fused_attention", "k", k_rope, k_cos, k_sin, B, T, D)
     if mask is not None and len(mask.shape) > 4:
         raise ValueError(f"fused_attention: mask rank must be <= 4, got {len(mask.shape)}")
     if mask is not None and str(mask.dtype) == "bool":
@@ -126,12 +143,27 @@ def fused_attention(q, k, v, mask=None, *, scale: float, causal: bool = False, q
         # in place (fp32 keeps its form: tuning records name the PrimFunc by its structure).
         return jb * kb + jj if low and T % kb == 0 else tirx.min(jb * kb + jj, last)
 
-    kt = te.compute((B, H, nb, D, kb),
-                    lambda b, h, jb, d, jj: _at(k, k_layout, b, h, key(jb, jj), d).astype(operand),
+    def kv_head(h):
+        return h // group if group > 1 else h
+
+    def k_at(b, hk, j, d):
+        return _at(k, k_layout, b, hk, j, d)
+
+    k_read = rotary_read(k_at, k_cos, k_sin, k_rope, D) if k_rope != "none" else k_at
+    # K/V stages are per K/V head: GQA reads them at kv_head(h), they are never repeated per query head
+    kt = te.compute((B, HKV, nb, D, kb),
+                    lambda b, hk, jb, d, jj: k_read(b, hk, key(jb, jj), d).astype(operand),
                     name="attn_kt", attrs={"schedule_rule": "None"})
+    if q_rope != "none":
+        rotate_q = rotary_read(lambda b, h, i, d: _at(q, q_layout, b, h, i, d), q_cos, q_sin, q_rope, D)
+        qr = te.compute((B, H, S, D), lambda b, h, i, d: rotate_q(b, h, i, d).astype(operand), name="attn_qr",
+                        attrs={"schedule_rule": "None"})
+        q_read = lambda b, h, i, d: qr[b, h, i, d]  # noqa: E731
+    else:
+        q_read = lambda b, h, i, d: _at(q, q_layout, b, h, i, d)  # noqa: E731
     rd = te.reduce_axis((0, D), name="rd")
     qk = te.compute((B, H, S, nb, kb), lambda b, h, i, jb, jj: te.sum(
-        _at(q, q_layout, b, h, i, rd).astype(ACC) * kt[b, h, jb, rd, jj].astype(ACC), axis=rd),
+        q_read(b, h, i, rd).astype(ACC) * kt[b, kv_head(h), jb, rd, jj].astype(ACC), axis=rd),
         name="attn_qk", attrs={"schedule_rule": "None"})
 
     def score(b, h, i, jb, jj):
@@ -165,18 +197,18 @@ def fused_attention(q, k, v, mask=None, *, scale: float, causal: bool = False, q
         # normalisation matches the numerator. V is copied into key blocks like K (clamped padding keys).
         p16 = te.compute((B, H, S, nb, kb), lambda *ix: p(*ix).astype(operand), name="attn_p16",
                          attrs={"schedule_rule": "None"})
-        vb = te.compute((B, H, nb, kb, D), lambda b, h, jb, jj, d: _at(v, v_layout, b, h, key(jb, jj), d).astype(
+        vb = te.compute((B, HKV, nb, kb, D), lambda b, hk, jb, jj, d: _at(v, v_layout, b, hk, key(jb, jj), d).astype(
             operand), name="attn_vb", attrs={"schedule_rule": "None"})
         bsum = te.compute((B, H, S, nb), lambda b, h, i, jb: te.sum(p16[b, h, i, jb, jj2].astype(ACC), axis=jj2),
                           name="attn_bsum", attrs={"schedule_rule": "None"})
         bo = te.compute((B, H, S, nb, D), lambda b, h, i, jb, d: te.sum(
-            p16[b, h, i, jb, jj3].astype(ACC) * vb[b, h, jb, jj3, d].astype(ACC), axis=jj3),
+            p16[b, h, i, jb, jj3].astype(ACC) * vb[b, kv_head(h), jb, jj3, d].astype(ACC), axis=jj3),
             name="attn_bo", attrs={"schedule_rule": "None"})
     else:
         bsum = te.compute((B, H, S, nb), lambda b, h, i, jb: te.sum(p[b, h, i, jb, jj2], axis=jj2),
                           name="attn_bsum", attrs={"schedule_rule": "None"})
         bo = te.compute((B, H, S, nb, D), lambda b, h, i, jb, d: te.sum(
-            p[b, h, i, jb, jj3] * _at(v, v_layout, b, h, key(jb, jj3), d).astype(ACC), axis=jj3),
+            p[b, h, i, jb, jj3] * _at(v, v_layout, b, kv_head(h), key(jb, jj3), d).astype(ACC), axis=jj3),
             name="attn_bo", attrs={"schedule_rule": "None"})
 
     def combine(x, y):
@@ -206,3 +238,15 @@ def fused_attention(q, k, v, mask=None, *, scale: float, causal: bool = False, q
         return te.compute((B, H, S, D), finish, name="attn_out", attrs={"schedule_rule": "tfx.attention"})
     return te.compute((B, S, H, D), lambda b, i, h, d: finish(b, h, i, d), name="attn_out",
                       attrs={"schedule_rule": "tfx.attention"})
+
+
+def key_geometry(func) -> tuple:
+    """``(S, T, key_block)`` of a ``fused_attention`` PrimFunc (the build path's passes need the causal diagonal
+    and the key blocking of a kernel without re-deriving the operator)."""
+    from .registry import inputs_of, params_of
+
+    params = params_of(func)
+    buffers = {name: p.ty for name, p in zip(inputs_of(func), func.params)}  # 0.27: a parameter's type is its buffer
+    S = int(_dims(buffers["q"], params.get("q_layout", "BSHD"))[2])
+    T = int(_dims(buffers["k"], params.get("k_layout", "BSHD"))[2])
+    return S, T, int(params.get("key_block") or default_key_block(T))

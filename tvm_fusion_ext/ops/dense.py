@@ -7,6 +7,12 @@ compile time (:func:`pack_weight`), the way ONNX Runtime pre-packs its GEMM weig
 
 Accumulates in fp32 whatever the input dtype; the epilogue (bias, activation, cast) runs on the accumulator
 so it never makes another trip through memory. Activations use :mod:`.fastmath` so the epilogue vectorises.
+
+Rows known only at run time (``x`` of shape (batch, seq, K)): with ``row_block`` set, the accumulator runs
+over the rows flattened and padded up to a multiple of ``row_block``, the padding rows reading the last real
+row (a few wasted FMAs, no out-of-bounds read), and the epilogue writes only the real rows. A template can
+then tile rows by ``row_block`` with no tail predicate inside its micro-kernel, which would otherwise keep
+its accumulator tile out of registers.
 """
 
 from __future__ import annotations
@@ -54,14 +60,15 @@ def pack_weight(w: np.ndarray, nr: int, transpose_b: bool = False) -> np.ndarray
 
 @register_op("fused_dense", inputs=("x", "w", "bias"))
 def fused_dense(x, w, bias=None, *, act="none", transpose_b=False, w_layout="plain", out_features=None,
-                acc_dtype="float32", out_dtype=None):
+                acc_dtype="float32", out_dtype=None, row_block=None):
     if w_layout not in W_LAYOUTS:
         raise ValueError(f"fused_dense: unknown weight layout '{w_layout}' (known: {', '.join(W_LAYOUTS)})")
     out_dtype = out_dtype or x.dtype
     *batch, K = x.shape
     if w_layout == "packed":
         nr = int(w.shape[2])
-        N = int(out_features) if out_features is not None else int(w.shape[0]) * nr
+        # the size in the index type of the rows (int64 when they are symbolic): TIR refuses mixed index types
+        N = tirx.IntImm(str(x.shape[0].ty), int(out_features) if out_features is not None else int(w.shape[0]) * nr)
     else:
         N = w.shape[0] if transpose_b else w.shape[1]
     k = te.reduce_axis((0, K), name="k")
@@ -71,17 +78,48 @@ def fused_dense(x, w, bias=None, *, act="none", transpose_b=False, w_layout="pla
             return w[j // nr, k, j % nr]
         return w[j, k] if transpose_b else w[k, j]
 
-    def matmul(*idx):
-        *b, j = idx
-        return te.sum(x[(*b, k)].astype(acc_dtype) * weight(j).astype(acc_dtype), axis=k)
+    if row_block is None:
+        def matmul(*idx):
+            *b, j = idx
+            return te.sum(x[(*b, k)].astype(acc_dtype) * weight(j).astype(acc_dtype), axis=k)
 
-    acc = te.compute((*batch, N), matmul, name="dense", attrs={"schedule_rule": "tfx.dense"})
+        acc = te.compute((*batch, N), matmul, name="dense", attrs={"schedule_rule": "tfx.dense"})
+        at = lambda *idx: acc(*idx)  # noqa: E731  (a full index gives a PrimExpr; a tuple gives a TensorSlice)
+    else:
+        rows = _product(batch)
+        padded = (rows + (int(row_block) - 1)) // int(row_block) * int(row_block)
+        acc = te.compute((padded, N), lambda r, j: te.sum(
+            x[(*_unflatten(tirx.min(r, rows - 1), batch), k)].astype(acc_dtype) * weight(j).astype(acc_dtype),
+            axis=k), name="dense", attrs={"schedule_rule": "tfx.dense"})
+        at = lambda *idx: acc(_flatten(idx[:-1], batch), idx[-1])  # noqa: E731
 
     def epilogue(*idx):
-        v = acc(*idx)  # a full index gives a PrimExpr; acc[idx] with a tuple is a TensorSlice
+        v = at(*idx)
         if bias is not None:
             v = v + bias[idx[-1]].astype(acc_dtype)
         return activation(v, act).astype(out_dtype)
 
     # "None": MetaSchedule's generic rules leave the epilogue to the dense template, which inlines it.
     return te.compute((*batch, N), epilogue, name="dense_epilogue", attrs={"schedule_rule": "None"})
+
+
+def _product(dims):
+    out = dims[0]
+    for d in dims[1:]:
+        out = out * d
+    return out
+
+
+def _flatten(idx, dims):
+    row = idx[0]
+    for i, d in zip(idx[1:], dims[1:]):
+        row = row * d + i
+    return row
+
+
+def _unflatten(row, dims):
+    out = []
+    for d in reversed(dims[1:]):
+        out.append(tirx.floormod(row, d))
+        row = tirx.floordiv(row, d)
+    return [row, *reversed(out)]

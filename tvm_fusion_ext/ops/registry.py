@@ -74,11 +74,14 @@ def make_prim_func(name: str, input_types: Dict[str, relax.TensorType], params: 
 def _make(name: str, input_types: Dict[str, relax.TensorType], params: dict):
     spec = get_op(name)
     present = [n for n in spec.inputs if n in input_types]
+    # Symbolic dims (batch, sequence) stay TIR variables, bound by the PrimFunc from its buffers' shapes, and
+    # then every index is int64 like them. A static operator keeps int32 sizes: the PrimFunc is then exactly
+    # the one tuning records were made for (they match kernels by structure).
+    symbolic = any(not isinstance(d, tvm.tirx.IntImm) for n in present for d in input_types[n].shape.values)
     placeholders = {}
     for n in present:
         ty = input_types[n]
-        # symbolic dims (batch, sequence) stay TIR variables: the PrimFunc binds them from its buffers' shapes
-        shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in ty.shape.values]
+        shape = [d if symbolic else int(d) for d in ty.shape.values]
         placeholders[n] = te.placeholder(shape, str(ty.dtype), name=n)
     out = spec.compute(**placeholders, **params)
     func = te.create_prim_func([placeholders[n] for n in present] + [out])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import List
 
+import tvm
 from tvm import s_tir
 
 
@@ -42,14 +43,19 @@ def categorical(sch: s_tir.Schedule, candidates, knob: str, default, knobs):
 
 
 def flatten_rows_map(batch_shape, extra: int, index_dtype: str):
-    """IndexMap ``(*batch, *rest) -> (flat row, *rest)``, the ``extra`` trailing axes kept as they are."""
+    """IndexMap ``(*batch, *rest) -> (flat row, *rest)``, the ``extra`` trailing axes kept as they are.
+
+    Unit batch axes contribute nothing and are left out of the row expression: with a symbolic axis beside
+    them (``[1, seq]``), TVM's bijectivity check refuses a map that still multiplies by ``seq``."""
     from tvm.tirx import IndexMap
 
     def fn(*iv):
-        row = iv[0]
-        for d, v in zip(batch_shape[1:], iv[1:len(batch_shape)]):
-            row = row * d + v
-        return (row, *iv[len(batch_shape):])
+        row = None
+        for d, v in zip(batch_shape, iv[:len(batch_shape)]):
+            if isinstance(d, int) and d == 1 or isinstance(d, tvm.tirx.IntImm) and int(d) == 1:
+                continue
+            row = v if row is None else row * d + v
+        return (row if row is not None else iv[0] * 0, *iv[len(batch_shape):])
 
     return IndexMap.from_func(fn, ndim=len(batch_shape) + extra, index_dtype=index_dtype)
 

@@ -18,11 +18,14 @@ def _all_templates() -> List[TemplateRule]:
     from .cpu.attention import AttentionCPU
     from .cpu.dense import DenseCPU
     from .cpu.layernorm import LayerNormCPU
+    from .cpu.rmsnorm import RMSNormCPU
     from .cuda.attention import AttentionCUDA
     from .cuda.dense import DenseCUDA
     from .cuda.layernorm import LayerNormCUDA
+    from .cuda.rmsnorm import RMSNormCUDA
 
-    return [DenseCPU(), AttentionCPU(), LayerNormCPU(), DenseCUDA(), AttentionCUDA(), LayerNormCUDA()]
+    return [DenseCPU(), AttentionCPU(), LayerNormCPU(), RMSNormCPU(),
+            DenseCUDA(), AttentionCUDA(), LayerNormCUDA(), RMSNormCUDA()]
 
 
 def registered() -> Dict[Tuple[str, str], TemplateRule]:

@@ -11,6 +11,8 @@ _EXPORTS = {
     "FuseMatmulBiasActivation": ".dense",
     "FuseMultiHeadAttention": ".attention",
     "FuseQKVProjection": ".qkv",
+    "FuseRMSNorm": ".rmsnorm",
+    "FuseRotaryEmbedding": ".rope",
     "ResolveShapeComputations": ".shape_computations",
     "SemanticFusion": ".pipeline",
     "FusionReport": ".report",

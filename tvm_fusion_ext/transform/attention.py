@@ -181,12 +181,13 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
         out_dtype = explicit_out_dtype(mmc)
         if out_dtype not in (None, str(mmc.args[0].ty.dtype)):
             return f"a matmul changes dtype to {out_dtype}"
-    plan.q = trace_operand(qk.args[0], graph, "q")
-    plan.k = trace_operand(qk.args[1], graph, "k")
-    plan.v = trace_operand(mm.args[1], graph, "v")
+    why: List[str] = []
+    plan.q = trace_operand(qk.args[0], graph, "q", why)
+    plan.k = trace_operand(qk.args[1], graph, "k", why)
+    plan.v = trace_operand(mm.args[1], graph, "v", why)
     for name in ("q", "k", "v"):
         if getattr(plan, name) is None:
-            return f"{name} is not a head-split view of a [B,S,H,D] / [B,H,S,D] tensor"
+            return why[0] if why else f"{name} is not a head-split view of a [B,S,H,D] / [B,H,S,D] tensor"
     (bq, hq, s, dq), (bk, hk, t, dk), (bv, hv, tv, dv) = plan.q.bhsd, plan.k.bhsd, plan.v.bhsd
     if dq != dk:
         return f"q head dim {dq} differs from k head dim {dk}"
@@ -194,8 +195,11 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
         return f"k has {t} keys, v has {tv}"
     if dv != dq:
         return f"v head dim {dv} differs from q/k head dim {dq}"
-    if (bq, hq) != (bk, hk) or (bq, hq) != (bv, hv):
-        return f"batch/heads differ: q {(bq, hq)}, k {(bk, hk)}, v {(bv, hv)}"
+    gk, gv = plan.k.group, plan.v.group
+    if (bq, hq) != (bk, hk * gk) or (bq, hq) != (bv, hv * gv):
+        return f"batch/heads differ: q {(bq, hq)}, k {(bk, hk * gk)}, v {(bv, hv * gv)}"
+    if hk != hv:
+        return f"k has {hk} heads before its repeat, v has {hv}: the operator reads K and V with one head count"
     if scores_shape[-2:] != [s, t] or numel(scores_shape) != bq * hq * s * t:
         return f"scores shape {scores_shape} is not (B, H, S, T) = {(bq, hq, s, t)} (broadcast batch dims)"
     dtypes = {str(o.base.ty.dtype) for o in (plan.q, plan.k, plan.v)}
@@ -268,6 +272,11 @@ class MultiHeadAttentionRule(FusionRule):
         p: _Plan = m["plan"]
         parts = [f"q {p.q.layout}", f"k {p.k.layout}", f"v {p.v.layout}", f"out {p.out_layout}",
                  f"scale {p.scale:.6g}"]
+        if p.k.group > 1:
+            parts.append(f"grouped: {p.k.bhsd[1]} K/V heads for {p.q.bhsd[1]} query heads")
+        ropes = [name for name in ("q", "k") if getattr(p, name).rope is not None]
+        if ropes:
+            parts.append(f"rope {' and '.join(ropes)} ({getattr(p, ropes[0]).rope.style})")
         if p.masks:
             parts.append("mask")
         if p.causal:
@@ -295,6 +304,11 @@ class MultiHeadAttentionRule(FusionRule):
         inputs["mask"] = mask
         params = {"scale": float(p.scale), "causal": bool(p.causal), "q_layout": p.q.layout,
                   "k_layout": p.k.layout, "v_layout": p.v.layout, "out_layout": p.out_layout}
+        for name in ("q", "k"):
+            rope = getattr(p, name).rope
+            if rope is not None:  # read rotated by the operator: the standalone fused_rope becomes dead code
+                params[f"{name}_rope"] = rope.style
+                inputs[f"{name}_cos"], inputs[f"{name}_sin"] = m.remap(rope.cos), m.remap(rope.sin)
         out = call_op(bb, "fused_attention", inputs, params)
         root_shape = static_shape(m.root_var)
         if _op_out_shape(p) != root_shape:

@@ -6,6 +6,15 @@ operator reads the tensor before the chain, in layout BSHD or BHSD. Each axis is
 (they move freely). A walk succeeds at the furthest tensor whose atoms reach the operand as the role needs
 (q: (B, H | S, D), k: (B, H | D, T), v: (B, H | T, D)) without passing through a hidden state (an axis
 merging the head dim with another, ``[B, S, H·D]``), where another computation begins.
+
+Grouped-query attention: K/V heads repeated for the query heads (``expand_dims → broadcast_to → reshape``,
+``repeat`` along the heads axis, ``tile``) add a *group* atom ``("g", n)``. Heads read as ``(h, g)``, K/V head
+``h`` serving query heads ``h·n … h·n + n-1`` (``repeat_kv``, ``repeat_interleave``), are what the operator
+reads in place; ``(g, h)`` (a tile: query head ``i`` reads K/V head ``i mod Hkv``) is refused with that reason.
+
+Rotary embeddings: a ``fused_rope`` call on the way (``transform/rope.py`` made it) is walked through when
+its own axis names (positions, head dim, heads) are the attention axes there; the operand then records the
+rotation, and the fused attention rotates Q or K where it reads them.
 """
 
 from __future__ import annotations
@@ -13,11 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+import tvm
 from tvm import relax
 
+from ..ops.registry import op_of, params_of
 from .graph import FunctionGraph, int_list, numel, op_name, scalar_value, static_shape
 
 SHAPE_OPS = ("relax.permute_dims", "relax.reshape")
+#: views and head repeats an operand may pass through on its way from the tensor the fused op reads
+WALK_OPS = SHAPE_OPS + ("relax.expand_dims", "relax.squeeze", "relax.broadcast_to", "relax.repeat", "relax.tile")
 SCALE_OPS = ("relax.multiply", "relax.divide")
 LAYOUTS = ("BHSD", "BSHD")
 _LABELS = {"BHSD": ("b", "h", "s", "d"), "BSHD": ("b", "s", "h", "d")}
@@ -64,9 +77,37 @@ def _apply(dims, call):
         axes = int_list(call.attrs.axes)
         axes = list(reversed(range(len(dims)))) if axes is None else [a % len(dims) for a in axes]
         return [dims[a] for a in axes]
-    if op == "relax.reshape":
+    if op in ("relax.reshape", "relax.expand_dims", "relax.squeeze"):
         return regroup(dims, static_shape(call))
+    if op == "relax.broadcast_to":
+        out = static_shape(call)
+        if out is None or len(out) < len(dims):
+            return None
+        padded = [[]] * (len(out) - len(dims)) + list(dims)
+        # an axis the broadcast grows from 1 repeats the whole tensor along it: a group atom
+        return [d if _size(d) == n else ([("g", n)] if _size(d) == 1 else None) for d, n in zip(padded, out)] \
+            if all(_size(d) in (1, n) for d, n in zip(padded, out)) else None
+    if op == "relax.repeat":  # repeat_interleave: element i of the axis becomes i·n … i·n + n-1
+        axis, n = call.attrs.axis, int(call.attrs.repeats)
+        if axis is None:
+            return None
+        axis = int(axis) % len(dims)
+        return [d + [("g", n)] if i == axis and n > 1 else d for i, d in enumerate(dims)]
+    if op == "relax.tile":  # the whole axis n times: the copy index is the major part
+        reps = [int(r) for r in call.attrs.repeats]
+        if len(reps) != len(dims):
+            return None
+        return [([("g", r)] if r > 1 else []) + d for d, r in zip(dims, reps)]
+    if op == "relax.call_tir":
+        return dims  # a fused_rope on the way: elementwise (its axes are checked by the walk)
     return dims  # scalar scale
+
+
+def _size(dim) -> int:
+    n = 1
+    for _, k in dim:
+        n *= k
+    return n
 
 
 def regroup(dims, shape):
@@ -97,13 +138,29 @@ def _labels(dims) -> List[str]:
 
 
 def _role_ok(dims, role: str) -> bool:
-    """The operand's last two axes are exactly the role's (or size 1), its batch axes carry b then h."""
+    """The operand's last two axes are exactly the role's (or size 1), its batch axes carry b then h, then
+    (K and V only) the group atoms of repeated heads."""
     if dims is None or len(dims) < 3:
         return False
     want = {"q": ("s", "d"), "k": ("d", "s"), "v": ("s", "d")}[role]
     batch = _labels(dims[:-2])
+    order = ("b", "h", "g") if role != "q" else ("b", "h")
+    if len([x for x in batch if x == "g"]) > 1 or len(set(batch)) != len(batch):
+        return False
     return (_labels([dims[-2]]) in ([want[0]], []) and _labels([dims[-1]]) in ([want[1]], [])
-            and batch == [x for x in ("b", "h") if x in batch])
+            and batch == [x for x in order if x in batch])
+
+
+def _tiled_heads(dims, role: str) -> bool:
+    """The heads are repeated in tile order (group atom before the K/V head atom)."""
+    if dims is None or len(dims) < 3 or role == "q":
+        return False
+    batch = _labels(dims[:-2])
+    return "g" in batch and "h" in batch and batch.index("g") < batch.index("h")
+
+
+def _group(dims) -> int:
+    return _size([a for d in dims for a in d if a[0] == "g"])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -111,24 +168,63 @@ def _role_ok(dims, role: str) -> bool:
 # ---------------------------------------------------------------------------------------------------
 
 @dataclass
+class Rotary:
+    """A ``fused_rope`` the operand was read through: the fused attention applies it where it reads."""
+
+    style: str
+    cos: relax.Expr
+    sin: relax.Expr
+
+
+@dataclass
 class Operand:
     base: relax.Expr  # the tensor the fused op reads (4-D, or 3-D to be viewed as [1, ·, ·, ·])
     layout: str
-    bhsd: Tuple[int, int, int, int]
+    bhsd: Tuple[int, int, int, int]  # (B, heads of the base, S, D): K/V heads for a grouped operand
     scale: float = 1.0
+    group: int = 1  # query heads per head of the base (grouped-query attention)
+    rope: Optional[Rotary] = None
 
 
-def trace_operand(e: relax.Expr, graph: FunctionGraph, role: str) -> Optional[Operand]:
-    """Walk ``e`` back through permute/reshape/scalar-scale ops; the furthest 4-D (then 3-D) tensor that reaches
-    ``e`` as ``role`` requires, with its layout, or None."""
+def _rope_call(val, graph: FunctionGraph):
+    """The params of a ``fused_rope`` call_tir, else None."""
+    if op_name(val) != "relax.call_tir" or not isinstance(val.args[0], relax.GlobalVar):
+        return None
+    func = graph.callee(val.args[0])
+    if not isinstance(func, tvm.tirx.PrimFunc) or op_of(func) != "fused_rope":
+        return None
+    return params_of(func)
+
+
+def _rope_axes_ok(dims, layout: str) -> bool:
+    """At a rotation, the walk's atoms name the axes as the rotation does (size-1 axes carry none)."""
+    if dims is None or len(dims) != 4:
+        return False
+    names = _LABELS[layout]
+    for axis, atoms_ in zip(names, dims):
+        labels = [a[0] for a in atoms_]
+        if axis == "h":
+            if any(x not in ("h",) for x in labels):
+                return False
+        elif labels not in ([], [axis]):
+            return False
+    return True
+
+
+def trace_operand(e: relax.Expr, graph: FunctionGraph, role: str, why: Optional[list] = None) -> Optional[Operand]:
+    """Walk ``e`` back through views, head repeats, scalar scales and rotations; the furthest 4-D (then 3-D)
+    tensor that reaches ``e`` as ``role`` requires, with its layout, or None (``why`` collects a reason when a
+    candidate was close: heads repeated in tile order)."""
     chain = []  # ops from the operand back towards its source
     tensors = [e]  # tensors[i+1] --chain[i]--> tensors[i]
     cur = e
     while True:
         val = graph.value(cur)
         op = op_name(val)
-        if op in SHAPE_OPS:
+        if op in WALK_OPS:
             cur = val.args[0]
+        elif _rope_call(val, graph) is not None and role != "v":
+            cur = val.args[1].fields[0]
         elif op in SCALE_OPS and role != "v":
             so = scalar_operand(val)
             if so is None or const_scale(val, so[1], graph) is None:
@@ -146,8 +242,14 @@ def trace_operand(e: relax.Expr, graph: FunctionGraph, role: str) -> Optional[Op
             for layout in (LAYOUTS if ndim == 4 else ("HSD",)):
                 labels = _LABELS[layout] if ndim == 4 else ("h", "s", "d")
                 dims = atoms(shape, labels)
-                scale = 1.0
+                scale, rope = 1.0, None
                 for c in reversed(chain[:k]):
+                    rope_params = _rope_call(c, graph)
+                    if rope_params is not None:
+                        if rope is not None or not _rope_axes_ok(dims, rope_params.get("layout", "BHSD")):
+                            dims = None  # a rotation along other axes than the attention's: not read through
+                            break
+                        rope = Rotary(rope_params["style"], c.args[1].fields[1], c.args[1].fields[2])
                     dims = _apply(dims, c)
                     if dims is None or _merges_head_dim(dims):
                         dims = None  # the walk crossed a hidden state [.., H·D]: that is another computation
@@ -155,11 +257,17 @@ def trace_operand(e: relax.Expr, graph: FunctionGraph, role: str) -> Optional[Op
                     if op_name(c) in SCALE_OPS:
                         scale *= const_scale(c, c.args[1 - scalar_operand(c)[0]], graph)
                 if not _role_ok(dims, role):
+                    if why is not None and _tiled_heads(dims, role):
+                        why.append(f"{role} heads are repeated as a tile (query head i reads K/V head i mod Hkv), "
+                                   "not grouped")
                     continue
+                group = _group(dims)
                 if ndim == 4:
                     b, x1, x2, d = shape
                     bhsd = (b, x1, x2, d) if layout == "BHSD" else (b, x2, x1, d)
-                    return Operand(tensors[k], layout, bhsd, scale)
+                    return Operand(tensors[k], layout, bhsd, scale, group, rope)
+                if group != 1 or rope is not None:
+                    continue  # a 3-D [B·H, S, D] base is read as B = 1: no room for grouped heads
                 return Operand(tensors[k], "BHSD", (1, *shape), scale)
     return None
 

@@ -47,8 +47,10 @@ def binding_chain(e: relax.Expr, var2val) -> List[relax.Var]:
 class FunctionGraph:
     """One Relax function, indexed once for the questions matchers and the engine ask of it."""
 
-    def __init__(self, func: relax.Function):
+    def __init__(self, func: relax.Function, module: Optional[tvm.IRModule] = None):
         self.func = func
+        #: the module the function lives in, when known: lets a matcher look at a ``call_tir``'s callee
+        self.module = module
         #: var -> bound value (a TVM map: dpl patterns read it directly)
         self.var2val = relax.analysis.get_var2val(func)
         self._val2var = {val: var for var, val in self.var2val.items()}
@@ -73,6 +75,15 @@ class FunctionGraph:
     def var_of(self, value: relax.Expr) -> Optional[relax.Var]:
         """The variable a value is bound to, when it is bound (a dpl match reports values, not variables)."""
         return self._val2var.get(value)
+
+    def callee(self, gv) -> Optional[tvm.ir.BaseFunc]:
+        """The function a ``call_tir`` calls (None without the module, or for an unknown name)."""
+        if self.module is None or not isinstance(gv, relax.GlobalVar):
+            return None
+        try:
+            return self.module[gv]
+        except (KeyError, ValueError, tvm.TVMError):
+            return None
 
     def users(self, var: relax.Var) -> Set[Optional[relax.Var]]:
         """Bindings that read ``var``; ``None`` stands for the function's result."""

@@ -10,6 +10,8 @@ from .canonicalize import Canonicalize
 from .dense import FuseMatmulBiasActivation
 from .layernorm import FuseBiasResidualLayerNorm
 from .qkv import FuseQKVProjection
+from .rmsnorm import FuseRMSNorm
+from .rope import FuseRotaryEmbedding
 from .shape_computations import ResolveShapeComputations
 
 
@@ -23,9 +25,11 @@ def SemanticFusion() -> tvm.transform.Pass:  # noqa: N802
             relax.transform.CanonicalizeBindings(),
             Canonicalize(),
             FuseQKVProjection(),
+            FuseRotaryEmbedding(),
             FuseMultiHeadAttention(),
             FuseMatmulBiasActivation(),
             FuseBiasResidualLayerNorm(),
+            FuseRMSNorm(),
         ],
         name="tfx.SemanticFusion",
     )

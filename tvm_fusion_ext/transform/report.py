@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 
 #: fused kinds always present in ``FusionReport.fused`` (the CLI's JSON contract)
-FUSED_KINDS = ("dense", "attention", "layernorm", "qkv")
+FUSED_KINDS = ("dense", "attention", "layernorm", "qkv", "rmsnorm", "gated_mlp", "rope")
 
 _active = threading.local()
 
@@ -23,7 +23,7 @@ _active = threading.local()
 @dataclass
 class FusionEvent:
     rule: str  # e.g. "FuseMatmulBiasActivation"
-    kind: str  # report bucket: dense / attention / layernorm / qkv / canonical
+    kind: str  # report bucket: one of FUSED_KINDS, or canonical
     function: str  # relax function name
     at: str  # name of the bound variable the rule was anchored at
     detail: str = ""  # accepted: what was built ("gelu, bias"); refused: the reason

@@ -360,7 +360,7 @@ def apply_rules(mod: tvm.IRModule, rules: List[FusionRule]) -> tvm.IRModule:
     plans = {}
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function) and not _is_composite(func):
-            plan = _plan(FunctionGraph(func), gv.name_hint, rules)
+            plan = _plan(FunctionGraph(func, mod), gv.name_hint, rules)
             if plan:
                 plans[gv] = plan
     if not plans:

@@ -3,6 +3,7 @@
 Shape of the schedule::
 
     parallel for (b, h, query tile):                 # one task per tile of ``query_tile`` rows
+        [qr = rotary(q tile)]                        # rotary Q only: the tile, rotated once
         init running (max, sum, out) for the tile
         for key block:                               # the flash loop
             qk    = q_tile · kt_block                # rows × keys, keys vectorised, ``qk_rows`` rows per step
@@ -10,7 +11,11 @@ Shape of the schedule::
             bsum  = row sum;  bo = p · v_block       # head dim vectorised, ``pv_rows`` rows per step
             fold (bmax, bsum, bo) into the running state
         out = running out / running sum
-    parallel for (b, h, key block): kt = K transposed per block   # keys contiguous for the qk micro-kernel
+    parallel for (b, h_kv, key block): kt = K transposed per block   # keys contiguous for the qk micro-kernel
+                                                                     # (rotated there for rotary K)
+
+For causal attention the build bounds the key-block loop by the tile's last row
+(:mod:`...compile.causal_skip`); grouped-query attention reads K/V head ``h // group`` in place.
 
 Everything under the key-block loop is sized (query tile × key block) or (query tile × head dim): no
 buffer of S×T elements exists. Row max / row sum are rfactored into vector-lane partials.
@@ -116,6 +121,8 @@ def attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = No
 
     for blk in (bo, bsum, bsum_rf, p, bmax, bmax_rf, qk):  # consumers first
         sch.compute_at(blk, rb, preserve_unit_loops=True)
+    if "attn_qr" in st:  # rotary Q: rotated once per query tile, into a tile-sized buffer
+        sch.compute_at(st["attn_qr"], task, preserve_unit_loops=True)
 
     # qk: register-blocked (rows × key lanes) micro-kernel over the head dim
     _micro_kernel(sch, qk, "qk_rows", "qk_vec", lanes, knobs)

@@ -33,13 +33,15 @@ from tvm import relax, s_tir
 from ...ops.dense import pack_weight
 from ...targets import TargetInfo
 from ..common import divisors, flatten_rows_map, inline_consumers
-from ..rule import Knobs, TemplateRule, symbolic_extent_reason
+from ..rule import Knobs, TemplateRule
 
 #: 16 ymm registers (AVX2) bound the accumulator tile: mr*nr/8 + nr/8 + 1 <= 16.
 MR_MAX = 8
 NR_MAX = 64
 KC_MAX = 512
 UNROLL_STEPS = (0, 16, 64, 256)
+#: rows per register tile when the row count is symbolic (the operator's ``row_block``; knob ``mr``)
+SYMBOLIC_MR = 4
 PACK_NR = 16
 
 
@@ -87,15 +89,21 @@ def default_ip(m_tiles: int, n_tiles: int, cores: int) -> int:
     return m_tiles
 
 
-def _extent(sch: s_tir.Schedule, loop) -> int:
-    return int(sch.get(loop).extent)
+def _extent(sch: s_tir.Schedule, loop):
+    """The loop's extent: an ``int``, or the ``PrimExpr`` of a symbolic one (rows = batch × sequence)."""
+    extent = sch.get(loop).extent
+    return int(extent) if isinstance(extent, tvm.tirx.IntImm) else extent
+
+
+def _op_params(sch: s_tir.Schedule) -> dict:
+    attrs = sch.mod["main"].attrs
+    return json.loads(str(attrs["tfx.params"])) if attrs is not None and "tfx.params" in attrs else {}
 
 
 def _packed_nr(sch: s_tir.Schedule, block) -> Optional[int]:
     """nr of a packed-layout ``fused_dense`` (from the op's params, not guessed from shapes: a batched
     matmul handed to this template by the fallback also has a 3-D right operand)."""
-    attrs = sch.mod["main"].attrs
-    if attrs is None or "tfx.params" not in attrs or json.loads(str(attrs["tfx.params"])).get("w_layout") != "packed":
+    if _op_params(sch).get("w_layout") != "packed":
         return None
     return int(sch.get(block).reads[1].source.shape[2])
 
@@ -130,28 +138,60 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         j0, j1 = sch.split(j, [None, packed_nr])
         n_tiles = _extent(sch, j0)
 
-    mr = default_mr(M)
-    ip = default_ip(M // mr, n_tiles, TargetInfo.of(target).cores)
-    i_dec = _decision(knobs.get("i"), [ip, M // (ip * mr), mr])
-    ip_, i0, i1 = sch.split(i, sch.sample_perfect_tile(i, n=3, max_innermost_factor=max(MR_MAX, i_dec[-1]),
-                                                       decision=i_dec))
     kc = default_kc(K)
     k_dec = _decision(knobs.get("k"), [K // kc, kc])
     k0, k1 = sch.split(k, sch.sample_perfect_tile(k, n=2, max_innermost_factor=max(KC_MAX, k_dec[-1]),
                                                   decision=k_dec))
-    sch.reorder(ip_, j0, i0, k0, k1, i1, j1)
+    row_block = _op_params(sch).get("row_block")
+    if row_block is None:
+        mr = default_mr(M)
+        ip = default_ip(M // mr, n_tiles, TargetInfo.of(target).cores)
+        i_dec = _decision(knobs.get("i"), [ip, M // (ip * mr), mr])
+        ip_, i0, i1 = sch.split(i, sch.sample_perfect_tile(i, n=3, max_innermost_factor=max(MR_MAX, i_dec[-1]),
+                                                           decision=i_dec))
+        sch.reorder(ip_, j0, i0, k0, k1, i1, j1)
+    else:
+        # Rows known only at run time: the operator padded them to a multiple of row_block (= mr), so the
+        # row tiles split exactly and the micro-kernel carries no tail predicate; column panels are the
+        # parallel tasks. Only the write-back of the last tile is predicated (see _write_back_real_rows).
+        i0, i1 = sch.split(i, [None, int(row_block)])
+        sch.reorder(j0, i0, k0, k1, i1, j1)
+        epilogue = _write_back_real_rows(sch, block, i0, idx_dtype)
+        # LoopPartition then separates the full row tiles from the last one: a predicate in the write-back
+        # keeps LLVM from vectorising the epilogue (GELU costs ~40 flops per element)
+        sch.annotate(i0, "pragma_loop_partition_hint", 1)
+        return _finish(sch, block, j0, i1, j1, k0, knobs, epilogue)
 
-    # The mr×nr accumulator tile lives under i0; the write-back block applies the epilogue from it.
+    # The mr×nr accumulator tile lives under the row-tile loop; the write-back applies the epilogue from it.
     acc = sch.cache_write(block, 0, "local")
     inline_consumers(sch, acc)
     if len(batch_shape) > 1:
         sch.transform_layout(block, ("write", 0), flatten_rows_map(batch_shape, 1, idx_dtype))
         sch.transform_block_layout(acc, flatten_rows_map(batch_shape, 1, idx_dtype))
     sch.reverse_compute_at(acc, i0, preserve_unit_loops=True)
-    par = sch.fuse(ip_, j0)
-    sch.parallel(par)
+    _finish(sch, block, sch.fuse(ip_, j0), i1, j1, k0, knobs, acc)
 
-    wb_loops = sch.get_loops(acc)
+
+def _write_back_real_rows(sch: s_tir.Schedule, block, tile_loop, idx_dtype: str):
+    """Symbolic rows: the epilogue, rows flattened, runs under each row tile and reads the accumulator tile
+    in registers. (Reverse-inlining it into the padded accumulator's write-back, as the static path does,
+    would drop the bound on the real rows and write past the output.)"""
+    epilogue = sch.get_consumers(block)[0]
+    loops = sch.get_loops(epilogue)
+    if len(loops) > 2:
+        sch.transform_block_layout(epilogue, flatten_rows_map([sch.get(lp).extent for lp in loops[:-1]], 1,
+                                                             idx_dtype))
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, tile_loop, preserve_unit_loops=True)
+    sch.reverse_compute_at(epilogue, tile_loop, preserve_unit_loops=True)
+    sch.compute_inline(acc)
+    return epilogue
+
+
+def _finish(sch: s_tir.Schedule, block, par, i1, j1, k0, knobs, write_back) -> None:
+    """Parallel tasks, the register micro-kernel (rows unrolled, columns vectorised), the write-back."""
+    sch.parallel(par)
+    wb_loops = sch.get_loops(write_back)
     sch.unroll(wb_loops[-2])
     sch.vectorize(wb_loops[-1])
     sch.unroll(i1)
@@ -171,7 +211,8 @@ def _decision(given: Optional[Sequence[int]], default: List[int]) -> List[int]:
 
 @dataclass(frozen=True)
 class DenseCpuKnobs(Knobs):
-    i: Optional[Sequence[int]] = None       # [ip, i0, mr]
+    i: Optional[Sequence[int]] = None       # [ip, i0, mr] (static rows)
+    mr: Optional[int] = None                # symbolic rows: rows per register tile (the operator's row_block)
     j: Optional[Sequence[int]] = None       # [j0, nr] (plain weights only)
     k: Optional[Sequence[int]] = None       # [k0, kc]
     unroll: Optional[int] = None            # index into UNROLL_STEPS
@@ -185,20 +226,29 @@ class DenseCPU(TemplateRule):
     Knobs = DenseCpuKnobs
 
     def decline(self, sch, block, target):
-        return symbolic_extent_reason(sch)
+        # rows may be symbolic (batch × sequence); the panel layout needs static columns and reduction
+        *_, j, k = sch.get_loops(block)
+        for name, loop in (("columns", j), ("reduction", k)):
+            if not isinstance(sch.get(loop).extent, tvm.tirx.IntImm):
+                return f"{name} extent {sch.get(loop).extent} is symbolic"
+        return None
 
     def schedule(self, sch, block, target, knobs=None):
         dense_cpu(sch, block, target, knobs)
 
     def prepare_operator(self, call, target):
-        """Constant weights pre-packed into the (N/nr, K, nr) panels the micro-kernel streams."""
-        if call.op != "fused_dense" or call.params.get("w_layout", "plain") != "plain":
+        """Constant weights pre-packed into the (N/nr, K, nr) panels the micro-kernel streams; rows known only
+        at run time padded to the register tile (``row_block``, see ops/dense.py)."""
+        if call.op != "fused_dense":
             return None
+        inputs, params = {}, dict(call.params)
         w = call.constant("w")
-        if w is None:
-            return None  # a weight computed at run time is read in place
-        transpose_b = bool(call.params.get("transpose_b", False))
-        n = int(w.shape[0] if transpose_b else w.shape[1])
-        packed = pack_weight(w, pack_nr(n, target), transpose_b)
-        return call.replace(inputs={"w": relax.const(packed)},
-                            params=dict(call.params, w_layout="packed", out_features=n, transpose_b=False))
+        if params.get("w_layout", "plain") == "plain" and w is not None:  # a run-time weight is read in place
+            transpose_b = bool(params.get("transpose_b", False))
+            n = int(w.shape[0] if transpose_b else w.shape[1])
+            inputs["w"] = relax.const(pack_weight(w, pack_nr(n, target), transpose_b))
+            params.update(w_layout="packed", out_features=n, transpose_b=False)
+        rows = call.inputs["x"].ty.shape.values[:-1]
+        if params.get("row_block") is None and not all(isinstance(d, tvm.tirx.IntImm) for d in rows):
+            params["row_block"] = int(self.knobs.mr or SYMBOLIC_MR)
+        return call.replace(inputs=inputs, params=params) if params != call.params else None

@@ -19,7 +19,7 @@ from tvm import s_tir
 
 from ...targets import TargetInfo
 from ..common import row_loop
-from ..rule import Knobs, TemplateRule, root_blocks, symbolic_extent_reason
+from ..rule import Knobs, TemplateRule, root_blocks
 
 UNROLL_STEPS = (0, 16, 64)
 
@@ -103,7 +103,9 @@ class LayerNormCPU(TemplateRule):
     Knobs = LayerNormCpuKnobs
 
     def decline(self, sch, block, target):
-        return symbolic_extent_reason(sch)
+        # rows (batch × sequence) may be symbolic: they are the parallel loop; the row width may not
+        width = sch.get(sch.get_loops(block)[-1]).extent
+        return None if isinstance(width, tvm.tirx.IntImm) else f"row width {width} is symbolic"
 
     def schedule(self, sch, block, target, knobs=None):
         layernorm_cpu(sch, block, target, knobs)

@@ -4,8 +4,9 @@
 
 Shape of the schedule (``rows`` = query rows per block on threadIdx.y, a warp on threadIdx.x)::
 
-    kernel 1: kt = K transposed per key block                     (global, coalesced writes)
+    kernel 1: kt = K transposed per key block, per K/V head        (global, coalesced writes; rotated for rotary K)
     kernel 2: blockIdx.x = (b, h, query tile)
+        [qr[row, d]  shared                rotary Q only: the tile rotated once]
         running (max, sum, out)[row, d]   in registers: thread (row, d mod 32) owns its columns
         for key block:                                             # the flash loop
             qk[row, key]  shared   thread (row, key mod 32), dot over d
@@ -80,6 +81,12 @@ def attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = N
 
     for blk in (bo, bsum, p, bmax, qk):  # consumers first
         sch.compute_at(blk, rb, preserve_unit_loops=True)
+    if "attn_qr" in st:  # rotary Q: the tile rotated once per block, into shared memory
+        qr = st["attn_qr"]
+        sch.compute_at(qr, task, preserve_unit_loops=True)
+        sch.set_scope(qr, 0, "shared")
+        *_, ri, rd = sch.get_loops(qr)
+        _bind_rows_lanes(sch, ri, rd, lanes)
 
     *_, qi, _, qj, _ = sch.get_loops(qk)
     _, q_lane = _bind_rows_lanes(sch, qi, qj, lanes)

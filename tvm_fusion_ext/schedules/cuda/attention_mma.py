@@ -4,7 +4,7 @@ Uses the mma.sync m16n8k16 intrinsics of :mod:`.tensorcore` (see there why not w
 query tile of ``R = 16·W`` rows and ``W`` warps; warp ``w`` owns rows ``16w … 16w+15`` in every stage, so the
 block never needs more threads than that::
 
-    Q tile      global → shared, once per block                           [R, D]   16-bit
+    Q tile      global → shared, once per block (rotary Q: rotated on the way) [R, D]   16-bit
     for each key block of kb keys:                                        (the flash loop)
         K tile  global → shared                                           [kb, D]  16-bit
         qk      ldmatrix Q, ldmatrix K → mma → fp32 scores, shared        [R, kb]
@@ -16,9 +16,10 @@ block never needs more threads than that::
         online  fold (bmax, bsum, bo) into the running (max, sum, out)    registers
     out = running out / running sum
 
-K and V are read in place when the key blocks tile the keys exactly (one kernel); otherwise from the
-operator's key-blocked copies ``attn_kt`` / ``attn_vb``, which clamp the padding keys (two small extra
-kernels; K's tile is then (D, kb) and loads with ldmatrix.trans).
+K and V are read in place when the key blocks tile the keys exactly (one kernel); otherwise, and for rotary K,
+from the operator's key-blocked copies ``attn_kt`` / ``attn_vb``, which clamp the padding keys and rotate K
+(two small extra kernels; K's tile is then (D, kb) and loads with ldmatrix.trans). Grouped-query heads read
+K/V head ``h // group`` (the copies are per K/V head).
 
 Nothing of S×T elements exists: the largest buffers are the R×kb score and R×D block-output tiles.
 Shared tiles the intrinsics read or write are permuted so that unit axes (batch, head, key block) lead and
@@ -110,9 +111,14 @@ def _to_fragments(sch, blk, kind: str, unit_axis_first: bool = False):
             *ax[:-2], ax[-2] // TILE, ax[-1] // TILE, *fragment_layout(ax[-2] % TILE, ax[-1] % TILE)))
 
 
-def _spread(sch, blk, warps, ndim: int):
+def _spread(sch, blk, warps, ndim: int, vector: bool = True):
     """Cooperative copy: the block's last ``ndim`` loops over all warps × lanes, 16-byte vectors."""
     fused = sch.fuse(*sch.get_loops(blk)[-ndim:])
+    if not vector:
+        _, ty, tx = sch.split(fused, [None, warps, WARP])
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        return
     _, ty, tx, vec = sch.split(fused, [None, warps, WARP, VEC])
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
@@ -153,7 +159,8 @@ def attention_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: 
     # K's tile is then (key, d), a transposed B operand. With padding the copies clamp the key index.
     k_axis, v_axis = _axis_of(sch, kt, 2), _axis_of(sch, vb, 2)
     k_buf = sch.get(kt).reads[0].source
-    in_place = int(k_buf.shape[k_axis]) % key_block == 0
+    # rotary K is rotated while it is copied into key blocks: the copy is then the operand
+    in_place = int(k_buf.shape[k_axis]) % key_block == 0 and len(sch.get(kt).reads) == 1
     if in_place:
         sch.compute_inline(kt)
         sch.compute_inline(vb)
@@ -185,8 +192,15 @@ def attention_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: 
 
     for blk in (bo, bsum, p16, bmax, qk):  # consumers first
         sch.compute_at(blk, rb, preserve_unit_loops=True)
+    qr = st.get("attn_qr")
+    if qr is not None:  # rotary Q: rotated once per block straight into the shared A tile
+        sch.compute_at(qr, task, preserve_unit_loops=True)
+        sch.set_scope(qr, 0, SMEM)
+        _spread(sch, qr, tw[1], 2, vector=False)  # the rotation's partner index does not vectorise
+        sch.storage_align(qr, 0, axis=-2, factor=32, offset=SMEM_PAD)
 
-    _matmul_tiles(sch, qk, qk_names, task, rb, tw[1], a_bshd=q_bshd, b_bshd=in_place and k_axis == 1)
+    _matmul_tiles(sch, qk, qk_names, task, rb, tw[1], a_bshd=None if qr is not None else q_bshd,
+                  b_bshd=in_place and k_axis == 1)
     for red in (bmax, bsum):  # row statistics: warp all-reduces, one row at a time
         *_, ri, _, rj = sch.get_loops(red)
         rows, _ = _warp_rows(sch, ri, rj)

@@ -117,7 +117,8 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
     with tempfile.TemporaryDirectory(prefix="tfx-bench-") as tmp:
         static = _static_dims(path)
         first = next(iter(static.values()), [])
-        wants_other_shape = info is not None and "exporter" in info and (
+        # (a dynamic export serves other shapes as it is: dims 0/1 are filled below)
+        wants_other_shape = info is not None and "exporter" in info and not info.get("dynamic") and (
             (seq is not None and len(first) > 1 and first[1] != seq)
             or (batch is not None and len(first) > 0 and first[0] != batch))
         if wants_other_shape:

@@ -83,7 +83,8 @@ def _jsonable(x):
 
 
 def plot(path: str, result: dict) -> None:
-    """Bar chart: median latency per runtime (model mode) or per runtime and sequence length (attention)."""
+    """Bar chart: median latency per runtime (model or artifact mode) or per runtime and sequence length
+    (attention)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,7 +94,7 @@ def plot(path: str, result: dict) -> None:
         fig, (ax, ax_ws) = plt.subplots(1, 2, figsize=(12, 4))
     else:
         fig, ax = plt.subplots(figsize=(7, 4))
-    if result["mode"] == "model":
+    if result["mode"] != "attention":  # a model or an artifact
         rows = [r for r in result["runtimes"] if r.get("median_ms") is not None]
         names = [r["name"] for r in rows]
         med = [r["median_ms"] for r in rows]

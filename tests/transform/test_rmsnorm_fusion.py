@@ -1,0 +1,126 @@
+"""FuseRMSNorm: the spellings exporters emit fuse to one fused_rmsnorm computing what the unfused graph
+computes; near misses (another axis, another tensor, another exponent) are refused with a reason."""
+
+import numpy as np
+import pytest
+from tvm import relax
+
+from tvm_fusion_ext.testing import assert_refused, build_module, fuse, fused_calls, random_inputs, run_before_after
+from tvm_fusion_ext.transform.graph import op_name
+from tvm_fusion_ext.transform.rmsnorm import RMSNormRule
+
+RULE = RMSNormRule()
+SHAPE = (2, 5, 16)
+
+
+def _c(v, dtype="float32"):
+    return relax.const(np.asarray(v, dtype))
+
+
+def rmsnorm_module(square="pow", inverse="rsqrt", gamma="right", casts=False, residual=False, axis=-1,
+                   other_tensor=False, exponent=2.0, eps=1e-6, reuse_sum=False, gamma_shape=(SHAPE[-1],)):
+    dtype = "float16" if casts else "float32"
+    params = [relax.Var("a", relax.TensorType(SHAPE, dtype))]
+    if residual:
+        params.append(relax.Var("b", relax.TensorType(SHAPE, dtype)))
+    g = _c(np.random.default_rng(5).standard_normal(gamma_shape), dtype)
+
+    def body(bb):
+        x = bb.emit(relax.op.add(params[0], params[1])) if residual else params[0]
+        xf = bb.emit(relax.op.astype(x, "float32")) if casts else x
+        sq_of = bb.emit(relax.op.multiply(xf, _c(2.0))) if other_tensor else xf
+        sq = bb.emit(relax.op.power(sq_of, _c(exponent)) if square == "pow" else relax.op.multiply(sq_of, sq_of))
+        var = bb.emit(relax.op.mean(sq, axis=[axis], keepdims=True))
+        s = bb.emit(relax.op.add(var, _c(eps)))
+        if inverse == "rsqrt":
+            n = bb.emit(relax.op.multiply(xf, bb.emit(relax.op.rsqrt(s))))
+        elif inverse == "reciprocal":  # ONNX Sqrt + Reciprocal
+            n = bb.emit(relax.op.multiply(xf, bb.emit(relax.op.divide(_c(1.0), bb.emit(relax.op.sqrt(s))))))
+        else:
+            n = bb.emit(relax.op.divide(xf, bb.emit(relax.op.sqrt(s))))
+        if casts:
+            n = bb.emit(relax.op.astype(n, dtype))
+        if gamma == "right":
+            n = bb.emit(relax.op.multiply(n, g))
+        elif gamma == "left":
+            n = bb.emit(relax.op.multiply(g, n))
+        if reuse_sum:
+            return relax.Tuple([n, x])
+        return n
+
+    return build_module(params, body)
+
+
+def _assert_fused(mod, rtol=1e-5, residual=False):
+    fused, report = fuse(mod, RULE)
+    assert report.fused["rmsnorm"] == 1, report.summary()
+    assert fused_calls(fused) == {"fused_rmsnorm": 1}
+    expected, actual = run_before_after(mod, fused, random_inputs(mod, seed=1))
+    np.testing.assert_allclose(np.asarray(actual, "float32"), np.asarray(expected, "float32"), rtol=rtol, atol=rtol)
+    assert ("residual" in report.applied[0].detail) == residual
+    return fused
+
+
+@pytest.mark.parametrize("square", ["pow", "mul"])
+@pytest.mark.parametrize("inverse", ["rsqrt", "reciprocal", "divide"])
+def test_statistics_spellings(square, inverse):
+    _assert_fused(rmsnorm_module(square=square, inverse=inverse))
+
+
+@pytest.mark.parametrize("gamma", ["left", "right", "none"])
+def test_gamma_on_either_side_or_absent(gamma):
+    _assert_fused(rmsnorm_module(gamma=gamma))
+
+
+def test_fp32_casts_of_a_float16_model():
+    fused = _assert_fused(rmsnorm_module(casts=True), rtol=2e-3)
+    # both casts are inside the fused op (statistics in fp32, one rounding to fp16)
+    assert not any(op_name(b.value) == "relax.astype" for b in fused["main"].body.blocks[0].bindings)
+
+
+def test_residual_add_is_absorbed():
+    _assert_fused(rmsnorm_module(residual=True), residual=True)
+
+
+def test_reused_residual_sum_stays_and_the_norm_fuses():
+    # pre-norm blocks reuse h = a + b for the next residual: the add stays, the norm reads it
+    fused = _assert_fused(rmsnorm_module(residual=True, reuse_sum=True), residual=False)
+    assert any(op_name(b.value) == "relax.add" for b in fused["main"].body.blocks[0].bindings)
+
+
+def test_gamma_of_shape_1_1_n():
+    _assert_fused(rmsnorm_module(gamma_shape=(1, 1, SHAPE[-1])))
+
+
+@pytest.mark.parametrize("kw,reason", [
+    ({"axis": 1}, "not only the last axis"),
+    ({"other_tensor": True}, "square of another tensor"),
+    ({"exponent": 3.0}, "exponent 3.0, not 2"),
+    ({"eps": 0.0}, "eps is 0, not positive"),
+])
+def test_near_misses_are_refused(kw, reason):
+    assert_refused(rmsnorm_module(**kw), RULE, reason=reason)
+
+
+def test_per_row_scale_is_not_gamma():
+    # a [S, 1] factor scales rows, not features: the norm fuses without it and the multiply stays
+    mod = rmsnorm_module(gamma_shape=(SHAPE[1], 1))
+    fused = _assert_fused(mod)
+    _, report = fuse(mod, RULE)
+    assert any("not one value per feature" in e.detail for e in report.refused)
+    assert any(op_name(b.value) == "relax.multiply" for b in fused["main"].body.blocks[0].bindings)
+
+
+def test_layernorm_is_not_an_rmsnorm():
+    # x - mean(x) normalised by its variance: LayerNorm's statistics, not RMSNorm's
+    x = relax.Var("x", relax.TensorType(SHAPE, "float32"))
+
+    def body(bb):
+        d = bb.emit(relax.op.subtract(x, bb.emit(relax.op.mean(x, axis=[-1], keepdims=True))))
+        var = bb.emit(relax.op.mean(bb.emit(relax.op.multiply(d, d)), axis=[-1], keepdims=True))
+        return bb.emit(relax.op.multiply(x, bb.emit(relax.op.rsqrt(bb.emit(relax.op.add(var, _c(1e-5)))))))
+
+    mod = build_module([x], body)
+    out, report = fuse(mod, RULE)
+    assert report.fused["rmsnorm"] == 0
+    assert any("another tensor" in e.detail for e in report.refused)

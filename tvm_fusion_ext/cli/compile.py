@@ -1,0 +1,62 @@
+"""``tvm-fusion compile MODEL.onnx -o OUT``: compile once into an artifact directory that ``tvm-fusion run`` and
+:func:`tvm_fusion_ext.deploy.load` run on any machine with TVM's runtime (see :mod:`tvm_fusion_ext.compile.artifact`)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .common import add_model_args, max_shapes_arg, shapes_arg
+
+
+def cmd_compile(args) -> int:
+    from ..compile.artifact import check_destination, compile_artifact
+
+    check_destination(args.output)  # before minutes of compiling
+    t0 = time.perf_counter()
+    manifest = compile_artifact(args.model, args.output, target=args.target, logs=args.logs, shapes=shapes_arg(args),
+                                max_shapes=max_shapes_arg(args), fuse_graph=not args.no_fusion)
+    print(describe(manifest, args.output, time.perf_counter() - t0))
+    return 0
+
+
+def describe(manifest: dict, out: str, seconds: float) -> str:
+    """What ``compile`` wrote, for the terminal."""
+    lines = [f"wrote {out}/ in {seconds:.1f} s, for {manifest['target']['string']}"]
+    files = dict(manifest["files"])
+    files["manifest.json"] = {"bytes": os.path.getsize(os.path.join(out, "manifest.json"))}
+    for name, entry in sorted(files.items()):
+        lines.append(f"  {name:<14} {_size(entry['bytes']):>10}")
+    dims = manifest.get("dims") or {}
+    for spec in manifest["inputs"]:
+        lines.append(f"  input  {spec['name']}: {spec['dtype']}[{', '.join(map(str, spec['shape']))}]")
+    for name, b in dims.items():
+        lines.append(f"  dim    {name}: {b['min']} .. {b['max'] if b['max'] is not None else 'unbounded'}")
+    fusion = manifest.get("fusion")
+    lines.append("  fused  " + (", ".join(f"{k} {v}" for k, v in fusion["fused"].items()) if fusion
+                                else "nothing (--no-fusion)"))
+    lines.append(f"  tuning records: {manifest['records']['note']}")
+    checked = manifest["target"]["cpu"]["checked_features"]
+    lines.append(f"  needs CPU features: {', '.join(checked) if checked else 'none beyond the architecture'}")
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("compile", help="compile a model once into an artifact directory (library + weights + "
+                                       "manifest) for `run`, `bench` and tvm_fusion_ext.deploy.load")
+    add_model_args(p)
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="artifact directory to write (an earlier "
+                                                                         "artifact there is replaced)")
+    p.add_argument("--target", default="llvm",
+                   help="llvm (this CPU, default), llvm:CPU (an LLVM CPU name, e.g. llvm:x86-64-v3 to run on any "
+                        "AVX2 machine), cuda or cuda:sm_80 / cuda:sm_90")
+    p.add_argument("--logs", help="tuning-log directory (or a root of them) to apply")
+    p.add_argument("--no-fusion", action="store_true", help="compile without the fusion passes")
+    p.set_defaults(func=cmd_compile)

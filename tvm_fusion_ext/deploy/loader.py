@@ -1,0 +1,140 @@
+"""``load(path)``: an artifact written by ``tvm-fusion compile``, ready to run, with TVM's runtime and numpy only.
+
+Everything that can be checked is checked before the library is loaded, cheapest first: the manifest (format
+version, its own checksum), the TVM and tvm-ffi releases the library was built against, the CPU features and
+GPU it needs, then each file's size and sha256. A library is loaded only after all of that, because loading
+or calling a library built for another CPU can kill the process (SIGILL) instead of raising.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from ..errors import CorruptArtifactError
+from . import host
+from .io import check_inputs, flatten_outputs
+from .manifest import (LIBRARY_FILE, WEIGHTS_FILE, check_digest, check_file, check_runtime_versions, read_manifest,
+                       sha256_of_buffer)
+from .threads import configure_cpu_threads
+from .weights import map_weights, to_device, views
+
+
+class DeployedModel:
+    """A loaded artifact. ``run(inputs)`` takes and returns dicts of numpy arrays by ONNX name.
+
+    Safe to call from several threads at once: TVM's Relax VM is not re-entrant, so each calling thread gets its
+    own VM over the one loaded library and the one set of weight tensors (a VM costs microseconds)."""
+
+    def __init__(self, path: str, manifest: dict, library, weights: list, device):
+        self.path = path
+        self.manifest = manifest
+        self.device = device
+        #: ``{onnx input name: (shape, dtype)}``; a dim is an int or the name of a symbolic dim
+        self.input_specs: Dict[str, Tuple[tuple, str]] = {
+            i["name"]: (tuple(i["shape"]), i["dtype"]) for i in manifest["inputs"]}
+        self.output_names: List[str] = [o["name"] for o in manifest["outputs"]]
+        #: ``{dim name: (lower, upper or None)}`` for the symbolic dims of the inputs
+        self.dim_bounds: Dict[str, Tuple[int, Optional[int]]] = {
+            name: (int(b["min"]), None if b.get("max") is None else int(b["max"]))
+            for name, b in (manifest.get("dims") or {}).items()}
+        self._library = library
+        self._weights = weights
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"DeployedModel({self.path!r}, target {self.manifest['target']['string']!r})"
+
+    # -- inputs ---------------------------------------------------------------------------------------
+    def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> List[np.ndarray]:
+        return check_inputs(self.input_specs, inputs, self.path, self.dim_bounds)
+
+    # -- running --------------------------------------------------------------------------------------
+    def _main(self):
+        main = getattr(self._local, "main", None)
+        if main is None:
+            from tvm.runtime.vm import VirtualMachine
+
+            with self._lock:  # creating VMs from one library concurrently is not documented as safe
+                vm = VirtualMachine(self._library, self.device)
+            self._local.vm, self._local.main = vm, vm["main"]
+            main = self._local.main
+        return main
+
+    def _to_device(self, arrays):
+        import tvm
+
+        return [tvm.runtime.tensor(a, self.device) for a in arrays]
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        tensors = self._to_device(self.check_inputs(inputs))
+        result = self._main()(*tensors, *self._weights)
+        return dict(zip(self.output_names, flatten_outputs(result)))
+
+    def bind(self, inputs: Mapping[str, np.ndarray]):
+        """A zero-argument call running the model on ``inputs`` already on the device (for timing)."""
+        tensors = self._to_device(self.check_inputs(inputs)) + list(self._weights)
+        main = self._main()
+
+        def call():
+            main(*tensors)
+            self.device.sync()
+
+        return call
+
+
+def load(path: str, num_threads: Optional[int] = None, device_id: int = 0, verify: bool = True,
+         check_cpu: bool = True) -> DeployedModel:
+    """Load the artifact directory ``path`` (see :mod:`.manifest` for its layout).
+
+    ``num_threads``: TVM's CPU thread pool size (default: every core this process may use). ``verify=False``
+    skips the sha256 of the library and weights (sizes are still checked): for very large models whose
+    files are trusted. ``check_cpu=False`` skips the CPU-feature check where ``/proc/cpuinfo`` is unreadable.
+    Raises :class:`~tvm_fusion_ext.errors.ArtifactError` (one line) for anything that stops the load."""
+    import tvm
+    import tvm_ffi
+
+    path = os.fspath(path)
+    manifest = read_manifest(path)
+    check_runtime_versions(path, manifest, tvm.__version__, tvm_ffi.__version__)
+    target = manifest["target"]
+    if check_cpu:
+        host.check_cpu(path, target["cpu"])
+    is_cuda = target["family"] == "cuda"
+    device = tvm.cuda(device_id) if is_cuda else tvm.cpu(0)
+    if is_cuda:
+        host.check_gpu(path, target.get("arch"), device)
+
+    library_file = check_file(path, manifest, LIBRARY_FILE, verify=verify)
+    weights = _load_weights(path, manifest, device, verify)
+    if not is_cuda:
+        configure_cpu_threads(num_threads)
+    try:
+        library = tvm.runtime.load_module(library_file)
+    except Exception as err:  # noqa: BLE001  (the checksum passed: a broken toolchain or missing system library)
+        raise CorruptArtifactError(f"{path}: cannot load {LIBRARY_FILE}: {_first_line(err)}") from None
+    return DeployedModel(path, manifest, library, weights, device)
+
+
+def _load_weights(path: str, manifest: dict, device, verify: bool) -> list:
+    index = manifest.get("weights") or []
+    if not index:
+        return []
+    file = check_file(path, manifest, WEIGHTS_FILE, verify=False)
+    mapping = map_weights(file)
+    if verify:  # what is checked is the mapping the kernels will read, not a second read of the file
+        check_digest(path, manifest, WEIGHTS_FILE, sha256_of_buffer(mapping))
+    try:
+        arrays = views(mapping, index)
+    except ValueError as err:
+        raise CorruptArtifactError(f"{path}: {WEIGHTS_FILE}: {err}") from None
+    return to_device(arrays, device)
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return f"{type(err).__name__}: {lines[-1] if lines else ''}"
