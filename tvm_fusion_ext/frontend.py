@@ -339,7 +339,7 @@ def _constant_of_shape_class():
             if dims is not None:
                 return relax.const(np.full(dims, value, dtype), dtype)
             if not isinstance(shape, relax.ShapeExpr):
-                shape = relax.op.tensor_to_shape(shape)
+                shape = _shape_from_tensor(bb, shape)
             return relax.op.broadcast_to(relax.const(value, dtype), shape)
 
     _CLASSES["ConstantOfShape"] = _ConstantOfShape
@@ -355,6 +355,7 @@ def _expand_class():
     comparison done structurally."""
     if "Expand" in _CLASSES:
         return _CLASSES["Expand"]
+    import tvm
     import tvm_ffi
     from tvm import relax, tirx
     from tvm.relax.frontend.onnx import onnx_frontend as of
@@ -363,8 +364,23 @@ def _expand_class():
         @classmethod
         def _impl_v13(cls, bb, inputs, attr, params):
             data, shape = inputs[0], inputs[1]
-            if not isinstance(shape, relax.ShapeExpr):
+            if isinstance(shape, tvm.ir.GenericConst):
                 return super()._impl_v13(bb, inputs, attr, params)
+            if not isinstance(shape, relax.ShapeExpr):
+                # a shape known only at run time: the stock converter broadcasts to it verbatim, so a target dim
+                # of 1 shrinks the input's (ONNX keeps the input's dim: [3, 1] expanded by [2, 1, 6] is [2, 3, 6])
+                shape = _shape_from_tensor(bb, shape)
+                data_shape = list(data.ty.shape.values)
+                target = list(shape.values)
+                if len(target) < len(data_shape):
+                    target = [tirx.IntImm("int64", 1)] * (len(data_shape) - len(target)) + target
+                data_shape = [tirx.IntImm("int64", 1)] * (len(target) - len(data_shape)) + data_shape
+                padded = data if len(data_shape) == len(data.ty.shape.values) else \
+                    bb.normalize(relax.op.reshape(data, relax.ShapeExpr(data_shape)))
+                out = [want if isinstance(have, tirx.IntImm) and int(have) == 1 else
+                       have if isinstance(have, tirx.IntImm) else tirx.max(want, have)
+                       for want, have in zip(target, data_shape)]
+                return relax.op.broadcast_to(padded, relax.ShapeExpr(out))
             data_shape = list(data.ty.shape.values)
             target = list(shape.values)
             if len(target) < len(data_shape):
@@ -384,6 +400,18 @@ def _expand_class():
 
     _CLASSES["Expand"] = _Expand
     return _Expand
+
+
+def _shape_from_tensor(bb, tensor):
+    """A ``ShapeExpr`` of fresh symbolic dims bound to a 1-D int64 tensor's values at run time (legalizing
+    ``broadcast_to`` needs the target as a ``ShapeExpr``, not as a call that yields a shape)."""
+    from tvm import relax, tirx
+
+    (length,) = tensor.ty.shape.values
+    shape = bb.emit(relax.op.tensor_to_shape(tensor))
+    dims = [tirx.Var(f"shape_{i}", "int64") for i in range(int(length))]
+    bb.match_cast(shape, relax.ShapeType(dims))
+    return relax.ShapeExpr(dims)
 
 
 def _range_class():
@@ -435,6 +463,8 @@ def _importer_class():
             pass  # done by _check_ops before we get here, with node names
 
         def from_onnx(self, graph, opset):
+            self._consumers = _consumer_ops(graph)
+            self._node_outputs = ()
             try:
                 return super().from_onnx(graph, opset)
             except BaseException:
@@ -452,6 +482,7 @@ def _importer_class():
         def _parse_value_proto(self, value_proto):
             # TVM names a node by node.name in its errors; most exporters leave it empty
             if isinstance(value_proto, onnx.NodeProto):
+                self._node_outputs = tuple(value_proto.output)  # called once per node, before its conversion
                 return node_label(value_proto)
             return super()._parse_value_proto(value_proto)
 
@@ -463,7 +494,7 @@ def _importer_class():
             try:
                 sym = self._cmap[op_name].get_converter(opset)(self.bb, inputs, attrs, [self._nodes, self._params])
                 if isinstance(sym, of.relax.Expr):
-                    sym = self.bb.normalize(sym)
+                    sym = self._shape_as_tensor_if_needed(self.bb.normalize(sym))
             except ModelLoadError:
                 raise
             except Unsupported as err:
@@ -473,8 +504,34 @@ def _importer_class():
                                      f"{_one_line(err)}") from None
             return sym
 
+        def _shape_as_tensor_if_needed(self, sym):
+            """A shape (``Shape``, or a slice/gather/concat of one) read by an op that takes tensors only becomes a
+            tensor here: TVM refuses such an input ("Node cannot handle ShapeExpr inputs"), which every
+            ONNX function body that does arithmetic on a size hit (the expanded Attention, LayerNormalization,
+            RMSNormalization, ...). Where all readers take shapes it stays a shape, which keeps dims symbolic."""
+            if not isinstance(sym.ty, of.relax.ShapeType) or len(self._node_outputs) != 1:
+                return sym
+            if self._consumers.get(self._node_outputs[0], set()) <= SHAPE_CONSUMERS:
+                return sym
+            return self.bb.normalize(of.relax.op.shape_to_tensor(sym))
+
     _CLASSES["Importer"] = _Importer
     return _Importer
+
+
+#: ops TVM's importer lets read a Relax shape (its ``shape_compatible_ops``); others need a tensor
+SHAPE_CONSUMERS = frozenset({"Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", "Shape", "Expand", "Concat",
+                             "Equal", "Where", "Cast", "CastLike", "Squeeze"})
+
+
+def _consumer_ops(graph) -> dict:
+    """``{value name: op types of the nodes reading it}`` over the graph and its subgraphs."""
+    readers: dict = {}
+    for node in _iter_nodes(graph):
+        for name in node.input:
+            if name:
+                readers.setdefault(name, set()).add(node.op_type)
+    return readers
 
 
 # --------------------------------------------------------------------------------------------------------------
