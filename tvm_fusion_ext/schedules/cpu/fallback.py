@@ -90,6 +90,21 @@ def _has_opaque_block(sch: s_tir.Schedule) -> bool:
     return False
 
 
+#: math intrinsics LLVM codegen can lower for scalars only ("unknown intrinsic tirx.cosh" on a vector)
+SCALAR_ONLY_MATH = frozenset({"tirx.cosh", "tirx.sinh"})
+
+
+def _calls_scalar_only_math(sch: s_tir.Schedule, block) -> bool:
+    found = []
+
+    def visit(node):
+        if isinstance(node, tirx.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in SCALAR_ONLY_MATH:
+            found.append(node)
+
+    tirx.stmt_functor.post_order_visit(sch.get(block).body, visit)
+    return bool(found)
+
+
 class Fallback(CPUScheduleRule):
     """Dense template for leftover matmuls; parallel outer + vectorised inner loop for everything else."""
 
@@ -160,7 +175,7 @@ class Fallback(CPUScheduleRule):
         fused = sch.fuse(*s_loops) if len(s_loops) > 1 else s_loops[0]
         extent = _const_extent(sch, fused)
         outer = fused
-        if not r_loops and extent is not None:
+        if not r_loops and extent is not None and not _calls_scalar_only_math(sch, block):
             if extent % lanes == 0 and extent > lanes:
                 outer, inner = sch.split(fused, [None, lanes])
                 sch.vectorize(inner)
