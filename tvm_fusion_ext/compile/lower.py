@@ -119,7 +119,8 @@ def ShapeDefinitionsFirst() -> tvm.transform.Pass:  # noqa: N802
         out = None
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-                blocks = [_definitions_first(b) for b in func.body.blocks]
+                known = {v for p in func.params for v in relax.analysis.definable_tir_vars_in_type(p.ty)}
+                blocks = [_definitions_first(b, known) for b in func.body.blocks]
                 if any(not new.same_as(old) for new, old in zip(blocks, func.body.blocks)):
                     body = relax.SeqExpr(blocks, func.body.body)
                     out = out if out is not None else mod.clone()
@@ -129,13 +130,15 @@ def ShapeDefinitionsFirst() -> tvm.transform.Pass:  # noqa: N802
     return _pass
 
 
-def _definitions_first(block):
+def _definitions_first(block, known):
+    """``block`` with the ``match_cast`` bindings that define a dim not in ``known`` (the parameters' dims) moved
+    ahead, each after what it reads; unchanged when they are already a prefix."""
     if not isinstance(block, relax.DataflowBlock):
         return block
     bindings = list(block.bindings)
     index = {b.var: i for i, b in enumerate(bindings)}
-    defining = [i for i, b in enumerate(bindings)
-                if isinstance(b, relax.MatchCast) and relax.analysis.definable_tir_vars_in_type(b.ty)]
+    defining = [i for i, b in enumerate(bindings) if isinstance(b, relax.MatchCast)
+                and any(v not in known for v in relax.analysis.definable_tir_vars_in_type(b.ty))]
     if not defining:
         return block
     first, seen = [], set()

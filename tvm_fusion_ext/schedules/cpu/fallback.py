@@ -95,13 +95,16 @@ SCALAR_ONLY_MATH = frozenset({"tirx.cosh", "tirx.sinh"})
 
 
 def _calls_scalar_only_math(sch: s_tir.Schedule, block) -> bool:
+    import tvm_ffi
+
     found = []
 
-    def visit(node):
-        if isinstance(node, tirx.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in SCALAR_ONLY_MATH:
-            found.append(node)
+    def visit(call):  # 0.27 has no stmt_functor in Python: a structural map that changes nothing visits the calls
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in SCALAR_ONLY_MATH:
+            found.append(call)
+        return call
 
-    tirx.stmt_functor.post_order_visit(sch.get(block).body, visit)
+    tvm_ffi.structural_map(sch.get(block).body, (tvm.ir.expr.Call, visit))
     return bool(found)
 
 
