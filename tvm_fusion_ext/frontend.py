@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .converters import Unsupported, check_graph, fixed_converters, node_label
 from .dims import infer_bounds, input_dims, with_bounds
 from .errors import InputError, ModelLoadError
 
@@ -252,6 +253,7 @@ def _convert_map() -> dict[str, Any]:
     cmap["ConstantOfShape"] = _constant_of_shape_class()
     cmap["Expand"] = _expand_class()
     cmap["Range"] = _range_class()
+    cmap.update(fixed_converters())
     return cmap
 
 
@@ -277,8 +279,9 @@ def _check_ops(graph, label):
         others = sorted({n.op_type for n in bad[1:]} - {first.op_type})
         more = f" (and {len(bad) - 1} more unsupported node(s){': ' + ', '.join(others) if others else ''})" \
             if len(bad) > 1 else ""
-        raise ModelLoadError(f"{label}: op {op!r} (node {first.name or '<unnamed>'!r}) is not supported by TVM's "
+        raise ModelLoadError(f"{label}: op {op!r} (node {node_label(first)}) is not supported by TVM's "
                              f"ONNX importer{more}")
+    check_graph(graph, label, set(cmap) | _DIRECT_OPS)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -336,7 +339,7 @@ def _constant_of_shape_class():
             if dims is not None:
                 return relax.const(np.full(dims, value, dtype), dtype)
             if not isinstance(shape, relax.ShapeExpr):
-                shape = relax.op.tensor_to_shape(shape)
+                shape = _shape_from_tensor(bb, shape)
             return relax.op.broadcast_to(relax.const(value, dtype), shape)
 
     _CLASSES["ConstantOfShape"] = _ConstantOfShape
@@ -352,6 +355,7 @@ def _expand_class():
     comparison done structurally."""
     if "Expand" in _CLASSES:
         return _CLASSES["Expand"]
+    import tvm
     import tvm_ffi
     from tvm import relax, tirx
     from tvm.relax.frontend.onnx import onnx_frontend as of
@@ -360,8 +364,23 @@ def _expand_class():
         @classmethod
         def _impl_v13(cls, bb, inputs, attr, params):
             data, shape = inputs[0], inputs[1]
-            if not isinstance(shape, relax.ShapeExpr):
+            if isinstance(shape, tvm.ir.GenericConst):
                 return super()._impl_v13(bb, inputs, attr, params)
+            if not isinstance(shape, relax.ShapeExpr):
+                # a shape known only at run time: the stock converter broadcasts to it verbatim, so a target dim
+                # of 1 shrinks the input's (ONNX keeps the input's dim: [3, 1] expanded by [2, 1, 6] is [2, 3, 6])
+                shape = _shape_from_tensor(bb, shape)
+                data_shape = list(data.ty.shape.values)
+                target = list(shape.values)
+                if len(target) < len(data_shape):
+                    target = [tirx.IntImm("int64", 1)] * (len(data_shape) - len(target)) + target
+                data_shape = [tirx.IntImm("int64", 1)] * (len(target) - len(data_shape)) + data_shape
+                padded = data if len(data_shape) == len(data.ty.shape.values) else \
+                    bb.normalize(relax.op.reshape(data, relax.ShapeExpr(data_shape)))
+                out = [want if isinstance(have, tirx.IntImm) and int(have) == 1 else
+                       have if isinstance(have, tirx.IntImm) else tirx.max(want, have)
+                       for want, have in zip(target, data_shape)]
+                return relax.op.broadcast_to(padded, relax.ShapeExpr(out))
             data_shape = list(data.ty.shape.values)
             target = list(shape.values)
             if len(target) < len(data_shape):
@@ -381,6 +400,18 @@ def _expand_class():
 
     _CLASSES["Expand"] = _Expand
     return _Expand
+
+
+def _shape_from_tensor(bb, tensor):
+    """A ``ShapeExpr`` of fresh symbolic dims bound to a 1-D int64 tensor's values at run time (legalizing
+    ``broadcast_to`` needs the target as a ``ShapeExpr``, not as a call that yields a shape)."""
+    from tvm import relax, tirx
+
+    (length,) = tensor.ty.shape.values
+    shape = bb.emit(relax.op.tensor_to_shape(tensor))
+    dims = [tirx.Var(f"shape_{i}", "int64") for i in range(int(length))]
+    bb.match_cast(shape, relax.ShapeType(dims))
+    return relax.ShapeExpr(dims)
 
 
 def _range_class():
@@ -419,6 +450,7 @@ def _importer_class():
     """TVM's graph importer with our converter map and node-naming errors (a subclass: TVM is not patched)."""
     if "Importer" in _CLASSES:
         return _CLASSES["Importer"]
+    import onnx
     from tvm.relax.frontend.onnx import onnx_frontend as of
 
     class _Importer(of.ONNXGraphImporter):
@@ -430,24 +462,76 @@ def _importer_class():
         def _check_for_unsupported_ops(self, graph):
             pass  # done by _check_ops before we get here, with node names
 
+        def from_onnx(self, graph, opset):
+            self._consumers = _consumer_ops(graph)
+            self._node_outputs = ()
+            try:
+                return super().from_onnx(graph, opset)
+            except BaseException:
+                _close_builder(self.bb)
+                raise
+
+        def _construct_nodes(self, graph):
+            super()._construct_nodes(graph)
+            # A graph output computed by Shape is a Relax shape, which the VM returns as a ShapeTuple, not a tensor
+            for out in graph.output:
+                value = self._nodes.get(out.name)
+                if isinstance(value, of.relax.Expr) and isinstance(value.ty, of.relax.ShapeType):
+                    self._nodes[out.name] = self.bb.emit(of.relax.op.shape_to_tensor(value))
+
+        def _parse_value_proto(self, value_proto):
+            # TVM names a node by node.name in its errors; most exporters leave it empty
+            if isinstance(value_proto, onnx.NodeProto):
+                self._node_outputs = tuple(value_proto.output)  # called once per node, before its conversion
+                return node_label(value_proto)
+            return super()._parse_value_proto(value_proto)
+
         def _convert_operator(self, op_name, inputs, attrs, opset):
-            node = attrs.get("tvm_custom", {}).get("name") or "<unnamed>"
+            node = attrs.get("tvm_custom", {}).get("name") or "'<unnamed>'"
             if op_name not in self._cmap:
-                raise ModelLoadError(f"{self._label}: op {op_name!r} (node {node!r}) is not supported by TVM's "
+                raise ModelLoadError(f"{self._label}: op {op_name!r} (node {node}) is not supported by TVM's "
                                      f"ONNX importer")
             try:
                 sym = self._cmap[op_name].get_converter(opset)(self.bb, inputs, attrs, [self._nodes, self._params])
                 if isinstance(sym, of.relax.Expr):
-                    sym = self.bb.normalize(sym)
+                    sym = self._shape_as_tensor_if_needed(self.bb.normalize(sym))
             except ModelLoadError:
                 raise
+            except Unsupported as err:
+                raise ModelLoadError(f"{self._label}: op {op_name!r} (node {node}) is not supported: {err}") from None
             except Exception as err:
-                raise ModelLoadError(f"{self._label}: TVM cannot import node {node!r} (op {op_name}): "
+                raise ModelLoadError(f"{self._label}: TVM cannot import node {node} (op {op_name}): "
                                      f"{_one_line(err)}") from None
             return sym
 
+        def _shape_as_tensor_if_needed(self, sym):
+            """A shape (``Shape``, or a slice/gather/concat of one) read by an op that takes tensors only becomes a
+            tensor here: TVM refuses such an input ("Node cannot handle ShapeExpr inputs"), which every
+            ONNX function body that does arithmetic on a size hit (the expanded Attention, LayerNormalization,
+            RMSNormalization, ...). Where all readers take shapes it stays a shape, which keeps dims symbolic."""
+            if not isinstance(sym.ty, of.relax.ShapeType) or len(self._node_outputs) != 1:
+                return sym
+            if self._consumers.get(self._node_outputs[0], set()) <= SHAPE_CONSUMERS:
+                return sym
+            return self.bb.normalize(of.relax.op.shape_to_tensor(sym))
+
     _CLASSES["Importer"] = _Importer
     return _Importer
+
+
+#: ops TVM's importer lets read a Relax shape (its ``shape_compatible_ops``); others need a tensor
+SHAPE_CONSUMERS = frozenset({"Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", "Shape", "Expand", "Concat",
+                             "Equal", "Where", "Cast", "CastLike", "Squeeze"})
+
+
+def _consumer_ops(graph) -> dict:
+    """``{value name: op types of the nodes reading it}`` over the graph and its subgraphs."""
+    readers: dict = {}
+    for node in _iter_nodes(graph):
+        for name in node.input:
+            if name:
+                readers.setdefault(name, set()).add(node.op_type)
+    return readers
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -460,6 +544,14 @@ def _one_line(err: BaseException, limit: int = 300) -> str:
     msg = " ".join(lines)
     msg = f"{type(err).__name__}: {msg}" if msg else type(err).__name__
     return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def _close_builder(bb) -> None:
+    """End the binding block and the scope a failed ``from_onnx`` leaves open (the function scope's exit does not):
+    TVM's BlockBuilder otherwise prints "destroyed with remaining blocks" to stderr when it is collected, a second
+    line after our one-line error. Exactly one of each is open (ending one that is not segfaults)."""
+    bb._end_block()
+    bb.end_scope()
 
 
 def _main(mod):

@@ -125,7 +125,7 @@ class Evaluator:
         args = e.args
         if op == "relax.shape_to_tensor":
             dims = _shape_values(args[0])
-            if dims is None:
+            if not dims:  # unknown, or the empty shape of a scalar (no element to select)
                 return None
             return _Value(shape, dtype, lambda idx: _select(dims, idx[0]))
         if op == "relax.arange":
@@ -202,7 +202,7 @@ def _const_value(c) -> Optional[_Value]:
     if flat.size and (flat == flat[0]).all():
         value = tirx.const(bool(flat[0]) if dtype == "bool" else int(flat[0]), dtype)
         return _Value(shape, dtype, lambda idx: value)
-    if arr.ndim == 1 and arr.size <= _MAX_ELEMENTS:
+    if arr.ndim == 1 and 0 < arr.size <= _MAX_ELEMENTS:
         values = [tirx.const(bool(x) if dtype == "bool" else int(x), dtype) for x in flat]
         return _Value(shape, dtype, lambda idx: _select(values, idx[0]))
     return None

@@ -164,6 +164,26 @@ def test_kernel_without_root_block_builds():
     np.testing.assert_array_equal(got, np.cumsum(mask, axis=1) * mask)
 
 
+@pytest.mark.parametrize("op", ["cosh", "exp"])
+def test_fallback_vectorises_only_what_llvm_can_lower_on_vectors(op):
+    """LLVM lowers ``cosh``/``sinh`` for scalars only ("unknown intrinsic tirx.cosh" on a vector): the fallback
+    still schedules such a kernel (parallel) but leaves its lanes scalar; ``exp`` is vectorised as before."""
+    x = te.placeholder((256, 64), "float32", name="x")  # above the serial cut-off
+    y = te.compute(x.shape, lambda i, j: getattr(tvm.tirx, op)(x[i, j]), name="y")
+    func = te.create_prim_func([x, y])
+    target = resolve_target("llvm")
+    sch = fallback_rules(target)[-1].apply(func, target, False)
+    assert sch is not None
+    script = sch.mod["main"].script()
+    assert "T.parallel(" in script
+    assert ("T.vectorized(" in script) == (op == "exp")
+    lib = tvm.compile(sch.mod, target)
+    a = np.linspace(-3, 3, 256 * 64, dtype="float32").reshape(256, 64)
+    out = tvm.runtime.tensor(np.zeros_like(a))
+    lib["main"](tvm.runtime.tensor(a), out)
+    np.testing.assert_allclose(out.numpy(), getattr(np, op)(a), rtol=1e-5)
+
+
 def test_target_info_is_the_one_source_of_target_facts():
     cpu, cuda = TargetInfo.of(CPU), TargetInfo.of(CUDA)
     assert cpu.family == "cpu" and cpu.kind == "llvm" and cpu.lanes("float32") in (8, 16) and cpu.cores >= 1

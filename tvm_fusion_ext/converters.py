@@ -1,0 +1,417 @@
+"""Where TVM 0.27's ONNX importer converts an op wrongly or not at all: fixed converters, and refusals.
+
+Found by running every single-operator case of ONNX's backend tests through ``tvm-fusion run``
+(``tests/robustness/node_sweep.py``; README "Operator coverage"). Two kinds of remedy, never a patch to TVM:
+
+* :func:`fixed_converters`: subclasses of TVM's converters that convert an op correctly where the stock one
+  computes something else (IsInf's ``detect_*``, BitShift past the type's width, floating-point Mod with
+  infinities, integer Pow, SpaceToDepth's ``CRD`` mode, LayerNormalization's Mean/InvStdDev outputs, RMSNorm over
+  every axis, Dropout's mask, Constant's ``value_float``/``value_ints``/... forms), or refuse (raise
+  :class:`Unsupported`) where they would silently substitute a default (NonMaxSuppression's thresholds given
+  at run time);
+* :func:`check_graph`: combinations refused before importing, with the op, the node and the reason: element
+  types TVM cannot compute with or numpy cannot hold, training-mode semantics, attributes TVM ignores,
+  ops of other domains that share a name with one TVM converts (``com.microsoft.Attention`` vs ONNX's
+  ``Attention``).
+
+:mod:`.frontend` wires both in; everything TVM-specific is built lazily so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterator, Optional
+
+import numpy as np
+
+from .errors import ModelLoadError
+
+#: ONNX element types TVM cannot compute with (or, for bfloat16 at a graph boundary, numpy cannot hold)
+NO_COMPUTE_TYPES = frozenset({"FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0",
+                              "FLOAT4E2M1", "UINT4", "INT4", "UINT2", "INT2", "STRING", "COMPLEX64",
+                              "COMPLEX128", "UNDEFINED"})
+NO_NUMPY_TYPES = NO_COMPUTE_TYPES | {"BFLOAT16"}
+
+#: TVM converters written for ONNX Runtime's ``com.microsoft`` ops (TVM's map is keyed by op name alone)
+MICROSOFT_OPS = frozenset({"Attention", "BiasGelu", "EmbedLayerNormalization", "FastGelu", "Gelu",
+                           "MatMulInteger16", "SkipLayerNormalization"})
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+class Unsupported(Exception):
+    """Raised by a converter for an input it cannot convert correctly; the importer names the op and node."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# refusals before importing
+# --------------------------------------------------------------------------------------------------------------
+class _GraphFacts:
+    """What the checks need to know about a graph: declared element types and constant values by name."""
+
+    def __init__(self, graph):
+        from onnx import TensorProto, numpy_helper
+
+        self.types: Dict[str, str] = {}
+        self.constants: Dict[str, np.ndarray] = {}
+        for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+            if vi.type.HasField("tensor_type"):
+                self.types[vi.name] = TensorProto.DataType.Name(vi.type.tensor_type.elem_type)
+        for init in graph.initializer:
+            self.types[init.name] = TensorProto.DataType.Name(init.data_type)
+            if init.data_type != TensorProto.STRING and not init.external_data:
+                self.constants[init.name] = numpy_helper.to_array(init)
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output:
+                value = next((a.t for a in node.attribute if a.name == "value"), None)
+                if value is not None and value.data_type != TensorProto.STRING:
+                    self.constants[node.output[0]] = numpy_helper.to_array(value)
+
+
+def _attr(node, name: str, default=None):
+    from onnx import helper
+
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def _input(node, i: int) -> Optional[str]:
+    return node.input[i] if len(node.input) > i and node.input[i] else None
+
+
+def _type_name(code: int) -> str:
+    from onnx import TensorProto
+
+    return TensorProto.DataType.Name(code)
+
+
+def _cast_refusal(node, facts: _GraphFacts) -> Optional[str]:
+    target = _type_name(_attr(node, "to", 0)) if node.op_type == "Cast" else facts.types.get(_input(node, 1) or "")
+    if target in NO_COMPUTE_TYPES:
+        return f"casting to {target} is not supported (TVM has no correct conversion to that type)"
+    return None
+
+
+def _batchnorm_refusal(node, facts) -> Optional[str]:
+    if _attr(node, "training_mode", 0):
+        return "training_mode=1 (batch statistics and running-mean updates) is not supported; export for inference"
+    return None
+
+
+def _dropout_refusal(node, facts) -> Optional[str]:
+    mode = _input(node, 2)
+    if mode is None:
+        return None
+    value = facts.constants.get(mode)
+    if value is None:
+        return f"training_mode input {mode!r} is computed at run time; only inference (training_mode false) is supported"
+    if bool(np.asarray(value).reshape(-1)[0]):
+        return "training_mode=true (random dropout) is not supported; export for inference"
+    return None
+
+
+def _conv_transpose_refusal(node, facts) -> Optional[str]:
+    if _attr(node, "output_shape") is not None:
+        return "the output_shape attribute is not supported (TVM's converter ignores it); give pads instead"
+    return None
+
+
+def _roi_align_refusal(node, facts) -> Optional[str]:
+    mode = _attr(node, "mode", b"avg")
+    if (mode.decode() if isinstance(mode, bytes) else mode) == "max":
+        return "mode='max' is not supported (TVM pools the sampled values differently from ONNX)"
+    return None
+
+
+def _constant_refusal(node, facts) -> Optional[str]:
+    from onnx import TensorProto
+
+    names = {a.name for a in node.attribute}
+    if names & {"value_string", "value_strings"}:
+        return "string constants are not supported"
+    if "sparse_value" in names:
+        return "sparse constants are not supported"
+    value = _attr(node, "value")
+    if value is not None and value.data_type == TensorProto.STRING:
+        return "string constants are not supported"
+    return None
+
+
+#: op type (default domain) -> check returning the reason a node is refused, or None
+_CHECKS: Dict[str, Callable] = {
+    "Cast": _cast_refusal,
+    "CastLike": _cast_refusal,
+    "BatchNormalization": _batchnorm_refusal,
+    "Dropout": _dropout_refusal,
+    "ConvTranspose": _conv_transpose_refusal,
+    "RoiAlign": _roi_align_refusal,
+    "Constant": _constant_refusal,
+}
+
+
+def _iter_nodes(graph) -> Iterator:
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.HasField("g"):
+                yield from _iter_nodes(a.g)
+            for g in a.graphs:
+                yield from _iter_nodes(g)
+
+
+def node_label(node) -> str:
+    """How an error names a node: its name, else the first output it produces (exporters often leave names empty)."""
+    if node.name:
+        return repr(node.name)
+    out = next((o for o in node.output if o), None)
+    return f"<unnamed, output {out!r}>" if out is not None else "'<unnamed>'"
+
+
+def domain_refusal(node, tvm_ops) -> Optional[str]:
+    """Why TVM's converter for ``node.op_type`` (if any) is not a converter for this node's op, or None."""
+    import onnx.defs
+
+    if node.domain in _DEFAULT_DOMAINS:
+        if node.op_type in tvm_ops and not onnx.defs.has(node.op_type):
+            return f"'{node.op_type}' is not an ONNX op (ONNX Runtime's contrib ops have the domain com.microsoft)"
+        if node.op_type == "Attention":
+            return ("ONNX's Attention op (opset 23) is not supported: TVM's converter of that name is for "
+                    "com.microsoft.Attention, which has other inputs and attributes")
+        return None
+    if node.domain == "com.microsoft" and node.op_type in MICROSOFT_OPS:
+        return None
+    return f"ops of domain '{node.domain}' are not supported by TVM's ONNX importer"
+
+
+def check_graph(graph, label: str, tvm_ops) -> None:
+    """Refuse, naming the first offending node or value, what TVM would convert wrongly or crash on.
+
+    ``tvm_ops`` is the set of op names TVM's importer has a converter for (ops it lacks are refused by the caller
+    with the full list)."""
+    facts = _GraphFacts(graph)
+    for kind, values in (("input", graph.input), ("output", graph.output)):
+        for vi in values:
+            if vi.type.HasField("tensor_type"):
+                t = facts.types.get(vi.name)
+                if t in NO_NUMPY_TYPES:
+                    raise ModelLoadError(f"{label}: graph {kind} {vi.name!r} has element type {t}, which is not "
+                                         f"supported (no numpy dtype holds it)")
+            elif kind == "output":
+                what = vi.type.WhichOneof("value")
+                raise ModelLoadError(f"{label}: graph output {vi.name!r} is a {what.replace('_type', '')}, not a "
+                                     f"tensor (only tensor outputs are supported)")
+    for node in _iter_nodes(graph):
+        op = node.op_type if node.domain in _DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
+        reason = domain_refusal(node, tvm_ops) if node.op_type in tvm_ops else None
+        if reason is None and node.domain in _DEFAULT_DOMAINS and node.op_type in _CHECKS:
+            reason = _CHECKS[node.op_type](node, facts)
+        if reason is not None:
+            raise ModelLoadError(f"{label}: op {op!r} (node {node_label(node)}) is not supported: {reason}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# converters
+# --------------------------------------------------------------------------------------------------------------
+_FIXED: Dict[str, type] = {}
+
+
+def fixed_converters() -> Dict[str, type]:
+    """``{op name: converter class}`` to lay over TVM's converter map (built once, on first use)."""
+    if not _FIXED:
+        _FIXED.update(_build_converters())
+    return dict(_FIXED)
+
+
+def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per op, kept together)
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend as of
+
+    def dtype_of(x) -> str:
+        return str(x.ty.dtype)
+
+    def ndim_of(x) -> int:
+        return len(x.ty.shape.values)
+
+    class _Fixed:
+        """Routes every opset to :meth:`convert`, which gets the stock converter for that opset as ``stock``."""
+
+        @classmethod
+        def get_converter(cls, opset):
+            stock = super().get_converter(opset)
+
+            def convert(bb, inputs, attr, params):
+                return cls.convert(bb, inputs, attr, params, opset, stock)
+
+            return convert
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            raise NotImplementedError
+
+    class Constant(_Fixed, of.Constant):
+        """``value_float``, ``value_floats``, ``value_int``, ``value_ints`` (the stock converter reads ``value`` only;
+        ONNX's function bodies use these forms)."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            for key, dtype in (("value_float", "float32"), ("value_floats", "float32"), ("value_int", "int64"),
+                               ("value_ints", "int64")):
+                if key in attr:
+                    return relax.const(np.asarray(attr[key], dtype), dtype)
+            if "value" not in attr:
+                raise Unsupported("a Constant without a value of a supported form")
+            return stock(bb, inputs, attr, params)
+
+    class IsInf(_Fixed, of.IsInf):
+        """``detect_negative``/``detect_positive`` (the stock converter ignores both and detects either sign)."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            x = inputs[0]
+            neg, pos = int(attr.get("detect_negative", 1)), int(attr.get("detect_positive", 1))
+            inf = relax.op.isinf(x)
+            if neg and pos:
+                return inf
+            zero = relax.const(0, dtype_of(x))
+            if not neg and not pos:
+                return relax.op.zeros_like(inf)
+            sign = relax.op.less(x, zero) if neg else relax.op.greater(x, zero)
+            return relax.op.logical_and(inf, sign)
+
+    class BitShift(_Fixed, of.BitShift):
+        """Shifts by a negative amount or by the type's width or more give the sign fill (ONNX opset 28 semantics;
+        C shifts there are undefined, and TVM's gave ``x`` back or garbage)."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            x, y = inputs
+            direction = attr.get("direction", b"LEFT")
+            direction = direction.decode() if isinstance(direction, bytes) else direction
+            dtype = dtype_of(x)
+            bits = np.iinfo(np.dtype(dtype)).bits
+            out_of_range = relax.op.logical_or(relax.op.less(y, relax.const(0, dtype)),
+                                               relax.op.greater_equal(y, relax.const(bits, dtype)))
+            safe = relax.op.where(out_of_range, relax.const(0, dtype), y)
+            if direction == "LEFT":
+                return relax.op.where(out_of_range, relax.const(0, dtype), relax.op.left_shift(x, safe))
+            if direction != "RIGHT":
+                raise Unsupported(f"direction {direction!r}")
+            fill = (relax.op.right_shift(x, relax.const(bits - 1, dtype)) if np.dtype(dtype).kind == "i"
+                    else relax.const(0, dtype))
+            return relax.op.where(out_of_range, fill, relax.op.right_shift(x, safe))
+
+    class Mod(_Fixed, of.Mod):
+        """Floating-point ``fmod=0`` with numpy's semantics at infinities: ``-3 mod inf = inf`` (the stock
+        ``floor_mod`` computes ``x - floor(x / y) * y``, which is NaN there). Computed as C ``fmod`` moved into the
+        divisor's sign."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            x, y = inputs
+            if int(attr.get("fmod", 0)) or not dtype_of(x).startswith(("float", "bfloat")) or all(
+                    isinstance(v, tvm.ir.GenericConst) for v in inputs):
+                return stock(bb, inputs, attr, params)
+            zero = relax.const(0, dtype_of(x))
+            r = bb.emit(relax.op.mod(x, y))
+            differ = relax.op.logical_xor(relax.op.less(r, zero), relax.op.less(y, zero))
+            return relax.op.where(relax.op.logical_and(relax.op.not_equal(r, zero), differ), relax.op.add(r, y), r)
+
+    class Pow(_Fixed, of.Pow):
+        """Integer bases and exponents of another type (TVM's ``power`` takes one floating-point type): computed in
+        float64 and cast back to the base's type."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            x, y = inputs
+            if all(isinstance(v, tvm.ir.GenericConst) for v in inputs) or not all(
+                    isinstance(getattr(v, "ty", None), relax.TensorType) for v in inputs):
+                return stock(bb, inputs, attr, params)
+            xt, yt = dtype_of(x), dtype_of(y)
+            if xt.startswith("float") and xt == yt:
+                return stock(bb, inputs, attr, params)
+            if xt.startswith("float"):
+                return relax.op.power(x, relax.op.astype(y, xt))
+            wide = relax.op.power(relax.op.astype(x, "float64"), relax.op.astype(y, "float64"))
+            return relax.op.astype(relax.op.trunc(wide), xt)
+
+    class SpaceToDepth(_Fixed, of.SpaceToDepth):
+        """``mode="CRD"`` (opset 25+; the stock converter always uses ``DCR``)."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            mode = attr.get("mode", b"DCR")
+            mode = mode.decode() if isinstance(mode, bytes) else mode
+            if mode == "DCR":
+                return stock(bb, inputs, attr, params)
+            if mode != "CRD":
+                raise Unsupported(f"mode {mode!r}")
+            bs = int(attr["blocksize"])
+            b, c, h, w = inputs[0].ty.shape.values
+            x = relax.op.reshape(inputs[0], (b, c, h // bs, bs, w // bs, bs))
+            x = relax.op.permute_dims(x, [0, 1, 3, 5, 2, 4])
+            return relax.op.reshape(x, (b, c * bs * bs, h // bs, w // bs))
+
+    class LayerNormalization(_Fixed, of.LayerNormalization):
+        """The optional Mean and InvStdDev outputs (the stock converter returns two scalar zeros for them)."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            out = stock(bb, inputs, attr, params)
+            if attr["tvm_custom"]["num_outputs"] < 2:
+                return out
+            x = inputs[0]
+            ndim = ndim_of(x)
+            axis = int(attr.get("axis", -1)) % ndim
+            axes = list(range(axis, ndim))
+            stash = of.get_type(int(attr.get("stash_type", 1)))
+            xs = relax.op.astype(x, stash) if dtype_of(x) != stash else x
+            mean = bb.emit(relax.op.mean(xs, axes, keepdims=True))
+            centred = bb.emit(relax.op.subtract(xs, mean))
+            var = relax.op.mean(relax.op.multiply(centred, centred), axes, keepdims=True)
+            inv = relax.op.rsqrt(relax.op.add(var, relax.const(float(attr.get("epsilon", 1e-5)), stash)))
+            return relax.Tuple([out[0], mean, bb.emit(inv)])
+
+    class RMSNormalization(_Fixed, of.RMSNormalization):
+        """Normalising over every axis (``axis`` 0 or ``-rank``): TOPI's ``rms_norm`` fails to build then ("Tensor
+        dimension mismatch"), so that case is written out as x * rsqrt(mean(x^2) + eps) * scale."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            x, scale = inputs[0], inputs[1]
+            ndim = ndim_of(x)
+            if int(attr.get("axis", -1)) % ndim != 0:
+                return stock(bb, inputs, attr, params)
+            out_type = dtype_of(x)
+            stash = "float32" if int(attr.get("stash_type", 1)) == 1 else out_type
+            xs = relax.op.astype(x, stash) if out_type != stash else x
+            ss = relax.op.astype(scale, stash) if dtype_of(scale) != stash else scale
+            ms = relax.op.mean(relax.op.multiply(xs, xs), list(range(ndim)), keepdims=True)
+            inv = relax.op.rsqrt(relax.op.add(ms, relax.const(float(attr.get("epsilon", 1e-5)), stash)))
+            y = relax.op.multiply(relax.op.multiply(xs, inv), ss)
+            return relax.op.astype(y, out_type) if stash != out_type else y
+
+    class Dropout(_Fixed, of.Dropout):
+        """The optional mask output: all true at inference (the stock converter gives relax's float mask)."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            out = stock(bb, inputs, attr, params)
+            if attr["tvm_custom"]["num_outputs"] < 2:
+                return out
+            out = bb.normalize(out)
+            y = bb.emit(relax.TupleGetItem(out, 0)) if isinstance(out.ty, relax.TupleType) else out
+            return relax.Tuple([y, relax.op.ones_like(inputs[0], "bool")])
+
+    class NonMaxSuppression(_Fixed, of.NonMaxSuppression):
+        """Refuses thresholds and box counts computed at run time: the stock converter silently replaces them by
+        defaults (0 boxes per class, IoU 0.5, score 0), a wrong answer."""
+
+        _NAMES = {2: "max_output_boxes_per_class", 3: "iou_threshold", 4: "score_threshold"}
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            for i, name in cls._NAMES.items():
+                if len(inputs) > i and inputs[i] is not None and not isinstance(inputs[i], tvm.ir.GenericConst):
+                    raise Unsupported(f"input {name} must be a constant (an initializer), not computed at run time")
+            return stock(bb, inputs, attr, params)
+
+    return {cls.__name__: cls for cls in (Constant, IsInf, BitShift, Mod, Pow, SpaceToDepth, LayerNormalization,
+                                           RMSNormalization, Dropout, NonMaxSuppression)}
