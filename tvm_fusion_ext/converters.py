@@ -146,14 +146,15 @@ _CHECKS: Dict[str, Callable] = {
 }
 
 
-def _iter_nodes(graph) -> Iterator:
+def iter_nodes(graph) -> Iterator:
+    """Every node of ``graph`` and of its subgraphs (If/Loop/Scan bodies), depth first."""
     for node in graph.node:
         yield node
         for a in node.attribute:
             if a.HasField("g"):
-                yield from _iter_nodes(a.g)
+                yield from iter_nodes(a.g)
             for g in a.graphs:
-                yield from _iter_nodes(g)
+                yield from iter_nodes(g)
 
 
 def node_label(node) -> str:
@@ -197,7 +198,7 @@ def check_graph(graph, label: str, tvm_ops) -> None:
                 what = vi.type.WhichOneof("value")
                 raise ModelLoadError(f"{label}: graph output {vi.name!r} is a {what.replace('_type', '')}, not a "
                                      f"tensor (only tensor outputs are supported)")
-    for node in _iter_nodes(graph):
+    for node in iter_nodes(graph):
         op = node.op_type if node.domain in _DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
         reason = domain_refusal(node, tvm_ops) if node.op_type in tvm_ops else None
         if reason is None and node.domain in _DEFAULT_DOMAINS and node.op_type in _CHECKS:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .converters import Unsupported, check_graph, fixed_converters, node_label
+from .converters import Unsupported, check_graph, fixed_converters, iter_nodes, node_label
 from .dims import infer_bounds, input_dims, with_bounds
 from .errors import InputError, ModelLoadError
 
@@ -257,20 +257,10 @@ def _convert_map() -> dict[str, Any]:
     return cmap
 
 
-def _iter_nodes(graph):
-    for node in graph.node:
-        yield node
-        for a in node.attribute:
-            if a.HasField("g"):
-                yield from _iter_nodes(a.g)
-            for g in a.graphs:
-                yield from _iter_nodes(g)
-
-
 def _check_ops(graph, label):
     cmap = _convert_map()
     bad = []
-    for node in _iter_nodes(graph):
+    for node in iter_nodes(graph):
         if node.op_type not in cmap and node.op_type not in _DIRECT_OPS:
             bad.append(node)
     if bad:
@@ -527,7 +517,7 @@ SHAPE_CONSUMERS = frozenset({"Reshape", "Resize", "ConstantOfShape", "Gather", "
 def _consumer_ops(graph) -> dict:
     """``{value name: op types of the nodes reading it}`` over the graph and its subgraphs."""
     readers: dict = {}
-    for node in _iter_nodes(graph):
+    for node in iter_nodes(graph):
         for name in node.input:
             if name:
                 readers.setdefault(name, set()).add(node.op_type)
