@@ -10,9 +10,9 @@ from ..tools.bench.model import DEFAULT_BATCH, DEFAULT_SEQ
 from ..tools.bench.report import RUNTIMES
 
 
-def parse_against(text: Optional[str], known=RUNTIMES) -> List[str]:
+def parse_against(text: Optional[str], known=RUNTIMES, default=None) -> List[str]:
     if text is None:
-        return list(known)
+        return list(default or known)
     items = [t.strip().lower() for t in text.split(",") if t.strip()]
     bad = [t for t in items if t not in known]
     if bad or not items:
@@ -69,12 +69,14 @@ def run_bench(args, out: Callable[[str], None] = print) -> dict:
 
 def _bench_artifact(args, seq, out):
     from ..tools.bench import ARTIFACT_RUNTIMES, bench_artifact
+    from ..tools.bench.artifact import DEFAULT_ARTIFACT_RUNTIMES
 
     compile_flags = [flag for flag, value in (("--logs", args.logs), ("--target", args.target != "llvm"))
                      if value]
     if compile_flags:
         raise InputError(f"{compile_flags[0]} applies when compiling; {args.model} is an artifact, compiled already")
-    return bench_artifact(args.model, onnx=args.onnx, against=parse_against(args.against, ARTIFACT_RUNTIMES),
+    return bench_artifact(args.model, onnx=args.onnx, against=parse_against(args.against, ARTIFACT_RUNTIMES,
+                                                                                  DEFAULT_ARTIFACT_RUNTIMES),
                           seq=seq, batch=args.batch, repeat=args.repeat or 20, spin=args.spin,
                           torch_model=args.torch, out=out)
 
@@ -100,7 +102,8 @@ def add_parser(sub) -> None:
                                   "(default: the source recorded in the artifact, if unchanged)")
     p.add_argument("--logs", help="tuning-log directory to apply to this package's build")
     p.add_argument("--against", help=f"comma-separated runtimes to compare with (default {','.join(RUNTIMES)}; "
-                                     f"for an artifact: ort, torch, build = the same model built in this process)")
+                                     f"for an artifact: ort, torch, build = the same model built in this process; "
+                                     f"also static = built for exactly the benchmarked shapes)")
     p.add_argument("--seq", help=f"sequence length for dynamic dims / our exports (default: the model's, or "
                                  f"{DEFAULT_SEQ}); with --attention-only a list, e.g. 512,1024,2048")
     p.add_argument("--batch", type=int, help=f"batch size for dynamic dims / our exports (default: the model's, "

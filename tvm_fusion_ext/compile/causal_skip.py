@@ -73,7 +73,9 @@ def bound_key_block_loop(func: tirx.PrimFunc) -> Optional[tirx.PrimFunc]:
         return None
     S, T, kb = key_geometry(func)
     dtype = rb_loop.extent.ty
-    visible_blocks = tirx.floordiv(i_max.astype(str(dtype)) + tirx.const(T - S, str(dtype)),
+    offset = T - S  # the diagonal's shift; symbolic (and usually 0) when the lengths are
+    offset = tirx.const(offset, str(dtype)) if isinstance(offset, int) else offset.astype(str(dtype))
+    visible_blocks = tirx.floordiv(i_max.astype(str(dtype)) + offset,
                                    tirx.const(kb, str(dtype))) + tirx.const(1, str(dtype))
     extent = tirx.max(tirx.const(0, str(dtype)), tirx.min(rb_loop.extent, visible_blocks - rb_loop.min))
     extent = analyzer.simplify(extent)

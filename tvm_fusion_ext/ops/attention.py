@@ -44,6 +44,11 @@ ACC = "float32"
 LOW_PRECISION = ("float16", "bfloat16")
 
 
+#: keys per block when the key count is known only at run time: short requests waste at most 31 padded keys,
+#: long ones lose a few % against 128-key blocks (the flash loop's per-block rescale runs 4× as often)
+SYMBOLIC_KEY_BLOCK = 32
+
+
 def default_key_block(num_keys: int) -> int:
     """Power of two ≤ 128 covering short sequences without much padding.
 
@@ -97,15 +102,17 @@ def _at(t, layout: str, b, h, s, d):
 def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_sin=None, *, scale: float,
                     causal: bool = False, q_layout: str = "BSHD", k_layout: str = "BSHD", v_layout: str = "BSHD",
                     out_layout: str = "BSHD", key_block: Optional[int] = None, q_rope: str = "none",
-                    k_rope: str = "none"):
+                    k_rope: str = "none", query_block: Optional[int] = None):
     for name, lay in (("q", q_layout), ("k", k_layout), ("v", v_layout), ("out", out_layout)):
         if lay not in LAYOUTS:
             raise ValueError(f"fused_attention: {name}_layout must be one of {LAYOUTS}, got '{lay}'")
-    B, H, S, D = (int(x) for x in _dims(q, q_layout))
-    T = int(_dims(k, k_layout)[2])
-    HKV = int(_dims(k, k_layout)[1])
+    B, H, S, D = (_dim(x) for x in _dims(q, q_layout))
+    T, HKV = _dim(_dims(k, k_layout)[2]), _dim(_dims(k, k_layout)[1])
+    if not all(isinstance(x, int) for x in (H, D, HKV)):
+        raise ValueError(f"fused_attention: heads and head dim must be static, got q {list(q.shape)} {q_layout}, "
+                         f"k {list(k.shape)} {k_layout}")
     kv_shape = [B, HKV, T, D]
-    if ([int(x) for x in _dims(k, k_layout)] != kv_shape or [int(x) for x in _dims(v, v_layout)] != kv_shape
+    if (not _same_dims(_dims(k, k_layout), kv_shape) or not _same_dims(_dims(v, v_layout), kv_shape)
             or H % HKV):
         raise ValueError("fused_attention: q, k, v shapes disagree "
                          f"({list(q.shape)} {q_layout}, {list(k.shape)} {k_layout}, {list(v.shape)} {v_layout}; "
@@ -121,13 +128,34 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
 
     if mask is not None:
         want = (B, H, S, T)[4 - len(mask.shape):]
-        if any(int(e) not in (1, w) for e, w in zip(mask.shape, want)):
+        if any(not (_dim(e) == 1 or _same_dims([e], [w])) for e, w in zip(mask.shape, want)):
             raise ValueError(f"fused_attention: mask {list(mask.shape)} does not broadcast to {[B, H, S, T]}")
-    kb = int(key_block or default_key_block(T))
+    symbolic = not all(isinstance(x, int) for x in (B, S, T))
+    if symbolic:
+        # symbolic dims are int64: every static extent joins them in int64 (TIR refuses mixed index types, and
+        # an int32 axis cast from an int64 loop is not an affine binding the schedules can work with)
+        B, S, T, H, HKV, D = (tirx.IntImm("int64", x) if isinstance(x, int) else x for x in (B, S, T, H, HKV, D))
+    kb = int(key_block or (default_key_block(T) if not symbolic else SYMBOLIC_KEY_BLOCK))
     if kb <= 0 or kb & (kb - 1):
         raise ValueError(f"fused_attention: key_block must be a power of two, got {kb}")
+    whole_blocks = isinstance(_dim(T), int) and _dim(T) % kb == 0
+    if symbolic:
+        kb = tirx.IntImm("int64", kb)
     nb = (T + kb - 1) // kb
     last = T - 1
+    # Queries known only at run time, with query_block: every stage runs over the rows padded to a multiple
+    # of query_block (padding rows read the last real query), so a template tiles them with no tail inside
+    # the flash loop; only the final write-back (attn_out) is bounded by the real rows.
+    padded_rows = query_block is not None and not isinstance(_dim(S), int)
+    if padded_rows:
+        qb = int(query_block)
+        if qb <= 0:
+            raise ValueError(f"fused_attention: query_block must be positive, got {qb}")
+        rows = (S + (qb - 1)) // qb * qb
+        q_row = lambda i: tirx.min(i, S - 1)  # noqa: E731
+    else:
+        rows = S
+        q_row = lambda i: i  # noqa: E731
     f32 = lambda x: tirx.const(x, ACC)  # noqa: E731
     lowest = tirx.min_value(ACC)
     neg_inf = f32(float("-inf"))
@@ -141,7 +169,7 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         # padded keys past T read the last key (in bounds); their score is -inf so they weigh nothing.
         # 16-bit inputs without padding keep the index affine, so the tensor-core template can read K and V
         # in place (fp32 keeps its form: tuning records name the PrimFunc by its structure).
-        return jb * kb + jj if low and T % kb == 0 else tirx.min(jb * kb + jj, last)
+        return jb * kb + jj if low and whole_blocks else tirx.min(jb * kb + jj, last)
 
     def kv_head(h):
         return h // group if group > 1 else h
@@ -156,13 +184,13 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
                     name="attn_kt", attrs={"schedule_rule": "None"})
     if q_rope != "none":
         rotate_q = rotary_read(lambda b, h, i, d: _at(q, q_layout, b, h, i, d), q_cos, q_sin, q_rope, D)
-        qr = te.compute((B, H, S, D), lambda b, h, i, d: rotate_q(b, h, i, d).astype(operand), name="attn_qr",
-                        attrs={"schedule_rule": "None"})
+        qr = te.compute((B, H, rows, D), lambda b, h, i, d: rotate_q(b, h, q_row(i), d).astype(operand),
+                        name="attn_qr", attrs={"schedule_rule": "None"})
         q_read = lambda b, h, i, d: qr[b, h, i, d]  # noqa: E731
     else:
-        q_read = lambda b, h, i, d: _at(q, q_layout, b, h, i, d)  # noqa: E731
+        q_read = lambda b, h, i, d: _at(q, q_layout, b, h, q_row(i), d)  # noqa: E731
     rd = te.reduce_axis((0, D), name="rd")
-    qk = te.compute((B, H, S, nb, kb), lambda b, h, i, jb, jj: te.sum(
+    qk = te.compute((B, H, rows, nb, kb), lambda b, h, i, jb, jj: te.sum(
         q_read(b, h, i, rd).astype(ACC) * kt[b, kv_head(h), jb, rd, jj].astype(ACC), axis=rd),
         name="attn_qk", attrs={"schedule_rule": "None"})
 
@@ -170,15 +198,15 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         j = jb * kb + jj
         s = qk[b, h, i, jb, jj] * f32(scale)
         if mask is not None:
-            full = (b, h, i, tirx.min(j, last))[4 - len(mask.shape):]
-            s = s + mask[tuple(0 if int(e) == 1 else ix for e, ix in zip(mask.shape, full))].astype(ACC)
+            full = (b, h, q_row(i), tirx.min(j, last))[4 - len(mask.shape):]
+            s = s + mask[tuple(0 if _dim(e) == 1 else ix for e, ix in zip(mask.shape, full))].astype(ACC)
         visible = j < T
         if causal:
             visible = tirx.all(visible, j <= i + (T - S))
         return tirx.Select(visible, s, neg_inf)
 
     jj1 = te.reduce_axis((0, kb), name="jj1")
-    bmax = te.compute((B, H, S, nb), lambda b, h, i, jb: te.max(score(b, h, i, jb, jj1), axis=jj1),
+    bmax = te.compute((B, H, rows, nb), lambda b, h, i, jb: te.max(score(b, h, i, jb, jj1), axis=jj1),
                       name="attn_bmax", attrs={"schedule_rule": "None"})
 
     def prob(b, h, i, jb, jj):
@@ -189,25 +217,25 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         # same speed as the Let form (S=T=128, H=12, D=64, template defaults: 5.54 vs 5.58 ms, noisy 2 cores)
         return tirx.Select(s >= lowest, fast_exp(s - bmax[b, h, i, jb], bind=False), f32(0.0))
 
-    p = te.compute((B, H, S, nb, kb), prob, name="attn_p", attrs={"schedule_rule": "None"})
+    p = te.compute((B, H, rows, nb, kb), prob, name="attn_p", attrs={"schedule_rule": "None"})
     jj2 = te.reduce_axis((0, kb), name="jj2")
     jj3 = te.reduce_axis((0, kb), name="jj3")
     if low:
         # p rounded once; the block sum adds the very values the second matmul multiplies, so the
         # normalisation matches the numerator. V is copied into key blocks like K (clamped padding keys).
-        p16 = te.compute((B, H, S, nb, kb), lambda *ix: p(*ix).astype(operand), name="attn_p16",
+        p16 = te.compute((B, H, rows, nb, kb), lambda *ix: p(*ix).astype(operand), name="attn_p16",
                          attrs={"schedule_rule": "None"})
         vb = te.compute((B, HKV, nb, kb, D), lambda b, hk, jb, jj, d: _at(v, v_layout, b, hk, key(jb, jj), d).astype(
             operand), name="attn_vb", attrs={"schedule_rule": "None"})
-        bsum = te.compute((B, H, S, nb), lambda b, h, i, jb: te.sum(p16[b, h, i, jb, jj2].astype(ACC), axis=jj2),
+        bsum = te.compute((B, H, rows, nb), lambda b, h, i, jb: te.sum(p16[b, h, i, jb, jj2].astype(ACC), axis=jj2),
                           name="attn_bsum", attrs={"schedule_rule": "None"})
-        bo = te.compute((B, H, S, nb, D), lambda b, h, i, jb, d: te.sum(
+        bo = te.compute((B, H, rows, nb, D), lambda b, h, i, jb, d: te.sum(
             p16[b, h, i, jb, jj3].astype(ACC) * vb[b, kv_head(h), jb, jj3, d].astype(ACC), axis=jj3),
             name="attn_bo", attrs={"schedule_rule": "None"})
     else:
-        bsum = te.compute((B, H, S, nb), lambda b, h, i, jb: te.sum(p[b, h, i, jb, jj2], axis=jj2),
+        bsum = te.compute((B, H, rows, nb), lambda b, h, i, jb: te.sum(p[b, h, i, jb, jj2], axis=jj2),
                           name="attn_bsum", attrs={"schedule_rule": "None"})
-        bo = te.compute((B, H, S, nb, D), lambda b, h, i, jb, d: te.sum(
+        bo = te.compute((B, H, rows, nb, D), lambda b, h, i, jb, d: te.sum(
             p[b, h, i, jb, jj3] * _at(v, v_layout, b, kv_head(h), key(jb, jj3), d).astype(ACC), axis=jj3),
             name="attn_bo", attrs={"schedule_rule": "None"})
 
@@ -226,7 +254,7 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
     online = te.comm_reducer(combine, identity, name="online_softmax")
     rb = te.reduce_axis((0, nb), name="rb")
     _, run_sum, run_out = te.compute(
-        (B, H, S, D), lambda b, h, i, d: online((bmax[b, h, i, rb], bsum[b, h, i, rb], bo[b, h, i, rb, d]), axis=rb),
+        (B, H, rows, D), lambda b, h, i, d: online((bmax[b, h, i, rb], bsum[b, h, i, rb], bo[b, h, i, rb, d]), axis=rb),
         name="attn_online", attrs={"schedule_rule": "None"})
 
     def finish(b, h, i, d):
@@ -234,19 +262,40 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         # l == 0 only for rows without a visible key: define them as 0 instead of 0/0
         return tirx.Select(l_ > f32(0.0), run_out[b, h, i, d] / l_, f32(0.0)).astype(q.dtype)
 
+    out_rule = "tfx.attention"
+    if padded_rows:
+        # the anchor finishes every padded row (BHSD); attn_out copies the real rows out, in the output layout
+        done = te.compute((B, H, rows, D), finish, name="attn_rows", attrs={"schedule_rule": "tfx.attention"})
+        finish, out_rule = (lambda b, h, i, d: done[b, h, i, d]), "None"
     if out_layout == "BHSD":
-        return te.compute((B, H, S, D), finish, name="attn_out", attrs={"schedule_rule": "tfx.attention"})
+        return te.compute((B, H, S, D), finish, name="attn_out", attrs={"schedule_rule": out_rule})
     return te.compute((B, S, H, D), lambda b, i, h, d: finish(b, h, i, d), name="attn_out",
-                      attrs={"schedule_rule": "tfx.attention"})
+                      attrs={"schedule_rule": out_rule})
+
+
+def _dim(x):
+    """A static dimension as ``int``; a symbolic one as it is."""
+    return int(x) if isinstance(x, (int, tirx.IntImm)) else x
+
+
+def _same_dims(a, b) -> bool:
+    from tvm import sym
+
+    analyzer = sym.Analyzer()
+    return len(a) == len(b) and all(
+        _dim(x) == _dim(y) if isinstance(_dim(x), int) and isinstance(_dim(y), int)
+        else analyzer.can_prove_equal(x, y) for x, y in zip(a, b))
 
 
 def key_geometry(func) -> tuple:
     """``(S, T, key_block)`` of a ``fused_attention`` PrimFunc (the build path's passes need the causal diagonal
-    and the key blocking of a kernel without re-deriving the operator)."""
+    and the key blocking of a kernel without re-deriving the operator); S and T are ``int`` or the kernel's
+    own symbolic dims."""
     from .registry import inputs_of, params_of
 
     params = params_of(func)
     buffers = {name: p.ty for name, p in zip(inputs_of(func), func.params)}  # 0.27: a parameter's type is its buffer
-    S = int(_dims(buffers["q"], params.get("q_layout", "BSHD"))[2])
-    T = int(_dims(buffers["k"], params.get("k_layout", "BSHD"))[2])
-    return S, T, int(params.get("key_block") or default_key_block(T))
+    S = _dim(_dims(buffers["q"], params.get("q_layout", "BSHD"))[2])
+    T = _dim(_dims(buffers["k"], params.get("k_layout", "BSHD"))[2])
+    default = default_key_block(T) if isinstance(T, int) else SYMBOLIC_KEY_BLOCK
+    return S, T, int(params.get("key_block") or default)

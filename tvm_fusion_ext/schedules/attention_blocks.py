@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
-from tvm import s_tir
+from tvm import s_tir, tirx
 
 STAGES = ("attn_online", "attn_bo", "attn_bsum", "attn_p", "attn_bmax", "attn_qk", "attn_kt")
 #: present for 16-bit inputs only: the rounded probabilities and V in key blocks (the matmul operands)
@@ -43,3 +43,25 @@ def inline_low_precision_stages(sch: s_tir.Schedule, stages: Dict[str, s_tir.sch
     for name in LOW_PRECISION_STAGES:
         if name in stages:
             sch.compute_inline(stages.pop(name))
+
+
+def symbolic_rows_reason(sch: s_tir.Schedule, out) -> Optional[str]:
+    """Why a template cannot take this kernel's symbolic dims, or None. Batch and key count may be symbolic
+    (a parallel loop; key blocks padded by the operator); query rows only when the operator padded them to
+    tiles (its ``attn_rows`` stage); heads and head dim are static by the operator's contract."""
+    if sch.get(out).name_hint == "attn_rows":
+        return None
+    _, _, rows, _ = output_loops_bhsd(sch, out)
+    extent = sch.get(rows).extent
+    return None if isinstance(extent, tirx.IntImm) else f"query rows {extent} are symbolic and not padded to tiles"
+
+
+def pad_symbolic_queries(call, tile: int):
+    """The ``fused_attention`` call with its symbolic query rows padded to ``tile`` (``query_block``), or None
+    when there is nothing to do (static rows, already padded, another operator)."""
+    if call.op != "fused_attention" or call.params.get("query_block") is not None:
+        return None
+    rows = call.inputs["q"].ty.shape[2 if call.params.get("q_layout", "BSHD") == "BHSD" else 1]
+    if isinstance(rows, tirx.IntImm):
+        return None
+    return call.replace(params=dict(call.params, query_block=int(tile)))

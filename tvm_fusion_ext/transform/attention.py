@@ -41,7 +41,8 @@ from ..ops import call_op
 from .attention_mask import compact_mask, const_eval, is_causal_mask
 from .attention_operands import (SCALE_OPS, SHAPE_OPS, Operand, atoms, const_scale, out_layout, regroup,
                                  scalar_operand, trace_operand)
-from .graph import FunctionGraph, explicit_out_dtype, numel, op_name, scalar_value, static_shape
+from .graph import (FunctionGraph, dims_product, explicit_out_dtype, format_dims, op_name, same_dim, same_dims,
+                    scalar_value, shape_dims)
 from .rule import Found, FusionRule, Match, Matcher, Variant, rule_pass
 
 _MAX_MASKS = 4
@@ -169,9 +170,9 @@ def _walk_scores(x, graph: FunctionGraph, plan: _Plan, covered: list) -> Optiona
 # ---------------------------------------------------------------------------------------------------
 
 def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Optional[str]:
-    scores_shape = static_shape(qk)
-    if scores_shape is None or static_shape(mm) is None:
-        return "shapes are not static"
+    scores_shape = shape_dims(qk)
+    if scores_shape is None or shape_dims(mm) is None:
+        return "shapes are unknown (rank only)"
     axis = int(sm.attrs.axis)
     if axis not in (-1, len(scores_shape) - 1):
         return f"softmax is over axis {axis}, not the key axis (last)"
@@ -189,19 +190,24 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
         if getattr(plan, name) is None:
             return why[0] if why else f"{name} is not a head-split view of a [B,S,H,D] / [B,H,S,D] tensor"
     (bq, hq, s, dq), (bk, hk, t, dk), (bv, hv, tv, dv) = plan.q.bhsd, plan.k.bhsd, plan.v.bhsd
+    if not all(isinstance(x, int) for x in (hq, hk, hv, dq, dk, dv)):
+        return "heads or head dim are symbolic (the operator needs them static)"
     if dq != dk:
         return f"q head dim {dq} differs from k head dim {dk}"
-    if t != tv:
+    if not same_dim(t, tv):
         return f"k has {t} keys, v has {tv}"
     if dv != dq:
         return f"v head dim {dv} differs from q/k head dim {dq}"
     gk, gv = plan.k.group, plan.v.group
-    if (bq, hq) != (bk, hk * gk) or (bq, hq) != (bv, hv * gv):
-        return f"batch/heads differ: q {(bq, hq)}, k {(bk, hk * gk)}, v {(bv, hv * gv)}"
+    if not same_dims([bq, hq], [bk, hk * gk]) or not same_dims([bq, hq], [bv, hv * gv]):
+        return f"batch/heads differ: q {format_dims([bq, hq])}, k {format_dims([bk, hk * gk])}, " \
+               f"v {format_dims([bv, hv * gv])}"
     if hk != hv:
         return f"k has {hk} heads before its repeat, v has {hv}: the operator reads K and V with one head count"
-    if scores_shape[-2:] != [s, t] or numel(scores_shape) != bq * hq * s * t:
-        return f"scores shape {scores_shape} is not (B, H, S, T) = {(bq, hq, s, t)} (broadcast batch dims)"
+    if not same_dims(scores_shape[-2:], [s, t]) or not same_dim(dims_product(scores_shape),
+                                                                 dims_product([bq, hq, s, t])):
+        return (f"scores shape {format_dims(scores_shape)} is not (B, H, S, T) = {format_dims([bq, hq, s, t])} "
+                "(broadcast batch dims)")
     dtypes = {str(o.base.ty.dtype) for o in (plan.q, plan.k, plan.v)}
     if len(dtypes) != 1:
         return f"q/k/v dtypes differ: {sorted(dtypes)}"
@@ -215,7 +221,7 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
     # (matmul batch axes are the operands' (b then h), however the scores group them)
     scores_dims = regroup(atoms((bq, hq, s, t), ("b", "h", "s", "t")), scores_shape)
     if scores_dims is None:
-        return f"scores shape {scores_shape} does not group (B, H, S, T) = {(bq, hq, s, t)}"
+        return f"scores shape {format_dims(scores_shape)} does not group (B, H, S, T) = {format_dims([bq, hq, s, t])}"
     mm_dims = scores_dims[:-1] + [[("d", dq)] if dq != 1 else []]
     layout = out_layout(mm_dims, list(reversed(out_chain)))
     if layout is None:
@@ -228,9 +234,9 @@ def _analyse_masks(plan: _Plan, scores_shape, bhst, dtype, graph: FunctionGraph)
     b, h, s, t = bhst
     kept = []
     for mask, factor in plan.masks:
-        ms = static_shape(mask)
+        ms = shape_dims(mask)
         if ms is None:
-            return "mask shape is not static"
+            return "mask shape is unknown (rank only)"
         if str(mask.ty.dtype) != dtype:
             return f"mask is not additive (dtype {mask.ty.dtype}, scores {dtype})"
         if len(ms) > len(scores_shape) or len(ms) > 4:
@@ -239,9 +245,9 @@ def _analyse_masks(plan: _Plan, scores_shape, bhst, dtype, graph: FunctionGraph)
         op_shape = (b, h, s, t)
         for i in range(1, len(ms) + 1):
             m_i, g_i, o_i = ms[-i], scores_shape[-i], op_shape[-i]
-            if m_i != 1 and (m_i != g_i or m_i != o_i):
-                return f"mask of shape {ms} does not broadcast to (B, H, S, T) = {op_shape}"
-        value = const_eval(mask, graph)
+            if not (isinstance(m_i, int) and m_i == 1) and (not same_dim(m_i, g_i) or not same_dim(m_i, o_i)):
+                return f"mask of shape {format_dims(ms)} does not broadcast to (B, H, S, T) = {format_dims(op_shape)}"
+        value = const_eval(mask, graph) if isinstance(s, int) and isinstance(t, int) else None
         if value is not None and factor > 0 and is_causal_mask(value * factor if factor != 1 else value, s, t):
             plan.causal = True
             continue
@@ -291,7 +297,7 @@ class MultiHeadAttentionRule(FusionRule):
         for name in ("q", "k", "v"):
             op: Operand = getattr(p, name)
             x = m.arg(name)
-            if len(static_shape(op.base)) == 3:
+            if len(shape_dims(op.base)) == 3:
                 x = bb.emit(relax.op.reshape(x, op.bhsd))
             inputs[name] = x
         mask = None
@@ -310,13 +316,13 @@ class MultiHeadAttentionRule(FusionRule):
                 params[f"{name}_rope"] = rope.style
                 inputs[f"{name}_cos"], inputs[f"{name}_sin"] = m.remap(rope.cos), m.remap(rope.sin)
         out = call_op(bb, "fused_attention", inputs, params)
-        root_shape = static_shape(m.root_var)
-        if _op_out_shape(p) != root_shape:
+        root_shape = shape_dims(m.root_var)
+        if not same_dims(_op_out_shape(p), root_shape):
             out = relax.op.reshape(bb.emit(out, name_hint="attn"), root_shape)
         return out
 
 
-def _op_out_shape(p: _Plan) -> List[int]:
+def _op_out_shape(p: _Plan) -> list:
     b, h, s, _ = p.q.bhsd
     d = p.v.bhsd[3]
     return [b, h, s, d] if p.out_layout == "BHSD" else [b, s, h, d]

@@ -16,7 +16,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .graph import FunctionGraph, const_value, numel, op_name, static_shape
+from .graph import FunctionGraph, const_value, op_name, same_dim, shape_dims, static_shape
 
 #: masks at or below this are "minus infinity" for detecting a causal mask: exp(s + m - max) underflows to
 #: exactly 0 in any float type, and s + m == m in fp32 for |s| < 1e22, so the op's -inf is the same thing
@@ -137,7 +137,24 @@ def _compact(expr, graph, remap, bb, depth) -> Optional[relax.Expr]:
     if not changed:
         return None
     new = bb.normalize(relax.Call(value.op, args, value.attrs, value.ty_args))
-    new_size, old_size = numel(static_shape(new)), numel(static_shape(value))
-    if new_size is None or old_size is None or new_size >= old_size:
+    if not _strictly_smaller(shape_dims(new), shape_dims(value)):
         return None
     return bb.emit(new, name_hint="mask")
+
+
+def _strictly_smaller(new, old) -> bool:
+    """``new`` broadcasts to ``old`` (right-aligned, each dim 1 or the same) and has a 1 where ``old`` does not:
+    decided per axis, so symbolic dims (``[batch, 1, seq, seq]`` → ``[batch, 1, 1, seq]``) compare too."""
+    if new is None or old is None or len(new) > len(old):
+        return False
+    smaller = len(new) < len(old) and any(not _one(d) for d in old[:len(old) - len(new)])
+    for n, o in zip(reversed(new), reversed(old)):
+        if _one(n):
+            smaller |= not _one(o)
+        elif not same_dim(n, o):
+            return False
+    return smaller
+
+
+def _one(d) -> bool:
+    return isinstance(d, int) and d == 1

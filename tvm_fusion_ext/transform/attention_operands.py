@@ -26,7 +26,8 @@ import tvm
 from tvm import relax
 
 from ..ops.registry import op_of, params_of
-from .graph import FunctionGraph, int_list, numel, op_name, scalar_value, static_shape
+from .graph import (FunctionGraph, dims_product, int_list, numel, op_name, same_dim, same_dims, scalar_value,
+                    shape_dims, static_shape)
 
 SHAPE_OPS = ("relax.permute_dims", "relax.reshape")
 #: views and head repeats an operand may pass through on its way from the tensor the fused op reads
@@ -42,10 +43,10 @@ _LABELS = {"BHSD": ("b", "h", "s", "d"), "BSHD": ("b", "s", "h", "d")}
 
 def scalar_operand(call: relax.Call) -> Optional[Tuple[int, relax.Expr]]:
     """For a multiply/divide that keeps its tensor operand's shape: (index of the tensor operand, the other)."""
-    shape_out = static_shape(call)
+    shape_out = shape_dims(call)
     for i in (0, 1):
         other = call.args[1 - i]
-        if static_shape(call.args[i]) == shape_out and numel(static_shape(other)) == 1:
+        if same_dims(shape_dims(call.args[i]), shape_out) and numel(static_shape(other)) == 1:
             if op_name(call) == "relax.divide" and i == 1:
                 continue  # c / x is not a scale of x
             return i, other
@@ -67,8 +68,13 @@ def const_scale(call: relax.Call, other: relax.Expr, graph: FunctionGraph) -> Op
 # ---------------------------------------------------------------------------------------------------
 
 def atoms(shape, labels):
-    """One list of (label, size) per axis; size-1 axes carry no atom (they can move freely)."""
-    return [[(lab, n)] if n != 1 else [] for lab, n in zip(labels, shape)]
+    """One list of (label, size) per axis; size-1 axes carry no atom (they can move freely). A size is an
+    ``int`` or a symbolic dim (a symbolic one is never taken for 1)."""
+    return [[(lab, n)] if not _is_one(n) else [] for lab, n in zip(labels, shape)]
+
+
+def _is_one(n) -> bool:
+    return isinstance(n, int) and n == 1
 
 
 def _apply(dims, call):
@@ -78,15 +84,22 @@ def _apply(dims, call):
         axes = list(reversed(range(len(dims)))) if axes is None else [a % len(dims) for a in axes]
         return [dims[a] for a in axes]
     if op in ("relax.reshape", "relax.expand_dims", "relax.squeeze"):
-        return regroup(dims, static_shape(call))
+        return regroup(dims, shape_dims(call))
     if op == "relax.broadcast_to":
-        out = static_shape(call)
+        out = shape_dims(call)
         if out is None or len(out) < len(dims):
             return None
         padded = [[]] * (len(out) - len(dims)) + list(dims)
-        # an axis the broadcast grows from 1 repeats the whole tensor along it: a group atom
-        return [d if _size(d) == n else ([("g", n)] if _size(d) == 1 else None) for d, n in zip(padded, out)] \
-            if all(_size(d) in (1, n) for d, n in zip(padded, out)) else None
+        # an axis the broadcast grows from 1 repeats the whole tensor along it: a group atom (static: heads)
+        grown = []
+        for d, n in zip(padded, out):
+            if same_dim(_size(d), n):
+                grown.append(d)
+            elif _is_one(_size(d)) and isinstance(n, int):
+                grown.append([("g", n)])
+            else:
+                return None
+        return grown
     if op == "relax.repeat":  # repeat_interleave: element i of the axis becomes i·n … i·n + n-1
         axis, n = call.attrs.axis, int(call.attrs.repeats)
         if axis is None:
@@ -103,27 +116,27 @@ def _apply(dims, call):
     return dims  # scalar scale
 
 
-def _size(dim) -> int:
-    n = 1
-    for _, k in dim:
-        n *= k
-    return n
+def _size(dim):
+    return dims_product([k for _, k in dim])
 
 
 def regroup(dims, shape):
-    """The atoms of ``dims`` after a reshape to ``shape``; None if the reshape splits an atom."""
+    """The atoms of ``dims`` after a reshape to ``shape``; None if the reshape splits an atom.
+
+    Each output axis takes atoms in order until their product is the axis size (provably, for symbolic
+    sizes: ``batch · seq`` is the atoms batch, seq); static sizes that overshoot split an atom."""
     if shape is None:
         return None
     flat = [a for d in dims for a in d]
     out, i = [], 0
     for n in shape:
-        grp, p = [], 1
-        while p < n and i < len(flat):
+        grp = []
+        while not same_dim(_size(grp), n):
+            p = _size(grp)
+            if i == len(flat) or (isinstance(p, int) and isinstance(n, int) and p > n):
+                return None  # an axis would be split: not a view of whole heads/tokens
             grp.append(flat[i])
-            p *= flat[i][1]
             i += 1
-        if p != n:
-            return None  # an axis would be split: not a view of whole heads/tokens
         out.append(grp)
     return out if i == len(flat) else None
 
@@ -180,7 +193,7 @@ class Rotary:
 class Operand:
     base: relax.Expr  # the tensor the fused op reads (4-D, or 3-D to be viewed as [1, ·, ·, ·])
     layout: str
-    bhsd: Tuple[int, int, int, int]  # (B, heads of the base, S, D): K/V heads for a grouped operand
+    bhsd: Tuple  # (B, heads of the base, S, D): K/V heads for a grouped operand; B and S may be symbolic
     scale: float = 1.0
     group: int = 1  # query heads per head of the base (grouped-query attention)
     rope: Optional[Rotary] = None
@@ -236,7 +249,7 @@ def trace_operand(e: relax.Expr, graph: FunctionGraph, role: str, why: Optional[
         tensors.append(cur)
     for ndim in (4, 3):
         for k in range(len(tensors) - 1, -1, -1):
-            shape = static_shape(tensors[k])
+            shape = shape_dims(tensors[k])
             if shape is None or len(shape) != ndim:
                 continue
             for layout in (LAYOUTS if ndim == 4 else ("HSD",)):

@@ -150,6 +150,23 @@ def numel(shape: Optional[Sequence[int]]) -> Optional[int]:
     return None if shape is None else int(np.prod(shape)) if shape else 1
 
 
+def dims_product(dims: Sequence[Dim]) -> Dim:
+    """The number of elements of a shape: an ``int`` when every dim is static, else a simplified expression."""
+    static = 1
+    symbolic = None
+    for d in dims:
+        if _as_int(d) is not None:
+            static *= _as_int(d)
+        else:
+            symbolic = d if symbolic is None else symbolic * d
+    if symbolic is None:
+        return static
+    from tvm import sym
+
+    return sym.Analyzer().simplify(symbolic * tvm.tirx.IntImm(symbolic.ty.dtype if hasattr(symbolic.ty, "dtype")
+                                                                else "int64", static))
+
+
 def same_dim(a: Dim, b: Dim) -> bool:
     """Two dimensions are provably equal (two static sizes, or symbolic expressions equal for every value of
     their variables: ``batch * seq`` and ``seq * batch``)."""

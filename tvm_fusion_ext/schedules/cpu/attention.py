@@ -39,15 +39,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from tvm import s_tir
+from tvm import s_tir, tirx
 
-from ..attention_blocks import STAGES, inline_low_precision_stages, kernel_stages, output_loops_bhsd
+from ..attention_blocks import (STAGES, inline_low_precision_stages, kernel_stages, output_loops_bhsd,
+                                pad_symbolic_queries, symbolic_rows_reason)
 from ...targets import TargetInfo
 from ..common import categorical
-from ..rule import Knobs, TemplateRule, symbolic_extent_reason
+from ..rule import Knobs, TemplateRule
 
 QUERY_TILES = (1, 2, 4, 8, 16, 32, 64)
 ROW_STEPS = (1, 2, 4)
+#: query tile (and row padding) for symbolic query rows: short requests waste at most 15 padded rows; measured
+#: with 32-key blocks on the 2-core AVX2 box (12 heads, d 32, noisy): within 0.9–1.3× of the static kernel at
+#: S = 16…384, where 32-row tiles cost 1.5–1.9×
+SYMBOLIC_QUERY_TILE = 16
 UNROLL = (0, 8, 16)  # 64 unrolls the exp polynomials of whole key blocks: ~60 s to compile, no faster
 
 def _vector_split(sch, loop, knob, default, knobs, max_lanes):
@@ -93,6 +98,22 @@ def _vectorize_partials(sch, rf):
     sch.decompose_reduction(rf, r)
 
 
+def default_query_tile(rows) -> int:
+    """32-row tiles (16 KiB of scores per 128-key block: L1/L2 resident), fewer for short static sequences;
+    symbolic rows are padded to the tile (``query_block``), so they take a shorter one."""
+    n_rows = int(rows) if isinstance(rows, (int, tirx.IntImm)) else SYMBOLIC_QUERY_TILE
+    return min(32, max(t for t in QUERY_TILES if t <= max(n_rows, 1)))
+
+
+def _write_back_real_rows(sch, rows_block, task) -> None:
+    """The kernel's rows are padded to whole tiles (``attn_rows``); ``attn_out`` copies each tile's real rows
+    to the output under the tile's loop, the finish inlined into it (no padded output buffer)."""
+    out = sch.get_consumers(rows_block)[0]
+    sch.reverse_compute_at(out, task, preserve_unit_loops=True)
+    sch.compute_inline(rows_block)
+    sch.vectorize(sch.get_loops(out)[-1])
+
+
 def attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = None) -> None:
     st = kernel_stages(sch, block)
     inline_low_precision_stages(sch, st)
@@ -103,9 +124,7 @@ def attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = No
 
     # parallel query tiles; the output epilogue runs per tile
     b, h, s, d = output_loops_bhsd(sch, block)
-    n_rows = int(sch.get(s).extent)
-    tile_default = min(32, max(t for t in QUERY_TILES if t <= max(n_rows, 1)))
-    tile = categorical(sch, QUERY_TILES, "query_tile", tile_default, knobs)
+    tile = categorical(sch, QUERY_TILES, "query_tile", default_query_tile(sch.get(s).extent), knobs)
     s0, s1 = sch.split(s, [None, tile])
     sch.reorder(b, h, s0, s1, d)
     task = sch.fuse(b, h, s0)
@@ -140,6 +159,9 @@ def attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = No
     sch.parallel(kt_task)
     sch.vectorize(kjj)
 
+    if "attn_rows" == sch.get(block).name_hint:  # symbolic rows: write the real rows of each tile out
+        _write_back_real_rows(sch, block, task)
+
     unroll = categorical(sch, UNROLL, "unroll", 16, knobs)
     for loop in (task, kt_task):
         sch.annotate(loop, "pragma_auto_unroll_max_step", unroll)
@@ -167,7 +189,13 @@ class AttentionCPU(TemplateRule):
     Knobs = AttentionCpuKnobs
 
     def decline(self, sch, block, target):
-        return symbolic_extent_reason(sch)
+        return symbolic_rows_reason(sch, block)
 
     def schedule(self, sch, block, target, knobs=None):
         attention_cpu(sch, block, target, knobs)
+
+    def prepare_operator(self, call, target):
+        """Query rows known only at run time padded to the query tile (``query_block``, ops/attention.py), so
+        the flash loop's tiles carry no tail."""
+        return pad_symbolic_queries(call, QUERY_TILES[self.knobs.query_tile] if self.knobs.query_tile is not None
+                                    else SYMBOLIC_QUERY_TILE)

@@ -78,6 +78,12 @@ def _loop_kinds(sch: s_tir.Schedule, block) -> Optional[List[str]]:
     return kinds
 
 
+def _split_at_last_symbolic(sch: s_tir.Schedule, s_loops) -> tuple:
+    """(loops up to the last one of symbolic extent, the static loops after it)."""
+    last = max((n for n, lp in enumerate(s_loops) if _const_extent(sch, lp) is None), default=-1)
+    return s_loops[:last + 1], s_loops[last + 1:]
+
+
 def _has_opaque_block(sch: s_tir.Schedule) -> bool:
     """Whether a root block declares no reads and no writes although it computes something: TE extern ops (sort,
     NMS, cumsum) lower to such blocks. Their real accesses are invisible to the schedule's dependence analysis, so
@@ -175,6 +181,22 @@ class Fallback(CPUScheduleRule):
         for lp in loops:
             e = _const_extent(sch, lp)
             work *= e if e is not None else MIN_PARALLEL_WORK
+        lead, tail = _split_at_last_symbolic(sch, s_loops) if not r_loops else (s_loops, [])
+        if lead and tail:
+            # Symbolic extents: a loop fused across them recovers each index with 64-bit divisions by run-time
+            # values, per element (3 per element of an embedding gather: ~100x its static cost). The parallel
+            # loop takes the symbolic loops (one division per row), the static inner loops form the vector loop.
+            outer = sch.fuse(*lead) if len(lead) > 1 else lead[0]
+            inner = sch.fuse(*tail) if len(tail) > 1 else tail[0]
+            extent = _const_extent(sch, inner)
+            if _calls_scalar_only_math(sch, block):
+                pass
+            elif extent % lanes == 0 and extent > lanes:
+                sch.vectorize(sch.split(inner, [None, lanes])[1])
+            elif extent <= lanes:
+                sch.vectorize(inner)
+            sch.parallel(outer)
+            return None
         fused = sch.fuse(*s_loops) if len(s_loops) > 1 else s_loops[0]
         extent = _const_extent(sch, fused)
         outer = fused

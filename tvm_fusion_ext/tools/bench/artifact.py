@@ -22,8 +22,12 @@ from .peers import environment, ort_session, set_thread_spinning
 from .report import ORT, OURS, TORCH, Row, format_table
 
 INPROC = "tvm_fusion_ext in-process"
-#: ``--against`` entries of artifact mode, in table order: "build" is the same model compiled in this process
-ARTIFACT_RUNTIMES = ("ort", "torch", "build")
+STATIC = "tvm_fusion_ext static"
+#: ``--against`` entries of artifact mode, in table order: "build" is the same model compiled in this process,
+#: "static" the model compiled in this process for exactly the benchmarked shapes (what a symbolic artifact
+#: is measured against: it serves every size, a static build one)
+ARTIFACT_RUNTIMES = ("ort", "torch", "build", "static")
+DEFAULT_ARTIFACT_RUNTIMES = ("ort", "torch", "build")
 
 
 def source_onnx(manifest: dict, onnx: Optional[str]) -> tuple:
@@ -94,7 +98,7 @@ def inputs_from_specs(specs: Dict[str, tuple], shapes: Dict[str, List[int]], see
     return out
 
 
-def bench_artifact(path: str, onnx: Optional[str] = None, against: Sequence[str] = ARTIFACT_RUNTIMES,
+def bench_artifact(path: str, onnx: Optional[str] = None, against: Sequence[str] = DEFAULT_ARTIFACT_RUNTIMES,
                    seq: Optional[int] = None, batch: Optional[int] = None, repeat: int = 20, spin: bool = False,
                    torch_model: Optional[str] = None, out: Callable[[str], None] = print) -> dict:
     """Load, check and time the artifact ``path`` against ``against``; returns the JSON-able result."""
@@ -147,6 +151,8 @@ def bench_artifact(path: str, onnx: Optional[str] = None, against: Sequence[str]
         rows.append(_torch_row(info, feeds, ref, threads, repeat))
     if "build" in against:
         rows.append(_inprocess_row(manifest, onnx_path, onnx_note, feeds, diff, repeat))
+    if "static" in against:
+        rows.append(_inprocess_row(manifest, onnx_path, onnx_note, feeds, diff, repeat, static=True))
 
     ort_row = next((r for r in rows if r.name == ORT and r.timing is not None), None)
     ort_median = ort_row.timing.median if ort_row is not None else None
@@ -181,22 +187,26 @@ def _threads() -> int:
     return len(usable_cpus())
 
 
-def _inprocess_row(manifest: dict, onnx_path: Optional[str], onnx_note: str, feeds, diff, repeat) -> Row:
-    """The same ONNX model, target and tuning records, compiled in this process (what the artifact replaces)."""
+def _inprocess_row(manifest: dict, onnx_path: Optional[str], onnx_note: str, feeds, diff, repeat,
+                   static: bool = False) -> Row:
+    """The same ONNX model, target and tuning records, compiled in this process: as the artifact was (what it
+    replaces), or with ``static`` for exactly the shapes of ``feeds`` (what a symbolic artifact competes with)."""
+    name = STATIC if static else INPROC
     if onnx_path is None:
-        return Row(INPROC, note=f"n/a ({onnx_note})")
+        return Row(name, note=f"n/a ({onnx_note})")
     from ...frontend import load_onnx
     from ...runtime import CompiledModel
 
     source = manifest.get("source") or {}
     records = (manifest.get("records") or {}).get("dir")
     logs = records if records and os.path.isdir(records) else None
-    kwargs = {"max_shapes": source["max_shapes"]} if source.get("max_shapes") else {}
+    kwargs = {"max_shapes": source["max_shapes"]} if source.get("max_shapes") and not static else {}
+    shapes = {k: list(v.shape) for k, v in feeds.items()} if static else source.get("shapes")
     t0 = time.perf_counter()
-    mod = load_onnx(onnx_path, shapes=source.get("shapes"), **kwargs)
+    mod = load_onnx(onnx_path, shapes=shapes, **kwargs)
     built = CompiledModel.from_module(mod, manifest["target"]["config"], logs=logs,
                                       fuse=manifest.get("fusion") is not None, label=onnx_path)
     build_s = time.perf_counter() - t0
     got = built.run(feeds)
-    return Row(INPROC, time_block(INPROC, built.bind(feeds), repeat=repeat),
+    return Row(name, time_block(name, built.bind(feeds), repeat=repeat),
                diff([got[n] for n in built.output_names]), extra={"build_seconds": build_s})

@@ -1,0 +1,134 @@
+"""Pool collection on a tiny task: the journal, resuming after a kill, the pool file round trip, and the
+expert features read from scheduled kernels."""
+
+import json
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    """Six real candidates of the tiny dense's template space, built and measured (a few seconds)."""
+    from tvm_fusion_ext.tune.pool import CollectOptions, collect, work_dir
+
+    root = str(tmp_path_factory.mktemp("pools"))
+    meta = collect(root, CollectOptions(task="tiny-dense", space="template", count=6, batch=6, random_first=3,
+                                        progress=None), command="test")
+    return work_dir(root, "tiny-dense", "template"), meta
+
+
+def test_journal_holds_every_candidate_with_what_the_replay_needs(collected):
+    from tvm_fusion_ext.tune.pool import read_records
+
+    directory, meta = collected
+    recs = read_records(directory)
+    assert meta["candidates"] == 6 and [r["id"] for r in recs] == list(range(6))
+    assert recs[0]["origin"] == "default"                     # the template's own decisions come first
+    assert len({r["hash"] for r in recs}) == 6
+    for r in recs:
+        assert r["run_secs"] and len(r["run_secs"]) == 3 and min(r["run_secs"]) > 0
+        assert len(r["features"]) >= 1 and all(len(row) == 164 for row in r["features"])
+        assert len(r["loadavg"]) == 3 and r["expert_rule"] is None
+    assert meta["machine"]["cores"] >= 1 and meta["tvm"] and meta["task"] == "tiny-dense"
+
+
+def test_traces_replay_to_the_measured_module(collected):
+    import tvm_ffi
+
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.tune.expert import check
+    from tvm_fusion_ext.tune.pool import prepare_task, read_records, trace_of
+
+    directory, _ = collected
+    task = prepare_task("tiny-dense", "template", resolve_target("llvm"))
+    for rec in read_records(directory):
+        sch, _ = trace_of(rec, task.mod)
+        assert "%016x" % (int(tvm_ffi.structural_hash(sch.mod)) & (2**64 - 1)) == rec["hash"]
+        assert check(sch.mod["main"], resolve_target("llvm")) == rec["expert_rule"]
+
+
+def test_pack_and_load_round_trip(collected, tmp_path):
+    from tvm_fusion_ext.tune.pool import latency_us, read_records
+    from tvm_fusion_ext.tune.pool_file import load, pack
+
+    directory, _ = collected
+    out = str(tmp_path / "tiny.npz")
+    assert "6 candidates" in pack(directory, out)
+    pool = load(out, traces=True)
+    recs = read_records(directory)
+    assert len(pool) == 6 and pool.name == "tiny-dense-template"
+    np.testing.assert_allclose(pool.latency_us, [latency_us(r) for r in recs], rtol=1e-6)
+    for i, r in enumerate(recs):
+        np.testing.assert_array_equal(pool.store_features(i), np.asarray(r["features"], np.float32))
+        assert pool.traces[i] == r["trace"]
+    assert pool.expert_features.shape == (6, len(pool.meta["expert_feature_names"]))
+    assert np.all(np.isfinite(pool.expert_features))
+
+
+def test_killed_collector_resumes_without_losing_records(collected, tmp_path, monkeypatch):
+    """A collector killed mid-write leaves a partial line: the rerun cuts it, keeps every complete record
+    byte for byte and measures only what is missing."""
+    import shutil
+
+    from tvm_fusion_ext.tune import pool as pl
+
+    directory, _ = collected
+    root = tmp_path / "root"
+    copy = root / "tiny-dense-template"
+    shutil.copytree(directory, copy)
+    journal = copy / pl.CANDIDATES_FILE
+    lines = journal.read_bytes().splitlines(keepends=True)
+    journal.write_bytes(b"".join(lines[:4]) + lines[4][: len(lines[4]) // 2])   # killed while writing #5
+    kept = b"".join(lines[:4])
+
+    measured = []
+
+    def fake_measure(self, schedules):   # the resume logic is under test here, not the runner
+        measured.extend(schedules)
+        return [{"build_s": 0.0, "build_error": None, "run_error": None, "run_secs": [1e-5, 1e-5, 1e-5],
+                 "loadavg": [0.0, 0.0, 0.0], "runnable": 1} for _ in schedules]
+
+    monkeypatch.setattr(pl.Bench, "__init__", lambda self, target, opts: None)
+    monkeypatch.setattr(pl.Bench, "measure", fake_measure)
+    meta = pl.collect(str(root), pl.CollectOptions(task="tiny-dense", space="template", count=9, batch=3,
+                                                   progress=None))
+    recs = pl.read_records(str(copy))
+    assert journal.read_bytes().startswith(kept)
+    assert meta["candidates"] == 9 and [r["id"] for r in recs] == list(range(9))
+    assert len(measured) == 5 and len({r["hash"] for r in recs}) == 9
+
+
+def test_unknown_task_and_missing_space_are_one_line_errors(capsys):
+    from tvm_fusion_ext.errors import FusionExtError
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.tune.pool import main, prepare_task
+
+    assert main(["pack", "/nonexistent/dir", "--out", "/tmp/x.npz"]) == 2
+    assert "not a pool collection directory" in capsys.readouterr().err
+    with pytest.raises(FusionExtError, match="unknown pool task"):
+        prepare_task("resnet", "auto", resolve_target("llvm"))
+
+
+def test_expert_features_see_parallelism_vectors_and_register_tiles():
+    """Two schedules of the same dense whose differences the features must show, read from the IR."""
+    from tvm import s_tir
+
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.tune.expert_features import FEATURE_NAMES, candidate_features
+    from tvm_fusion_ext.tune.pool import prepare_task
+
+    target = resolve_target("llvm")
+    task = prepare_task("tiny-dense", "template", target)
+    sch = s_tir.Schedule(task.mod)
+    task.spaces[0].trace.apply_to_schedule(sch, remove_postproc=False)
+    tuned = dict(zip(FEATURE_NAMES, candidate_features(sch.mod, target)))
+    plain = dict(zip(FEATURE_NAMES, candidate_features(task.mod, target)))   # unscheduled: serial, scalar
+    assert tuned["parallel_extent_log2"] > 0 and plain["parallel_extent_log2"] == 0
+    assert plain["parallel_balance"] == pytest.approx(1 / int(target.attrs["num-cores"]))
+    assert tuned["vector_fraction"] > 0.5 and plain["vector_fraction"] == 0
+    assert tuned["vector_contiguous"] == 1.0
+    # the template keeps an mr x nr accumulator tile in registers; the plain nest reduces one scalar
+    assert tuned["register_tile_ratio"] > plain["register_tile_ratio"] > 0
+    assert tuned["threads_per_block_ratio"] == 0  # CPU
+    json.dumps({k: float(v) for k, v in tuned.items()})
