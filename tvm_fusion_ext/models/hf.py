@@ -209,7 +209,8 @@ def _dynamic_dims(exporter: str, names, max_batch: int, max_seq: int) -> dict:
 
     # one Dim object per name: torch.export ties inputs that share it to one symbol
     batch, seq = Dim("batch", min=1, max=max_batch), Dim("seq", min=1, max=max_seq)
-    return {"dynamic_shapes": {n: {0: batch, 1: seq} for n in names}}
+    # keyed by the wrapper's one parameter, ``*inputs``: a tuple in input order
+    return {"dynamic_shapes": {"inputs": tuple({0: batch, 1: seq} for _ in names)}}
 
 
 def _record_export(path: str, info: dict) -> None:
