@@ -14,6 +14,8 @@ from tvm_fusion_ext.compile.causal_skip import SkipMaskedKeyBlocks
 from tvm_fusion_ext.ops.registry import make_prim_func
 from tvm_fusion_ext.schedules.cpu.attention import attention_cpu
 
+from test_attention_op import _cuda_source
+
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 
 
@@ -176,15 +178,6 @@ def test_unrecognised_structure_is_left_alone():
 
 
 # -- CUDA: compiled with nvcc, no GPU needed ---------------------------------------------------------------------
-
-def _cuda_source(ex):
-    todo, found = [ex.mod], []
-    while todo:
-        m = todo.pop()
-        found += [m] if m.kind == "cuda" else []
-        todo += list(m.imports)
-    return found[0].inspect_source()
-
 
 @pytest.mark.parametrize("dtype,S,D,rope,arch", [
     ("float32", 64, 64, "half", "sm_90"),
