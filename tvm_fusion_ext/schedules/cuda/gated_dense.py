@@ -1,0 +1,98 @@
+"""CUDA template for ``fused_gated_dense``: the SIMT GEMM of :mod:`.dense` with both halves of a column in one
+thread.
+
+::
+
+    blockIdx.y, blockIdx.x      block tile BM × BN output columns (BN gate and BN up accumulators)
+      threadIdx.y, threadIdx.x  one thread owns yi × xi × 2 accumulators in registers: the gate and up sums
+                                of the same xi columns
+        ko                      x (BM × kc) and the interleaved weight (kc × BN × 2) staged in shared memory
+          ki, yi, xi, h         register-blocked FMAs
+        write-back              act(gate + bg) · (up + bu), cast: the thread's yi × xi results, from registers
+
+fp32 and fp16/bf16 inputs take this path (fp32 accumulation either way). Rows must be static (the template
+declines otherwise and the generic GPU rules schedule the kernel).
+
+Knobs: as the fp32 dense template (``i``, ``j``, ``k``, ``vec``, ``unroll``), ``j`` counting output columns.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tvm
+from tvm import s_tir
+
+from ...targets import TargetInfo
+from ..common import flatten_rows_map
+from ..rule import TemplateRule, symbolic_extent_reason
+from .dense import UNROLL_STEPS, VECTOR_WIDTHS, DenseCudaKnobs, _decision, simt_defaults
+
+
+def gated_dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
+                     knobs: Optional[dict] = None) -> None:
+    knobs = knobs or {}
+    lim = TargetInfo.of(target).limits()
+    i, j, h, k = sch.get_loops(block)
+    M, N, K = (int(sch.get(lp).extent) for lp in (i, j, k))
+    d = simt_defaults(M, N, K, lim)
+    # the dense defaults, counted in output columns: a thread then holds 4 × 4 × 2 = 32 fp32 accumulators, well
+    # inside the register file with its operand fragments (checked: no spills, tests/ops/test_gated_dense_op.py)
+    ti = sch.sample_perfect_tile(i, n=3, max_innermost_factor=8, decision=_decision(knobs.get("i"), d["i"]))
+    tj = sch.sample_perfect_tile(j, n=3, max_innermost_factor=8, decision=_decision(knobs.get("j"), d["j"]))
+    tk = sch.sample_perfect_tile(k, n=2, max_innermost_factor=64, decision=_decision(knobs.get("k"), d["k"]))
+    by, ty, yi = sch.split(i, ti)
+    bx, tx, xi = sch.split(j, tj)
+    ko, ki = sch.split(k, tk)
+    sch.reorder(by, bx, ty, tx, ko, ki, yi, xi, h)
+    sch.bind(by, "blockIdx.y")
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+
+    epilogue = sch.get_consumers(block)[0]
+    _flatten_epilogue_rows(sch, epilogue)
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, tx, preserve_unit_loops=True)
+    sch.reverse_compute_at(epilogue, tx, preserve_unit_loops=True)
+    sch.compute_inline(acc)  # the epilogue reads the registers: no (rows, N, 2) buffer in global memory
+
+    vec = sch.sample_categorical(list(VECTOR_WIDTHS), [1.0 / len(VECTOR_WIDTHS)] * len(VECTOR_WIDTHS),
+                                 decision=knobs.get("vec", d["vec"]))
+    for idx in (0, 1):
+        shared = sch.cache_read(block, idx, "shared")
+        sch.compute_at(shared, ko, preserve_unit_loops=True)
+        fused = sch.fuse(*sch.get_loops(shared)[-len(sch.get(shared).writes[0].region):])
+        _, fy, fx, fv = sch.split(fused, [None, ti[1], tj[1], vec])
+        sch.bind(fy, "threadIdx.y")
+        sch.bind(fx, "threadIdx.x")
+        sch.vectorize(fv)
+
+    sch.decompose_reduction(block, ko)
+    u = sch.sample_categorical(list(UNROLL_STEPS), [1.0 / len(UNROLL_STEPS)] * len(UNROLL_STEPS),
+                               decision=knobs.get("unroll", d["unroll"]))
+    sch.annotate(by, "pragma_auto_unroll_max_step", u)
+    sch.annotate(by, "pragma_unroll_explicit", 1)
+
+
+def _flatten_epilogue_rows(sch: s_tir.Schedule, epilogue) -> None:
+    """The epilogue's (batch, seq) axes as the one row axis the accumulator has, so a thread's tile of it is a
+    rectangle of rows and columns."""
+    loops = sch.get_loops(epilogue)
+    if len(loops) > 2:
+        sch.transform_block_layout(epilogue, flatten_rows_map([sch.get(lp).extent for lp in loops[:-1]], 1,
+                                                             str(sch.get(loops[-1]).extent.ty)))
+
+
+class GatedDenseCUDA(TemplateRule):
+    """``fused_gated_dense`` on CUDA (fp32, fp16, bf16): SIMT GEMM with the gated epilogue in registers."""
+
+    block_rule = "tfx.gated_dense"
+    family = "cuda"
+    Knobs = DenseCudaKnobs
+
+    def decline(self, sch, block, target):
+        return symbolic_extent_reason(sch)
+
+    def schedule(self, sch, block, target, knobs=None):
+        gated_dense_cuda(sch, block, target, knobs)
