@@ -31,31 +31,35 @@ from .dense import UNROLL_STEPS, VECTOR_WIDTHS, DenseCudaKnobs, _decision, simt_
 
 def gated_dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
                      knobs: Optional[dict] = None) -> None:
+    """Threads are laid out on the epilogue (rows × output columns) and each thread's accumulators are computed
+    at its tile (``compute_at``: the epilogue reads both halves of a column, which ``reverse_compute_at``
+    cannot invert)."""
     knobs = knobs or {}
     lim = TargetInfo.of(target).limits()
-    i, j, h, k = sch.get_loops(block)
-    M, N, K = (int(sch.get(lp).extent) for lp in (i, j, k))
-    d = simt_defaults(M, N, K, lim)
+    _, j_acc, _, k = sch.get_loops(block)
+    K = int(sch.get(k).extent)
+    epilogue = sch.get_consumers(block)[0]
+    rows, cols = _flat_epilogue_loops(sch, epilogue, str(sch.get(j_acc).extent.ty))
+    M, N = int(sch.get(rows).extent), int(sch.get(cols).extent)
     # the dense defaults, counted in output columns: a thread then holds 4 × 4 × 2 = 32 fp32 accumulators, well
     # inside the register file with its operand fragments (checked: no spills, tests/ops/test_gated_dense_op.py)
-    ti = sch.sample_perfect_tile(i, n=3, max_innermost_factor=8, decision=_decision(knobs.get("i"), d["i"]))
-    tj = sch.sample_perfect_tile(j, n=3, max_innermost_factor=8, decision=_decision(knobs.get("j"), d["j"]))
-    tk = sch.sample_perfect_tile(k, n=2, max_innermost_factor=64, decision=_decision(knobs.get("k"), d["k"]))
-    by, ty, yi = sch.split(i, ti)
-    bx, tx, xi = sch.split(j, tj)
-    ko, ki = sch.split(k, tk)
-    sch.reorder(by, bx, ty, tx, ko, ki, yi, xi, h)
+    d = simt_defaults(M, N, K, lim)
+    ti = sch.sample_perfect_tile(rows, n=3, max_innermost_factor=8, decision=_decision(knobs.get("i"), d["i"]))
+    tj = sch.sample_perfect_tile(cols, n=3, max_innermost_factor=8, decision=_decision(knobs.get("j"), d["j"]))
+    by, ty, yi = sch.split(rows, ti)
+    bx, tx, xi = sch.split(cols, tj)
+    sch.reorder(by, bx, ty, tx, yi, xi)
     sch.bind(by, "blockIdx.y")
     sch.bind(bx, "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
 
-    epilogue = sch.get_consumers(block)[0]
-    _flatten_epilogue_rows(sch, epilogue)
-    acc = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(acc, tx, preserve_unit_loops=True)
-    sch.reverse_compute_at(epilogue, tx, preserve_unit_loops=True)
-    sch.compute_inline(acc)  # the epilogue reads the registers: no (rows, N, 2) buffer in global memory
+    sch.set_scope(block, 0, "local")  # the (rows, N, 2) pair lives in registers, never in global memory
+    sch.compute_at(block, tx, preserve_unit_loops=True)
+    a_rows, a_cols, a_half, a_k = sch.get_loops(block)[-4:]
+    tk = sch.sample_perfect_tile(a_k, n=2, max_innermost_factor=64, decision=_decision(knobs.get("k"), d["k"]))
+    ko, ki = sch.split(a_k, tk)
+    sch.reorder(ko, ki, a_rows, a_cols, a_half)
 
     vec = sch.sample_categorical(list(VECTOR_WIDTHS), [1.0 / len(VECTOR_WIDTHS)] * len(VECTOR_WIDTHS),
                                  decision=knobs.get("vec", d["vec"]))
@@ -63,6 +67,8 @@ def gated_dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target
         shared = sch.cache_read(block, idx, "shared")
         sch.compute_at(shared, ko, preserve_unit_loops=True)
         fused = sch.fuse(*sch.get_loops(shared)[-len(sch.get(shared).writes[0].region):])
+        # the thread extents are random variables: reusing them keeps the cooperative fetch consistent with
+        # whatever tile the search picks
         _, fy, fx, fv = sch.split(fused, [None, ti[1], tj[1], vec])
         sch.bind(fy, "threadIdx.y")
         sch.bind(fx, "threadIdx.x")
@@ -75,13 +81,13 @@ def gated_dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target
     sch.annotate(by, "pragma_unroll_explicit", 1)
 
 
-def _flatten_epilogue_rows(sch: s_tir.Schedule, epilogue) -> None:
-    """The epilogue's (batch, seq) axes as the one row axis the accumulator has, so a thread's tile of it is a
-    rectangle of rows and columns."""
+def _flat_epilogue_loops(sch: s_tir.Schedule, epilogue, idx_dtype: str):
+    """``(rows, cols)``: the epilogue's (batch, seq) axes made the one row axis the accumulator has."""
     loops = sch.get_loops(epilogue)
     if len(loops) > 2:
         sch.transform_block_layout(epilogue, flatten_rows_map([sch.get(lp).extent for lp in loops[:-1]], 1,
-                                                             str(sch.get(loops[-1]).extent.ty)))
+                                                             idx_dtype))
+    return sch.get_loops(epilogue)
 
 
 class GatedDenseCUDA(TemplateRule):
