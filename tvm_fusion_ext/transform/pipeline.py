@@ -8,6 +8,7 @@ from tvm import relax
 from .attention import FuseMultiHeadAttention
 from .canonicalize import Canonicalize
 from .dense import FuseMatmulBiasActivation
+from .gated_mlp import FuseGatedMLP
 from .layernorm import FuseBiasResidualLayerNorm
 from .qkv import FuseQKVProjection
 from .rmsnorm import FuseRMSNorm
@@ -16,7 +17,9 @@ from .shape_computations import ResolveShapeComputations
 
 
 def SemanticFusion() -> tvm.transform.Pass:  # noqa: N802
-    """Resolve size computations to the input dims they equal (dynamic-axis exports), canonicalise, then fuse: QKV first (it needs the three separate projections), attention next (it
+    """Resolve size computations to the input dims they equal (dynamic-axis exports), canonicalise, then fuse:
+    gated MLPs first (QKV would otherwise merge their gate and up projections into a matmul + split), QKV next
+    (it needs the three separate projections), attention next (it
     absorbs head split/merge reshapes that dense fusion would otherwise leave stranded), then dense epilogues,
     then residual LayerNorms (which see the dense outputs as their inputs)."""
     return tvm.transform.Sequential(
@@ -24,6 +27,7 @@ def SemanticFusion() -> tvm.transform.Pass:  # noqa: N802
             ResolveShapeComputations(),
             relax.transform.CanonicalizeBindings(),
             Canonicalize(),
+            FuseGatedMLP(),
             FuseQKVProjection(),
             FuseRotaryEmbedding(),
             FuseMultiHeadAttention(),
