@@ -133,3 +133,15 @@ def test_dense_mode_reports_gflops_and_checks_numpy(tmp_path):
     assert result["max_abs_diff"] < 1e-4
     assert result["gflops"] == pytest.approx(2 * 16 * 40 * 24 / (result["median_ms"] * 1e-3) / 1e9)
     assert main(["bench", "--dense", "16x0x24"]) == 2
+
+
+def test_gated_mode_times_the_fused_kernel_against_the_pipeline_without_it_and_torch(tmp_path):
+    from tvm_fusion_ext.cli import main
+
+    out = tmp_path / "gated.json"
+    assert main(["bench", "--gated", "12x32x40", "--repeat", "3", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["mode"] == "gated" and result["shape"] == [12, 32, 40]
+    assert [r["runtime"] for r in result["results"]] == ["fused_gated_dense", "without FuseGatedMLP", "torch eager"]
+    assert all(r["max_abs_diff"] < 1e-4 and np.isfinite(r["median_ms"]) for r in result["results"])
+    assert main(["bench", "--gated", "12x32"]) == 2
