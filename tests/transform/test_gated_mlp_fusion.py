@@ -132,6 +132,42 @@ def test_gated_mlp_with_symbolic_rows():
         np.testing.assert_allclose(got, numpy_gated_mlp(x, w, "silu", True, False), rtol=1e-4, atol=1e-4)
 
 
+def merged_gate_up(gate_half=0, bias=True, same_half=False):
+    """Phi-3's MLP: one projection to [gate | up] (2N wide), split in two along the last axis."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((K, 2 * N)) / math.sqrt(K)).astype("float32")
+    b = rng.standard_normal(2 * N).astype("float32")
+    x = relax.Var("x", relax.TensorType((B, S, K), "float32"))
+
+    def body(bb):
+        h = bb.emit(relax.op.matmul(x, _c(w)))
+        if bias:
+            h = bb.emit(relax.op.add(_c(b), h))
+        halves = bb.emit(relax.op.split(h, 2, axis=-1))
+        g = bb.emit(relax.TupleGetItem(halves, gate_half))
+        u = bb.emit(relax.TupleGetItem(halves, gate_half if same_half else 1 - gate_half))
+        return relax.op.multiply(u, _spelt_activation(bb, g, "silu"))
+
+    return build_module([x], body), w, (b if bias else np.zeros_like(b))
+
+
+@pytest.mark.parametrize("gate_half,bias", [(0, True), (1, False)])
+def test_merged_gate_up_projection_fuses_and_matches(gate_half, bias):
+    mod, w, b = merged_gate_up(gate_half, bias)
+    fused, report = fuse(mod)
+    assert report.fused["gated_mlp"] == 1, report.summary()
+    assert fused_calls(fused) == {"fused_gated_dense": 1}
+    x = np.random.default_rng(6).standard_normal((B, S, K)).astype("float32")
+    h = x.astype("float64") @ w + b
+    g, u = (h[..., :N], h[..., N:]) if gate_half == 0 else (h[..., N:], h[..., :N])
+    np.testing.assert_allclose(_run(mod, x), numpy_activation(g, "silu") * u, rtol=1e-4, atol=1e-4)
+
+
+def test_one_half_of_a_split_twice_is_refused():
+    mod, _, _ = merged_gate_up(same_half=True)
+    assert_refused(Canonicalize()(mod), RULE, reason="not the two halves of one split projection")
+
+
 @pytest.mark.parametrize("near_miss,reason", [
     ("other_input", "read different inputs"),
     ("act_on_product", "neither projection is activated"),
@@ -198,6 +234,36 @@ def test_fuse_json_counts_gated_mlps_and_the_build_matches_onnxruntime(tmp_path,
     (want,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     got = CompiledModel.from_onnx(path).run({"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_phi3_mlp_export_with_merged_gate_up_fuses_and_matches_torch(tmp_path):
+    """transformers' Phi3MLP (one ``gate_up_proj`` chunked in two) through the dynamo exporter."""
+    import contextlib
+    import io
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import Phi3Config
+    from transformers.models.phi3.modeling_phi3 import Phi3MLP
+
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    torch.manual_seed(0)
+    mlp = Phi3MLP(Phi3Config(hidden_size=32, intermediate_size=48)).eval()
+    x = torch.randn(2, 5, 32)
+    path = str(tmp_path / "phi3_mlp.onnx")
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(mlp, (x,), path, dynamo=True, opset_version=18, input_names=["x"], output_names=["y"])
+    mod = load_onnx(path)
+    _, report = fuse(mod)
+    assert report.fused["gated_mlp"] == 1, report.summary()
+    got = CompiledModel.from_module(mod).run({"x": x.numpy()})["y"]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, mlp(x).numpy(), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow

@@ -4,12 +4,13 @@ Pattern (:class:`GatedProjections`, found at the multiply)
     ``multiply(a, b)`` in either operand order, where one operand is ``act(p_gate)`` with act among silu, gelu,
     gelu_tanh (exporter spellings, ``x · sigmoid(x)`` and the erf/tanh GELU forms, are canonicalised earlier)
     and both ``p_gate`` and the other operand are projections: ``matmul(x, W)`` or ``matmul(x,
-    permute_dims(W))`` (torch Linear, ONNX Gemm transB), then optionally ``+ bias`` (either order).
+    permute_dims(W))`` (torch Linear, ONNX Gemm transB), then optionally ``+ bias`` (either order); or the two
+    halves of one such projection split in two along its last axis (Phi-3's merged ``gate_up_proj`` + chunk).
 Check (a refusal names its reason)
     both projections read the same ``x``; each weight is a 2-D constant (it is interleaved at compile time)
     and both have the same shape and dtype; biases are constant per-column vectors; exactly one side is
     activated (``act(g) ⊙ act(u)``, a bilinear ``g ⊙ u`` and ``act(g ⊙ u)`` are other functions); the matmuls
-    keep the input dtype; nothing broadcasts the product.
+    keep the input dtype; nothing broadcasts the product; halves are the two different halves of one split.
 Rewrite
     ``fused_gated_dense(x, [Wg | Wu] as (K, N, 2), [bg | bu] as (N, 2); act)``: gate and up accumulators of a
     column are computed together and only the product is stored. The down projection that follows is an
@@ -50,6 +51,8 @@ class _Projection:
     bias: Optional[relax.Expr] = None  # the bias operand's value
     covered: List[relax.Var] = field(default_factory=list)
     act: Optional[str] = None  # the activation applied to this projection, if any
+    half: Optional[int] = None  # which half of a projection split in two along its last axis (merged gate_up)
+    split: Optional[relax.Var] = None  # that split's binding
 
 
 @dataclass
@@ -85,12 +88,34 @@ def _side(e: relax.Expr, graph: FunctionGraph) -> Optional[_Projection]:
         e = value.args[0]
         covered = covered + graph.chain(e)
         value = graph.value(e)
+    half, split = None, None
+    if isinstance(value, relax.TupleGetItem):
+        split_value = graph.value(value.tuple_value)
+        if not _is_halving(split_value) or not isinstance(value.tuple_value, relax.Var):
+            return None
+        half, split = int(value.index), value.tuple_value
+        covered = covered + graph.chain(split)
+        value = graph.value(split_value.args[0])
+        covered = covered + graph.chain(split_value.args[0])
     p = _projection(value, graph)
     if p is None:
         return None
-    p.act = act
+    p.act, p.half, p.split = act, half, split
     p.covered = covered + p.covered
     return p
+
+
+def _is_halving(value) -> bool:
+    """``split(t, 2, axis=-1)``: two equal halves of the last axis."""
+    if op_name(value) != "relax.split":
+        return False
+    dims = shape_dims(value.args[0])
+    sections = value.attrs.indices_or_sections
+    if dims is None or not isinstance(dims[-1], int) or int(value.attrs.axis) % len(dims) != len(dims) - 1:
+        return False
+    if isinstance(sections, tvm.tirx.IntImm):
+        return int(sections) == 2
+    return int_list(sections) == [dims[-1] // 2] and dims[-1] % 2 == 0
 
 
 def _projection(value, graph: FunctionGraph) -> Optional[_Projection]:
@@ -119,6 +144,10 @@ def _check(plan: GatedPlan, root: relax.Var, graph: FunctionGraph) -> Optional[s
         return "neither projection is activated: a bilinear product, not a gated unit"
     if not gate.x.same_as(up.x) and not graph.value(gate.x).same_as(graph.value(up.x)):
         return "the gate and up projections read different inputs"
+    if (gate.split is None) != (up.split is None):
+        return "one side is half of a split projection and the other is not"
+    if gate.split is not None and (not gate.split.same_as(up.split) or gate.half == up.half):
+        return "the two sides are not the two halves of one split projection"
     for name, p in (("gate", gate), ("up", up)):
         if not is_constant(p.weight):
             return f"the {name} weight is not a constant (it is interleaved with the other at compile time)"
@@ -141,7 +170,8 @@ def _check(plan: GatedPlan, root: relax.Var, graph: FunctionGraph) -> Optional[s
         if p.bias is not None:
             if not is_constant(p.bias):
                 return f"the {name} bias is not a constant"
-            reason = per_column_bias_error([int(d) for d in p.bias.ty.shape.values], g_shape[1], len(xs))
+            reason = per_column_bias_error([int(d) for d in p.bias.ty.shape.values], _kn(p, whole=True)[1],
+                                           len(xs))
             if reason:
                 return f"{name}: {reason}"
             if str(p.bias.ty.dtype) != dtype:
@@ -152,18 +182,28 @@ def _check(plan: GatedPlan, root: relax.Var, graph: FunctionGraph) -> Optional[s
     return None
 
 
-def _kn(p: _Projection):
+def _kn(p: _Projection, whole: bool = False):
+    """The weight's [K, N] (of this side's half, unless ``whole``)."""
     n0, n1 = (int(d) for d in p.weight.ty.shape.values)
-    return (n1, n0) if p.transposed else (n0, n1)
+    k, n = (n1, n0) if p.transposed else (n0, n1)
+    return (k, n // 2) if p.half is not None and not whole else (k, n)
+
+
+def _columns(p: _Projection, a: np.ndarray) -> np.ndarray:
+    """This side's columns of a [..., N] array of the (whole) projection."""
+    if p.half is None:
+        return a
+    n = a.shape[-1] // 2
+    return a[..., p.half * n:(p.half + 1) * n]
 
 
 def _weight(p: _Projection) -> np.ndarray:
     w = const_value(p.weight)
-    return w.T if p.transposed else w
+    return _columns(p, w.T if p.transposed else w)
 
 
 def _bias(p: _Projection, n: int, dtype) -> np.ndarray:
-    return np.zeros(n, dtype) if p.bias is None else const_value(p.bias).reshape(n)
+    return np.zeros(n, dtype) if p.bias is None else _columns(p, const_value(p.bias).reshape(-1))
 
 
 class GatedMLPRule(FusionRule):
