@@ -30,10 +30,10 @@ from tvm import relax, s_tir
 
 from ...ops.gated_dense import pack_gated_weight
 from ...targets import TargetInfo
-from ..common import flatten_rows_map
+from ..common import flatten_rows_map, op_params
 from ..rule import Knobs, TemplateRule
-from .dense import (KC_MAX, MR_MAX, SYMBOLIC_MR, UNROLL_STEPS, _decision, _extent, _op_params, default_ip,
-                    default_kc, default_mr)
+from .dense import (KC_MAX, MR_MAX, SYMBOLIC_MR, UNROLL_STEPS, _decision, _extent, default_ip, default_kc,
+                    default_mr)
 
 #: columns per panel: 2·nr accumulators per row, so mr=4 rows of 8 columns keep 8 AVX2 (4 AVX-512) registers
 #: of accumulators with room for the weight panel and the broadcast
@@ -54,7 +54,7 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
     the epilogue reads both halves of a column (``acc[r, j, 0]``, ``acc[r, j, 1]``), an access
     ``reverse_compute_at`` cannot invert, while ``compute_at`` of the producer only needs its region."""
     knobs = knobs or {}
-    params = _op_params(sch)
+    params = op_params(sch)
     _, j_acc, _, k = sch.get_loops(block)
     K = _extent(sch, k)
     epilogue = sch.get_consumers(block)[0]
