@@ -1,6 +1,6 @@
 """fused_gated_dense: compute + CPU template against a float64 numpy gated unit (static and symbolic rows, packed
 and run-time weights, a zero-padded last panel); the 2N-wide projection pair never becomes a global buffer; the
-CUDA template compiles for sm_80 and sm_90 (fp32, fp16) without spills."""
+CUDA template compiles for sm_80 and sm_90 (fp32, fp16; static and symbolic rows) without spills."""
 
 import re
 import shutil
@@ -134,3 +134,30 @@ def test_cuda_template_compiles_without_spills(M, K, N, dtype, arch, monkeypatch
     signature = src[src.index("main_kernel("):]
     signature = signature[:signature.index(")")]
     assert signature.count("*") == 4, signature  # x, w, bias, out
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cuda_template_takes_symbolic_rows(dtype, monkeypatch):
+    """Dynamic batch × sequence on CUDA: the build pads the accumulator to one thread block's rows, the template
+    (not a generic GPU rule) schedules it, and it compiles for sm_90 without spills."""
+    from tvm_fusion_ext.tools.inspect_cuda import cuda_sources, kernel_report
+
+    monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "nvcc")
+    target = resolve_target("cuda:sm_90")
+    batch, seq = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("seq", "int64")
+    x = relax.Var("x", relax.TensorType((batch, seq, 64), dtype))
+    w = relax.const(np.random.default_rng(0).standard_normal((64, 96, 2)).astype(dtype))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(call_op(bb, "fused_gated_dense", {"x": x, "w": w}, {"act": "silu"}))
+        bb.emit_func_output(y)
+    lowered = lower(bb.get(), target)
+    assert [params_of(f).get("row_block") for f in _kernels(lowered)] == [32]
+    scheduled = ApplyTemplates(target, fallback=False)(lowered)
+    (kernel,) = _kernels(scheduled)
+    assert bool(kernel.attrs["tirx.is_scheduled"])
+    (src,) = cuda_sources(tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target))
+    (row,) = kernel_report(src, "sm_90")
+    assert row["spill_bytes"] == 0 and 0 < row["threads_per_block"] <= 1024, row

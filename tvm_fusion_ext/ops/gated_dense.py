@@ -52,11 +52,14 @@ def fused_gated_dense(x, w, bias=None, *, act="silu", w_layout="plain", out_feat
     *batch, K = x.shape
     if not batch:
         raise ValueError("fused_gated_dense: x is a vector; it needs at least one row axis")
+    # sizes and constant indices in the rows' index type: TIR refuses an access mixing int64 (symbolic rows)
+    # with int32
+    index_type = str(x.shape[0].ty)
+    pair, gate_at, up_at = (tirx.IntImm(index_type, v) for v in (2, 0, 1))
     if w_layout == "packed":
         # the accumulator spans every panel, padding columns included (their weights are zeros), so a tile
         # never reaches past it; the epilogue writes the real columns
         nr = int(w.shape[2])
-        index_type = str(x.shape[0].ty)
         acc_width = tirx.IntImm(index_type, int(w.shape[0]) * nr)
         N = tirx.IntImm(index_type, int(out_features) if out_features is not None else int(w.shape[0]) * nr)
     else:
@@ -74,15 +77,15 @@ def fused_gated_dense(x, w, bias=None, *, act="silu", w_layout="plain", out_feat
     def row_of(r):
         return _unflatten(r if row_block is None else tirx.min(r, last_row), batch)
 
-    acc = te.compute((padded, acc_width, 2), lambda r, j, h: te.sum(
+    acc = te.compute((padded, acc_width, pair), lambda r, j, h: te.sum(
         x[(*row_of(r), k)].astype(acc_dtype) * weight(j, h).astype(acc_dtype), axis=k),
         name="gated_dense", attrs={"schedule_rule": "tfx.gated_dense"})
 
     def epilogue(*idx):
         r, j = _flatten(idx[:-1], batch), idx[-1]
-        gate, up = acc(r, j, 0), acc(r, j, 1)
+        gate, up = acc(r, j, gate_at), acc(r, j, up_at)
         if bias is not None:
-            gate, up = gate + bias[j, 0].astype(acc_dtype), up + bias[j, 1].astype(acc_dtype)
+            gate, up = gate + bias[j, gate_at].astype(acc_dtype), up + bias[j, up_at].astype(acc_dtype)
         return (activation(gate, act) * up).astype(out_dtype)
 
     # "None": MetaSchedule's generic rules leave the epilogue to the template, which computes it per tile.

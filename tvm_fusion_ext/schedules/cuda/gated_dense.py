@@ -10,8 +10,10 @@ thread.
           ki, yi, xi, h         register-blocked FMAs
         write-back              act(gate + bg) · (up + bu), cast: the thread's yi × xi results, from registers
 
-fp32 and fp16/bf16 inputs take this path (fp32 accumulation either way). Rows must be static (the template
-declines otherwise and the generic GPU rules schedule the kernel).
+fp32 and fp16/bf16 inputs take this path (fp32 accumulation either way). Rows known only at run time (batch ×
+sequence): the build pads the accumulator's rows to :data:`SYMBOLIC_ROW_BLOCK` (``prepare_operator``), one
+thread block's rows, and the epilogue writes the real rows; x and W are then read straight from global memory
+(through L1), as the staged tile of a gathered, clamped row index is not a rectangle TVM can bound.
 
 Knobs: as the fp32 dense template (``i``, ``j``, ``k``, ``vec``, ``unroll``), ``j`` counting output columns.
 """
@@ -24,9 +26,12 @@ import tvm
 from tvm import s_tir
 
 from ...targets import TargetInfo
-from ..common import flatten_rows_map
-from ..rule import TemplateRule, symbolic_extent_reason
+from ..common import flatten_rows_map, op_params
+from ..rule import TemplateRule
 from .dense import UNROLL_STEPS, VECTOR_WIDTHS, DenseCudaKnobs, _decision, simt_defaults
+
+#: rows of the padded accumulator per thread block when rows are symbolic (the operator's ``row_block``)
+SYMBOLIC_ROW_BLOCK = 32
 
 
 def gated_dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
@@ -40,11 +45,16 @@ def gated_dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target
     K = int(sch.get(k).extent)
     epilogue = sch.get_consumers(block)[0]
     rows, cols = _flat_epilogue_loops(sch, epilogue, str(sch.get(j_acc).extent.ty))
-    M, N = int(sch.get(rows).extent), int(sch.get(cols).extent)
+    symbolic = not isinstance(sch.get(rows).extent, tvm.tirx.IntImm)
+    M = int(op_params(sch).get("row_block") or SYMBOLIC_ROW_BLOCK) if symbolic else int(sch.get(rows).extent)
+    N = int(sch.get(cols).extent)
     # the dense defaults, counted in output columns: a thread then holds 4 × 4 × 2 = 32 fp32 accumulators, well
     # inside the register file with its operand fragments (checked: no spills, tests/ops/test_gated_dense_op.py)
     d = simt_defaults(M, N, K, lim)
-    ti = sch.sample_perfect_tile(rows, n=3, max_innermost_factor=8, decision=_decision(knobs.get("i"), d["i"]))
+    if symbolic:  # one thread block per padded row tile; the last one's epilogue is predicated
+        ti = [None, *_decision(knobs.get("i"), d["i"])[1:]]
+    else:
+        ti = sch.sample_perfect_tile(rows, n=3, max_innermost_factor=8, decision=_decision(knobs.get("i"), d["i"]))
     tj = sch.sample_perfect_tile(cols, n=3, max_innermost_factor=8, decision=_decision(knobs.get("j"), d["j"]))
     by, ty, yi = sch.split(rows, ti)
     bx, tx, xi = sch.split(cols, tj)
@@ -63,7 +73,7 @@ def gated_dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target
 
     vec = sch.sample_categorical(list(VECTOR_WIDTHS), [1.0 / len(VECTOR_WIDTHS)] * len(VECTOR_WIDTHS),
                                  decision=knobs.get("vec", d["vec"]))
-    for idx in (0, 1):
+    for idx in (() if symbolic else (0, 1)):
         shared = sch.cache_read(block, idx, "shared")
         sch.compute_at(shared, ko, preserve_unit_loops=True)
         fused = sch.fuse(*sch.get_loops(shared)[-len(sch.get(shared).writes[0].region):])
@@ -98,7 +108,22 @@ class GatedDenseCUDA(TemplateRule):
     Knobs = DenseCudaKnobs
 
     def decline(self, sch, block, target):
-        return symbolic_extent_reason(sch)
+        rows, cols, _, k = sch.get_loops(block)
+        for name, loop in (("columns", cols), ("reduction", k)):
+            if not isinstance(sch.get(loop).extent, tvm.tirx.IntImm):
+                return f"{name} extent {sch.get(loop).extent} is symbolic"
+        if not isinstance(sch.get(rows).extent, tvm.tirx.IntImm) and op_params(sch).get("row_block") is None:
+            return "symbolic rows are not padded to a row block"
+        return None
 
     def schedule(self, sch, block, target, knobs=None):
         gated_dense_cuda(sch, block, target, knobs)
+
+    def prepare_operator(self, call, target):
+        """Rows known only at run time padded to one thread block's rows (see the module docstring)."""
+        if call.op != "fused_gated_dense" or call.params.get("row_block") is not None:
+            return None
+        rows = call.inputs["x"].ty.shape.values[:-1]
+        if all(isinstance(d, tvm.tirx.IntImm) for d in rows):
+            return None
+        return call.replace(params={**call.params, "row_block": SYMBOLIC_ROW_BLOCK})
