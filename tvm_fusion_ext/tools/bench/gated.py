@@ -4,7 +4,7 @@ run, each checked against numpy:
 * ``fused_gated_dense``: SemanticFusion as shipped (one kernel, interleaved weight panels);
 * ``without FuseGatedMLP``: the same pipeline minus that rule (the QKV rule then merges the two projections
   into one dense over [Wg | Wu], and the split, SiLU and product run as separate kernels): what the rule saves;
-* torch eager (``F.silu(x @ Wg) * (x @ Wu)``), with the same thread count.
+* torch eager (``F.silu(x @ Wg) * (x @ Wu)``), with the same thread count, when torch is installed.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def _without_gated_rule():
 def bench_gated(shape: str, repeat: int = 30, spin: bool = False, out: Callable[[str], None] = print) -> dict:
     """Median latency of the three at ``shape`` = "MxKxN" (N: the intermediate width), with ratios."""
     spinning = set_thread_spinning(spin)
-    import torch
+    import importlib.util
+
     import tvm
     from tvm import relax
 
@@ -79,14 +80,17 @@ def bench_gated(shape: str, repeat: int = 30, spin: bool = False, out: Callable[
     measure("fused_gated_dense", lambda: fused["main"](xt).numpy())
     unfused = relax.VirtualMachine(build(_without_gated_rule()(mod), target, fuse=False), tvm.cpu())
     measure("without FuseGatedMLP", lambda: unfused["main"](xt).numpy())
-    torch.set_num_threads(threads)
-    tx, tg, tu = (torch.from_numpy(a) for a in (x, wg, wu))
+    if importlib.util.find_spec("torch") is not None:  # optional peer
+        import torch
 
-    def torch_call():
-        with torch.inference_mode():
-            return (torch.nn.functional.silu(tx @ tg) * (tx @ tu)).numpy()
+        torch.set_num_threads(threads)
+        tx, tg, tu = (torch.from_numpy(a) for a in (x, wg, wu))
 
-    measure("torch eager", torch_call)
+        def torch_call():
+            with torch.inference_mode():
+                return (torch.nn.functional.silu(tx @ tg) * (tx @ tu)).numpy()
+
+        measure("torch eager", torch_call)
 
     base = rows[0]["median_ms"]
     out(f"gated MLP silu(x·Wg) ⊙ (x·Wu), M×K×N = {m}×{k}×{n}, fp32, {threads} threads")
