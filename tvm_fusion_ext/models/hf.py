@@ -27,9 +27,26 @@ ENCODER_FAMILIES = {
                    dict(n_layers=2, dim=64, n_heads=4, hidden_dim=128, vocab_size=1000, max_position_embeddings=160)),
     "mpnet": ("MPNetConfig", "MPNetModel", _TINY),
 }
-HF_KINDS = ("minilm", "bert-base", *ENCODER_FAMILIES)
+#: tiny random-weight models of the current families (issue 12): RMSNorm, gated MLPs (SwiGLU; ModernBERT's GeGLU
+#: from one projection split in two), rotary embeddings, grouped-query (2 K/V heads for 4 query heads) and causal
+#: attention. Same size as the encoders above; ``llama-mha`` is LLaMA without grouping.
+_TINY_DECODER = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=160, vocab_size=1000, max_position_embeddings=160)
+DECODER_FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaModel", _TINY_DECODER),
+    "llama-mha": ("LlamaConfig", "LlamaModel", {**_TINY_DECODER, "num_key_value_heads": 4}),
+    "qwen2": ("Qwen2Config", "Qwen2Model", _TINY_DECODER),
+    # ModernBERT's special-token ids default to its 50k vocabulary; its layers alternate global and local
+    # (sliding-window) attention, which equals global attention below the window
+    "modernbert": ("ModernBertConfig", "ModernBertModel",
+                   dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=160,
+                        vocab_size=1000, max_position_embeddings=160, pad_token_id=0, bos_token_id=1,
+                        eos_token_id=2, cls_token_id=1, sep_token_id=2)),
+}
+MODEL_FAMILIES = {**ENCODER_FAMILIES, **DECODER_FAMILIES}
+HF_KINDS = ("minilm", "bert-base", *MODEL_FAMILIES)
 #: families whose forward takes no token_type_ids (their exports have two inputs)
-_NO_TOKEN_TYPES = frozenset({"distilbert", "mpnet"})
+_NO_TOKEN_TYPES = frozenset({"distilbert", "mpnet", *DECODER_FAMILIES})
 #: model types whose position ids count the non-padding tokens (a CumSum over ``input_ids != pad`` in the graph)
 _POSITIONS_FROM_PADDING = frozenset({"roberta", "xlm-roberta", "mpnet"})
 #: ONNX metadata_props key under which export_hf_model records its arguments (JSON); read by ``tvm-fusion bench``
@@ -88,7 +105,7 @@ def hf_model(kind: str = "minilm", attn: str = "sdpa", num_layers: int | None = 
     else:
         base = _family_model(kind, attn)
     if num_layers is not None:
-        if kind in ENCODER_FAMILIES:
+        if kind in MODEL_FAMILIES:
             raise ModelLoadError(f"num_layers is not supported for {kind!r} (it is already a 2-layer model)")
         if not 1 <= num_layers <= len(base.encoder.layer):
             raise ModelLoadError(f"num_layers must be in 1..{len(base.encoder.layer)} for {kind!r}, got {num_layers}")
@@ -108,12 +125,12 @@ def hf_model(kind: str = "minilm", attn: str = "sdpa", num_layers: int | None = 
 
 
 def _family_model(kind: str, attn: str):
-    """A tiny random-weight model of one of :data:`ENCODER_FAMILIES` (without a pooling head where it has one)."""
+    """A tiny random-weight model of one of :data:`MODEL_FAMILIES` (without a pooling head where it has one)."""
     import inspect
 
     import transformers
 
-    config_name, model_name, args = ENCODER_FAMILIES[kind]
+    config_name, model_name, args = MODEL_FAMILIES[kind]
     config = getattr(transformers, config_name)(**args)
     config._attn_implementation = attn
     model_class = getattr(transformers, model_name)

@@ -38,7 +38,7 @@ import tvm
 from tvm import relax
 
 from ..ops import call_op
-from .attention_mask import compact_mask, const_eval, is_causal_mask
+from .attention_mask import compact_mask, const_eval, is_causal_mask, split_causal
 from .attention_operands import (SCALE_OPS, SHAPE_OPS, Operand, atoms, const_scale, out_layout, regroup,
                                  scalar_operand, trace_operand)
 from .graph import (FunctionGraph, dims_product, explicit_out_dtype, format_dims, op_name, same_dim, same_dims,
@@ -58,6 +58,9 @@ class _Plan:
     v: Optional[Operand] = None
     scale: float = 1.0
     masks: List[Tuple[relax.Expr, float]] = field(default_factory=list)  # (mask, factor it is scaled by)
+    #: masks given as a boolean ``keep`` whose causal part was split off: index in ``masks`` -> additive value
+    #: of a hidden key
+    keep_masks: Dict[int, float] = field(default_factory=dict)
     causal: bool = False
     out_layout: str = "BHSD"
     guard: bool = False
@@ -247,9 +250,17 @@ def _analyse_masks(plan: _Plan, scores_shape, bhst, dtype, graph: FunctionGraph)
             m_i, g_i, o_i = ms[-i], scores_shape[-i], op_shape[-i]
             if not (isinstance(m_i, int) and m_i == 1) and (not same_dim(m_i, g_i) or not same_dim(m_i, o_i)):
                 return f"mask of shape {format_dims(ms)} does not broadcast to (B, H, S, T) = {format_dims(op_shape)}"
-        value = const_eval(mask, graph) if isinstance(s, int) and isinstance(t, int) else None
+        static = isinstance(s, int) and isinstance(t, int)
+        value = const_eval(mask, graph) if static else None
         if value is not None and factor > 0 and is_causal_mask(value * factor if factor != 1 else value, s, t):
             plan.causal = True
+            continue
+        split = split_causal(mask, graph, s, t) if static and value is None and factor > 0 else None
+        if split is not None:
+            plan.causal = True
+            keep, neg = split
+            plan.keep_masks[len(kept)] = neg
+            kept.append((keep, factor))
             continue
         kept.append((mask, factor))
     if len(kept) > _MAX_MASKS:
@@ -304,6 +315,10 @@ class MultiHeadAttentionRule(FusionRule):
         for i, (_, factor) in enumerate(p.masks):
             # the op broadcasts its mask: pass it at the size it varies over (no S×T tensor left)
             mi = compact_mask(m[f"mask{i}"], m.graph, m.remap, bb)
+            if i in p.keep_masks:  # the key-padding part of a causal mask: back to additive, at its own size
+                dtype = str(m["mm"].ty.dtype)
+                zero, hidden = relax.const(0.0, dtype), relax.const(p.keep_masks[i], dtype)
+                mi = bb.emit(relax.op.where(mi, zero, hidden))
             if factor != 1.0:
                 mi = bb.emit(relax.op.multiply(mi, relax.const(factor, str(mi.ty.dtype))))
             mask = mi if mask is None else bb.emit(relax.op.add(mask, mi))

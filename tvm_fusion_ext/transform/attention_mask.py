@@ -10,7 +10,7 @@ on the smaller operands. Anything else is kept as it is.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 import tvm
@@ -89,6 +89,34 @@ def is_causal_mask(value: np.ndarray, s: int, t: int) -> bool:
     hidden = np.arange(t)[None, :] > np.arange(s)[:, None] + (t - s)
     flat = value.reshape(-1, s, t)
     return bool(np.all(flat[:, ~hidden] == 0) and np.all(flat[:, hidden] <= CAUSAL_NEG))
+
+
+def split_causal(mask: relax.Expr, graph: FunctionGraph, s: int, t: int) -> Optional[Tuple[relax.Expr, float]]:
+    """``(keep, neg)`` when ``mask`` is ``where(visible ∧ keep, 0, neg)`` (either operand order) with ``visible``
+    a constant causal pattern and ``neg`` <= CAUSAL_NEG: how dynamo exports a decoder's combined causal and
+    padding mask, the causal part folded to an S×T constant. The operator then applies the causal part by
+    skipping key blocks, and reads only ``keep`` (a key-padding mask, compacted to [B, 1, 1, T]).
+
+    The two agree wherever a query sees at least one key. A row that sees none (a padded query with only padded
+    keys before it) gets zero from the operator either way (see ops/attention.py)."""
+    value = graph.value(mask)
+    if op_name(value) != "relax.where":
+        return None
+    cond, on, off = (graph.value(a) for a in value.args)
+    on_v, off_v = const_eval(on, graph), const_eval(off, graph)
+    if on_v is None or off_v is None or on_v.size != 1 or off_v.size != 1:
+        return None
+    if float(on_v.reshape(())) != 0.0 or not float(off_v.reshape(())) <= CAUSAL_NEG:
+        return None
+    if op_name(cond) != "relax.logical_and":
+        return None
+    for visible, keep in (cond.args, reversed(cond.args)):
+        pattern = const_eval(visible, graph)
+        if pattern is None or pattern.dtype != np.bool_ or const_eval(keep, graph) is not None:
+            continue
+        if is_causal_mask(np.where(pattern, 0.0, -np.inf), s, t):
+            return keep, float(off_v.reshape(()))
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------

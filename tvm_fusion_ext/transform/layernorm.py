@@ -2,7 +2,9 @@
 
 Pattern
     ``layer_norm(add(add(x, bias), residual), gamma, beta)`` or ``layer_norm(add(x, residual), gamma, beta)``
-    (decomposed LayerNorms are canonicalised to ``layer_norm`` earlier; adds match in either operand order).
+    (decomposed LayerNorms are canonicalised to ``layer_norm`` earlier; adds match in either operand order);
+    last, a plain ``layer_norm(x, gamma, beta)``: pre-norm blocks (ModernBERT) reuse the residual sum for the
+    next residual, so the sum stays and only the normalisation fuses.
 Check
     normalisation over the last axis only; gamma/beta are vectors of the row width; ``x`` and ``residual``
     have the output's shape (a broadcast residual is a different op); the bias is a per-column vector.
@@ -37,7 +39,11 @@ class BiasResidualLayerNormRule(FusionRule):
             names = {"x": x, "residual": r, "gamma": g, "beta": be, "ln": root}
             if bias:
                 names["bias"] = b
-            out.append(Variant(root, names, {"bias": bias}, "relax.nn.layer_norm"))
+            out.append(Variant(root, names, {"bias": bias, "residual": True}, "relax.nn.layer_norm"))
+        x, g, be = wildcard(), wildcard(), wildcard()
+        root = is_op("relax.nn.layer_norm")(x, g, be)
+        out.append(Variant(root, {"x": x, "gamma": g, "beta": be, "ln": root}, {"bias": False, "residual": False},
+                           "relax.nn.layer_norm"))
         return out
 
     def check(self, m: Match) -> Optional[str]:
@@ -57,7 +63,7 @@ class BiasResidualLayerNormRule(FusionRule):
             shape = m.shape(name)
             if shape != [n]:
                 return f"{name} of shape {shape} is not a vector of width {n}"
-        for name in ("x", "residual"):
+        for name in ("x", "residual") if m.tag["residual"] else ("x",):
             if not same_dims(m.dims(name), out):
                 return f"{name} of shape {format_dims(m.dims(name) or [])} is broadcast to {format_dims(out)}"
             if m.dtype(name) != m.dtype("ln"):
@@ -71,14 +77,16 @@ class BiasResidualLayerNormRule(FusionRule):
     def rewrite(self, m: Match, bb: relax.BlockBuilder) -> relax.Expr:
         attrs = m["ln"].attrs
         bias = as_vector(bb, m.arg("bias")) if m.tag["bias"] else None
-        inputs = {"x": m.arg("x"), "residual": m.arg("residual"), "bias": bias,
+        inputs = {"x": m.arg("x"), "residual": m.arg("residual") if m.tag["residual"] else None, "bias": bias,
                   "gamma": m.arg("gamma"), "beta": m.arg("beta")}
         return call_op(bb, "fused_layernorm", inputs, {"eps": float(attrs.epsilon)})
 
     def describe(self, m: Match) -> str:
+        if not m.tag["residual"]:
+            return "plain"
         return "bias + residual" if m.tag["bias"] else "residual"
 
 
 def FuseBiasResidualLayerNorm():  # noqa: N802
-    """Module pass: (x [+ bias]) + residual → LayerNorm  ⇒  ``fused_layernorm``."""
+    """Module pass: [(x [+ bias]) + residual →] LayerNorm  ⇒  ``fused_layernorm``."""
     return rule_pass("tfx.FuseBiasResidualLayerNorm", [BiasResidualLayerNormRule()])
