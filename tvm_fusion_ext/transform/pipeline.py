@@ -9,27 +9,30 @@ from .attention import FuseMultiHeadAttention
 from .canonicalize import Canonicalize
 from .dense import FuseMatmulBiasActivation
 from .layernorm import FuseBiasResidualLayerNorm
+from .padding import RemovePadding
 from .qkv import FuseQKVProjection
 from .rmsnorm import FuseRMSNorm
 from .rope import FuseRotaryEmbedding
 from .shape_computations import ResolveShapeComputations
 
 
-def SemanticFusion() -> tvm.transform.Pass:  # noqa: N802
+def SemanticFusion(remove_padding: bool = True) -> tvm.transform.Pass:  # noqa: N802
     """Resolve size computations to the input dims they equal (dynamic-axis exports), canonicalise, then fuse: QKV first (it needs the three separate projections), attention next (it
     absorbs head split/merge reshapes that dense fusion would otherwise leave stranded), then dense epilogues,
-    then residual LayerNorms (which see the dense outputs as their inputs)."""
-    return tvm.transform.Sequential(
-        [
-            ResolveShapeComputations(),
-            relax.transform.CanonicalizeBindings(),
-            Canonicalize(),
-            FuseQKVProjection(),
-            FuseRotaryEmbedding(),
-            FuseMultiHeadAttention(),
-            FuseMatmulBiasActivation(),
-            FuseBiasResidualLayerNorm(),
-            FuseRMSNorm(),
-        ],
-        name="tfx.SemanticFusion",
-    )
+    then residual LayerNorms (which see the dense outputs as their inputs). Last, ``remove_padding``: the
+    token-wise part of an encoder runs on the valid tokens of its ``attention_mask`` only (it reads the fused
+    graph: :mod:`.padding`)."""
+    passes = [
+        ResolveShapeComputations(),
+        relax.transform.CanonicalizeBindings(),
+        Canonicalize(),
+        FuseQKVProjection(),
+        FuseRotaryEmbedding(),
+        FuseMultiHeadAttention(),
+        FuseMatmulBiasActivation(),
+        FuseBiasResidualLayerNorm(),
+        FuseRMSNorm(),
+    ]
+    if remove_padding:
+        passes.append(RemovePadding())
+    return tvm.transform.Sequential(passes, name="tfx.SemanticFusion")
