@@ -35,7 +35,7 @@ class Compiled:
     weights: List[Tuple[str, object]] = field(default_factory=list)
 
 
-def fuse(mod: tvm.IRModule, remove_padding: bool = True) -> Tuple[tvm.IRModule, FusionReport]:
+def fuse(mod: tvm.IRModule, remove_padding: bool = False) -> Tuple[tvm.IRModule, FusionReport]:
     """:func:`~tvm_fusion_ext.transform.SemanticFusion` with its report: ``(fused module, FusionReport)``."""
     from ..transform.pipeline import SemanticFusion
 
@@ -45,7 +45,7 @@ def fuse(mod: tvm.IRModule, remove_padding: bool = True) -> Tuple[tvm.IRModule, 
 
 
 def prepare(mod: tvm.IRModule, target: TargetSpec = None,
-            fuse_graph: bool = True, remove_padding: bool = True) -> Tuple[tvm.IRModule, Optional[FusionReport]]:
+            fuse_graph: bool = True, remove_padding: bool = False) -> Tuple[tvm.IRModule, Optional[FusionReport]]:
     """Fuse (optionally; ``remove_padding`` as in :func:`SemanticFusion`) and lower: the unscheduled module every
     later step starts from."""
     target = resolve_target(target)
@@ -65,7 +65,7 @@ def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Ta
 
 
 def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse_graph: bool = True,
-                  knobs: Optional[dict] = None, lift_weights: bool = False, remove_padding: bool = True) -> Compiled:
+                  knobs: Optional[dict] = None, lift_weights: bool = False, remove_padding: bool = False) -> Compiled:
     """Fuse, lower, schedule (records from ``logs``, templates, fallback) and build ``mod`` for ``target``.
 
     ``logs`` is a record directory or a root of them (the one whose manifest matches this model and target is
@@ -88,7 +88,7 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
 
 
 def build(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse: bool = True,
-          knobs: Optional[dict] = None, remove_padding: bool = True):
+          knobs: Optional[dict] = None, remove_padding: bool = False):
     """:func:`compile_model`, returning just the executable (run it with ``relax.VirtualMachine(ex, dev)``).
 
     As a convenience for running in this process, a CPU build also sizes TVM's thread pool to the target's

@@ -16,6 +16,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 from tvm import relax
 
+from .flat_index import affine_index, is_flat_row_major
 from .graph import FunctionGraph, const_value, op_name, same_dim, shape_dims
 
 #: an additive mask at or below this hides a key (BERT's -10000: exp(-1e4) is 0 in any float type)
@@ -47,8 +48,8 @@ def padding_mask_input(graph: FunctionGraph, masks: List[relax.Expr]) -> Tuple[O
         if mask is None:
             return None, "a fused attention has no mask: nothing says which tokens are padding"
         try:
-            params = set()
-            value = _probe(mask, graph, params, 0)
+            params, layouts = set(), []
+            value = _probe(mask, graph, params, layouts, 0)
         except _Refused as e:
             return None, str(e)
         if len(params) != 1:
@@ -61,6 +62,10 @@ def padding_mask_input(graph: FunctionGraph, masks: List[relax.Expr]) -> Tuple[O
         dims = shape_dims(param)
         if dims is None or len(dims) != 2:
             return None, f"input '{param.name}' is not a [batch, seq] mask"
+        for check in layouts:
+            reason = check(*dims)
+            if reason is not None:
+                return None, reason
         out = shape_dims(mask)
         if out is None or len(out) != 4 or not same_dim(out[0], dims[0]) or not same_dim(out[3], dims[1]):
             return None, (f"the mask from '{param.name}' does not reach the attention as [batch, ·, ·, key] "
@@ -75,8 +80,11 @@ def padding_mask_input(graph: FunctionGraph, masks: List[relax.Expr]) -> Tuple[O
     return found, None
 
 
-def _probe(e: relax.Expr, graph: FunctionGraph, params: set, depth: int) -> np.ndarray:
-    """The value of ``e`` with every parameter it reads replaced by a scalar 0 (the padding value)."""
+def _probe(e: relax.Expr, graph: FunctionGraph, params: set, layouts: list, depth: int) -> np.ndarray:
+    """The value of ``e`` with every parameter it reads replaced by a scalar 0 (the padding value).
+
+    Ops that move the mask's elements are checked once the mask's [B, S] is known: ``layouts`` collects the
+    checks, each ``check(B, S) -> reason or None``."""
     if depth > _DEPTH:
         raise _Refused("the attention mask's computation is too deep to prove")
     v = graph.value(e)
@@ -92,13 +100,20 @@ def _probe(e: relax.Expr, graph: FunctionGraph, params: set, depth: int) -> np.n
     op = op_name(v)
 
     def arg(i):
-        return _probe(v.args[i], graph, params, depth + 1)
+        return _probe(v.args[i], graph, params, layouts, depth + 1)
 
     if op in _LAYOUT_OPS:
         a = arg(0)
         if a.ndim != 0:
             raise _Refused(f"the attention mask lays out a non-uniform tensor with {op}: cannot prove it")
-        _check_layout(v, graph)
+        layouts.append(lambda rows, cols, call=v: _layout_error(call, rows, cols))
+        return a
+    if op == "relax.take":
+        a = arg(0)
+        if a.ndim != 0:
+            raise _Refused("the attention mask gathers a non-uniform tensor: cannot prove it")
+        idx = affine_index(v.args[1], graph)
+        layouts.append(lambda rows, cols, call=v, idx=idx: _gather_error(call, idx, rows, cols))
         return a
     if op == "relax.astype":
         return arg(0).astype(str(v.attrs.dtype))
@@ -114,19 +129,38 @@ def _probe(e: relax.Expr, graph: FunctionGraph, params: set, depth: int) -> np.n
     raise _Refused(f"the attention mask is computed with {op or type(v).__name__}: cannot prove what padding does")
 
 
-def _check_layout(call: relax.Call, graph: FunctionGraph) -> None:
-    """A layout op on the mask keeps batch first and the sequence last (only unit axes are inserted between)."""
+def _core(dims) -> list:
+    return [d for d in dims if not (isinstance(d, int) and d == 1)]
+
+
+def _is_mask_layout(dims, rows, cols) -> bool:
+    """Non-unit axes ``[B, S]`` (in this order) or ``[B·S]``: ``m``'s elements in row-major order."""
+    core = _core(dims)
+    if len(core) == 2:
+        return same_dim(core[0], rows) and same_dim(core[1], cols)
+    return len(core) == 1 and same_dim(core[0], rows * cols)
+
+
+def _layout_error(call: relax.Call, rows, cols) -> Optional[str]:
+    """A layout op on the mask keeps ``m``'s elements in order; broadcast_to only widens unit axes."""
     src, out = shape_dims(call.args[0]), shape_dims(call)
+    op = op_name(call)
     if src is None or out is None:
-        raise _Refused(f"the attention mask's {op_name(call)} has an unknown shape")
-    core_src = [d for d in src if not (isinstance(d, int) and d == 1)]
-    core_out = [d for d in out if not (isinstance(d, int) and d == 1)]
-    if op_name(call) == "relax.broadcast_to":
-        ok = len(out) == len(src) and all(
+        return f"the attention mask's {op} has an unknown shape"
+    if op == "relax.broadcast_to":
+        ok = len(out) == len(src) and _is_mask_layout(src, rows, cols) and all(
             (isinstance(s, int) and s == 1) or same_dim(s, o) for s, o in zip(src, out))
-        ok = ok and same_dim(out[0], src[0]) and same_dim(out[-1], src[-1])
     else:
-        ok = (len(core_src) == len(core_out) and all(same_dim(a, b) for a, b in zip(core_src, core_out))
-              and same_dim(out[-1], src[-1]) and same_dim(out[0], src[0]))
-    if not ok:
-        raise _Refused(f"the attention mask's {op_name(call)} {src} -> {out} moves the batch or key axis")
+        ok = _is_mask_layout(src, rows, cols) and _is_mask_layout(out, rows, cols)
+    return None if ok else f"the attention mask's {op} {src} -> {out} moves the batch or key axis"
+
+
+def _gather_error(call: relax.Call, idx, rows, cols) -> Optional[str]:
+    """``take(flat m, b·S + j)``: the dynamic exports' GatherND of the mask, the identity on its elements."""
+    data = shape_dims(call.args[0])
+    if (int(call.attrs.axis) if call.attrs.axis is not None else None) != 0 or data is None or \
+            not same_dim(data[0], rows * cols) or _core(data[1:]):
+        return f"the attention mask is gathered from a {data} tensor: cannot prove it reads m[b, j]"
+    if not is_flat_row_major(idx, shape_dims(call.args[1]), rows, cols):
+        return "the attention mask is gathered at indices other than b·S + j: cannot prove it reads m[b, j]"
+    return None

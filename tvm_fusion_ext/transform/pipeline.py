@@ -16,7 +16,7 @@ from .rope import FuseRotaryEmbedding
 from .shape_computations import ResolveShapeComputations
 
 
-def SemanticFusion(remove_padding: bool = True) -> tvm.transform.Pass:  # noqa: N802
+def SemanticFusion(remove_padding: bool = False) -> tvm.transform.Pass:  # noqa: N802
     """Resolve size computations to the input dims they equal (dynamic-axis exports), canonicalise, then fuse: QKV first (it needs the three separate projections), attention next (it
     absorbs head split/merge reshapes that dense fusion would otherwise leave stranded), then dense epilogues,
     then residual LayerNorms (which see the dense outputs as their inputs). Last, ``remove_padding``: the
