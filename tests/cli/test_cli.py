@@ -28,6 +28,15 @@ def test_fuse_json_contract(tiny_encoder_path, capsys):
     assert isinstance(report["refused"], list)
 
 
+def test_fuse_json_reports_padding_removed(tiny_encoder_path, capsys):
+    assert main(["fuse", tiny_encoder_path, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["padding_removed"] == 0  # off by default
+    assert main(["fuse", tiny_encoder_path, "--json", "--remove-padding"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["padding_removed"] == 1
+    assert [e["rule"] for e in report["applied"]].count("RemovePadding") == 1
+
+
 def test_fuse_text_report(tiny_encoder_path, capsys):
     assert main(["fuse", tiny_encoder_path]) == 0
     out = capsys.readouterr().out

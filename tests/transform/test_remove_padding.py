@@ -23,13 +23,14 @@ B, S = 4, 8
 
 
 def _masks():
-    """Each row's mask: mixed right-padded lengths including 1; all full; left padding; holes."""
+    """Each row's mask: mixed right-padded lengths including 1; all full; left padding; holes; all padding."""
     def rows(*rs):
         return np.array(rs, dtype=np.int64)
     return {
         "mixed": rows([1] + [0] * 7, [1] * 8, [1] * 5 + [0] * 3, [1] * 3 + [0] * 5),
         "full": np.ones((B, S), np.int64),
         "left": rows([0] * 7 + [1], [1] * 8, [0] * 3 + [1] * 5, [0] * 5 + [1] * 3),
+        "empty": np.zeros((B, S), np.int64),  # T = 0: nothing to compute, every position is padding
         "holes": rows([1, 0, 1, 1, 0, 1, 1, 1], [1] * 8, [1, 1, 0, 0, 1, 0, 0, 0], [0, 1, 1, 0, 1, 0, 0, 0]),
     }
 

@@ -97,13 +97,12 @@ def _row_invariant(e, rank: int, graph: Optional[FunctionGraph] = None) -> bool:
         np.array_equal(value, np.broadcast_to(np.take(value, [0], axis=i), value.shape)) for i in range(lead))
 
 
-def _prove(graph: FunctionGraph) -> Tuple[Optional[_Region], str]:
+def _prove(graph: FunctionGraph) -> Tuple[Optional[_Region], str, str]:
+    """``(region, "", "")`` or ``(None, reason, name of the binding it is about)``."""
     attentions = _attention_calls(graph)
-    if not attentions:
-        return None, "no fused attention"
     mask, reason = padding_mask_input(graph, [inputs.get("mask") for _, inputs, _ in attentions])
     if mask is None:
-        return None, reason
+        return None, reason, attentions[0][0].name
     batch, seq = shape_dims(mask)
     first = graph.position[attentions[0][0]]
     candidates = [v for v, pos in sorted(graph.position.items(), key=lambda kv: kv[1])
@@ -112,10 +111,11 @@ def _prove(graph: FunctionGraph) -> Tuple[Optional[_Region], str]:
     for cand in candidates:
         region, reason, at = _propagate(graph, cand, mask, batch, seq, {a for a, _, _ in attentions})
         if region is not None:
-            return region, ""
+            return region, "", ""
+        # report the candidate whose proof got furthest: its obstacle is the one that matters
         if best_at is None or graph.position.get(at, (1 << 30, 0)) >= graph.position.get(best_at, (1 << 30, 0)):
             best, best_at = reason, at
-    return None, best
+    return None, best, best_at.name if best_at is not None else ""
 
 
 def _propagate(graph, pack_point, mask, batch, seq, attentions):
@@ -334,11 +334,11 @@ def remove_padding(mod: tvm.IRModule) -> tvm.IRModule:
         if not isinstance(func, relax.Function) or (func.attrs is not None and "Primitive" in func.attrs):
             continue
         graph = FunctionGraph(func, mod)
-        if not any(True for _ in _attention_calls(graph)):
+        if not _attention_calls(graph):
             continue  # nothing that padding could be removed around: not a near miss
-        region, reason = _prove(graph)
+        region, reason, at = _prove(graph)
         if region is None:
-            record_refused(FusionEvent(RULE, KIND, gv.name_hint, "", reason))
+            record_refused(FusionEvent(RULE, KIND, gv.name_hint, at, reason))
         else:
             plans[gv] = (region, graph)
     if not plans:

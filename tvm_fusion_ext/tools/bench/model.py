@@ -229,13 +229,13 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
     }
 
 
-def _torch_row(info, feeds, ref, threads, repeat, diff) -> Row:
+def _torch_row(info, feeds, ref, threads, repeat, diff=max_abs_diff) -> Row:
     if info is None or "kind" not in info:
         return Row(TORCH, note="n/a (not a transformers export)")
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
         return Row(TORCH, note="n/a (torch/transformers not installed)")
     call = torch_runner(info, feeds, threads)
-    torch_diff = diff([call().numpy()], ref[:1]) if ref is not None else None
+    torch_diff = diff([call().numpy()], ref[:1]) if ref is not None else None  # ref[:1]: torch returns one output
     timing = time_block(TORCH, call, repeat=repeat)
     return Row(TORCH, timing, torch_diff, note=f"eager, {info['kind']} attn={info.get('attn', 'sdpa')}",
                extra={"threads": threads})
