@@ -26,7 +26,7 @@ from ...models import HF_EXPORT_KEY
 from ..timing import time_block
 from .lengths import MASK_INPUT, apply_lengths, draw_lengths, valid_positions
 from .peers import check_target, environment, ort_session, set_thread_spinning, stock_tvm, threads_for, torch_runner
-from .report import ORT, OURS, RUNTIMES, STOCK, TORCH, Row, format_table
+from .report import ORT, OURS, OURS_PADDED, RUNTIMES, STOCK, TORCH, Row, format_table
 
 DEFAULT_SEQ, DEFAULT_BATCH = 128, 1
 
@@ -185,6 +185,11 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
 
     rows = [Row(OURS, max_abs_diff=diff([got[n] for n in ours.output_names]), extra={"build_seconds": build_s})]
     rows[0].timing = time_block(OURS, ours.bind(feeds), repeat=repeat)
+    if report.padding_removed:
+        # our own padded build, timed in the same run: what removing the padding gained
+        padded = CompiledModel.from_module(mod, tgt, logs=logs, fuse=True, label=label)
+        rows.append(Row(OURS_PADDED, time_block(OURS_PADDED, padded.bind(feeds), repeat=repeat),
+                        diff([padded.run(feeds)[n] for n in padded.output_names]), note="--no-remove-padding"))
     if "ort" in against and sess is None:
         rows.append(Row(ORT, note="n/a (onnxruntime not installed)"))
     elif "ort" in against:
@@ -222,6 +227,8 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
         "max_abs_diff_at": "valid positions" if mask is not None else "all positions",
         "reference": ORT if ref is not None else None,
         "ratio_vs_ort": rows[0].timing.median / ort_median if ort_median else None,
+        "ratio_vs_padded": next((rows[0].timing.median / r.timing.median for r in rows if r.name == OURS_PADDED),
+                                None),
         "max_abs_diff_vs_ort": rows[0].max_abs_diff,
         "runtimes": [r.to_dict(ort_median) for r in rows],
         "threading": spinning,
