@@ -72,7 +72,7 @@ def _best_by_workload(path):
 # kill -9 several times, resume to completion
 # ---------------------------------------------------------------------------------------------------------
 
-TRIALS = 20
+TRIALS = 12
 KILLS = 3
 
 
@@ -263,7 +263,7 @@ def test_rpc_server_goes_away_mid_run(model, tmp_path):
                 time.sleep(0.5)
         root = tmp_path / "logs"
         log = open(tmp_path / "tune.log", "w")
-        tune_proc = subprocess.Popen([sys.executable, "-m", "tvm_fusion_ext.cli", "tune", model[0], "--trials", "8",
+        tune_proc = subprocess.Popen([sys.executable, "-m", "tvm_fusion_ext.cli", "tune", model[0], "--trials", "4",
                                       "--per-iter", "2", "--population", "16", "--logs", str(root),
                                       "--rpc", f"127.0.0.1:{port}", "--key", "tfx-fault"],
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

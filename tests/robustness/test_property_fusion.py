@@ -26,7 +26,7 @@ from tvm_fusion_ext.testing import fused_calls, random_inputs, run_relax
 from tvm_fusion_ext.transform import (Canonicalize, FuseBiasResidualLayerNorm, FuseMatmulBiasActivation,
                                       FuseMultiHeadAttention, FuseQKVProjection, FusionReport, SemanticFusion)
 
-EXAMPLES = int(os.environ.get("TFX_PROPERTY_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("TFX_PROPERTY_EXAMPLES", "12"))
 CASES_PER_EXAMPLE = int(os.environ.get("TFX_PROPERTY_CASES", "12"))
 # LLVM codegen (the JIT when the VM loads) is most of the cost; opt-level 0 halves it and does not change
 # what is computed (both sides use the same target).

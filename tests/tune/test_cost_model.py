@@ -133,6 +133,17 @@ def test_warm_start_from_cli_is_in_the_manifest(tiny_path, random_logs, tmp_path
                                         progress=messages.append))
     assert manifest["warm_start"]["records"] == 4 and manifest["warm_start"]["sources"] == [random_logs[1]]
     assert any("warm-started on 4 records of 4 kernels" in m for m in messages), messages
+    # the progress line: best so far and the time left at this run's pace (the budget is spent: 0s)
+    lines = [m for m in messages if m.startswith("tune: trials")]
+    assert lines and all(" best " in m and " | ETA " in m for m in lines), messages
+    assert lines[-1].split(" | ETA ")[1].split(" ")[0] == "0s", lines[-1]
+
+
+def test_progress_durations_read_as_a_person_would():
+    from tvm_fusion_ext.tune.progress import format_duration
+
+    assert [format_duration(s) for s in (0.4, 59, 61, 3599, 3600, 7325)] == ["0s", "59s", "1m01s", "59m59s",
+                                                                            "1h00m", "2h02m"]
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -9,8 +9,9 @@ Accumulates in fp32 whatever the input dtype; the epilogue (bias, activation, ca
 so it never makes another trip through memory. Activations use :mod:`.fastmath` so the epilogue vectorises.
 
 Rows known only at run time (``x`` of shape (batch, seq, K)): with ``row_block`` set, the accumulator runs
-over the rows flattened and padded up to a multiple of ``row_block``, the padding rows reading the last real
-row (a few wasted FMAs, no out-of-bounds read), and the epilogue writes only the real rows. A template can
+over the rows flattened and padded up to a multiple of ``row_block`` (the ``dense_rows`` stage, which templates
+inline), the padding rows reading the last real row (a few wasted FMAs, no out-of-bounds read), and the
+epilogue writes only the real rows. A template can
 then tile rows by ``row_block`` with no tail predicate inside its micro-kernel, which would otherwise keep
 its accumulator tile out of registers.
 """
@@ -88,8 +89,12 @@ def fused_dense(x, w, bias=None, *, act="none", transpose_b=False, w_layout="pla
     else:
         rows = _product(batch)
         padded = (rows + (int(row_block) - 1)) // int(row_block) * int(row_block)
+        # The padded rows as their own (inlinable) stage: a row tile of it is a rectangle, which a template can
+        # stage in shared memory; read through x's (batch, seq) dims the same tile is a bounding box in (b, s).
+        padded_x = te.compute((padded, K), lambda r, c: x[(*_unflatten(tirx.min(r, rows - 1), batch), c)],
+                              name="dense_rows", attrs={"schedule_rule": "None"})
         acc = te.compute((padded, N), lambda r, j: te.sum(
-            x[(*_unflatten(tirx.min(r, rows - 1), batch), k)].astype(acc_dtype) * weight(j).astype(acc_dtype),
+            padded_x[r, k].astype(acc_dtype) * weight(j).astype(acc_dtype),
             axis=k), name="dense", attrs={"schedule_rule": "tfx.dense"})
         at = lambda *idx: acc(_flatten(idx[:-1], batch), idx[-1])  # noqa: E731
 

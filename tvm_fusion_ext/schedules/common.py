@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import List
 
 import tvm
@@ -18,6 +19,20 @@ def inline_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> Non
             sch.reverse_compute_inline(consumers[0])
         except s_tir.ScheduleError:
             return
+
+
+def op_params(sch: s_tir.Schedule) -> dict:
+    """The fused operator's parameters (``tfx.params``) of the scheduled PrimFunc; empty for other kernels."""
+    attrs = sch.mod["main"].attrs
+    return json.loads(str(attrs["tfx.params"])) if attrs is not None and "tfx.params" in attrs else {}
+
+
+def padded_rows_stage(sch: s_tir.Schedule, block):
+    """The ``dense_rows`` producer of a dense whose symbolic rows the operator padded (``row_block``), or None."""
+    for producer in sch.get_producers(block):
+        if sch.get(producer).name_hint == "dense_rows":
+            return producer
+    return None
 
 
 def divisors(n: int) -> List[int]:

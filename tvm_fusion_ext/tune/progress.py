@@ -7,6 +7,7 @@ measurements: the rank correlation in ``quality.py`` is then an honest out-of-sa
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -30,6 +31,7 @@ class Progress:
         self.cost_model = None
         self.contexts: list = []
         self.new_trials = 0
+        self.started = time.monotonic()
         prev_tasks = base.get("tasks", {}) or {}
         self.state: Dict[str, dict] = {}
         for task in tasks:
@@ -80,8 +82,15 @@ class Progress:
         tuned = sum(1 for s in self.state.values() if s["best"] is not None)
         self.say(f"tune: trials {self.new_trials}/{self.budget} | tasks {tuned}/{len(self.tasks)} with records | "
                  f"{task.name}: {len(results)} measured, best "
-                 f"{'-' if best is None else f'{best * 1e6:.2f} us'} | model total {self._total_us()}"
-                 + (f" | {len(failed)} failed ({failed[0]})" if failed else ""))
+                 f"{'-' if best is None else f'{best * 1e6:.2f} us'} | model total {self._total_us()} | "
+                 f"ETA {self._eta()}" + (f" | {len(failed)} failed ({failed[0]})" if failed else ""))
+
+    def _eta(self) -> str:
+        """Time left at this run's pace so far (builds, measurements and model updates all included)."""
+        left = max(self.budget - self.new_trials, 0)
+        if not self.new_trials:
+            return "-"
+        return format_duration((time.monotonic() - self.started) / self.new_trials * left)
 
     # -- manifest --------------------------------------------------------------------------------------------
     def _total_us(self) -> str:
@@ -120,6 +129,15 @@ class Progress:
 
     def finish(self, seconds: Optional[float] = None) -> dict:
         return self.write(seconds)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def _failure(build, result) -> Optional[str]:

@@ -23,7 +23,6 @@ Odd sizes get exact tiles (divisors), except a packed N, whose last panel is zer
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -32,7 +31,7 @@ from tvm import relax, s_tir
 
 from ...ops.dense import pack_weight
 from ...targets import TargetInfo
-from ..common import divisors, flatten_rows_map, inline_consumers
+from ..common import divisors, flatten_rows_map, inline_consumers, op_params, padded_rows_stage
 from ..rule import Knobs, TemplateRule
 
 #: 16 ymm registers (AVX2) bound the accumulator tile: mr*nr/8 + nr/8 + 1 <= 16.
@@ -95,15 +94,10 @@ def _extent(sch: s_tir.Schedule, loop):
     return int(extent) if isinstance(extent, tvm.tirx.IntImm) else extent
 
 
-def _op_params(sch: s_tir.Schedule) -> dict:
-    attrs = sch.mod["main"].attrs
-    return json.loads(str(attrs["tfx.params"])) if attrs is not None and "tfx.params" in attrs else {}
-
-
 def _packed_nr(sch: s_tir.Schedule, block) -> Optional[int]:
     """nr of a packed-layout ``fused_dense`` (from the op's params, not guessed from shapes: a batched
     matmul handed to this template by the fallback also has a 3-D right operand)."""
-    if _op_params(sch).get("w_layout") != "packed":
+    if op_params(sch).get("w_layout") != "packed":
         return None
     return int(sch.get(block).reads[1].source.shape[2])
 
@@ -112,6 +106,9 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
               knobs: Optional[dict] = None) -> None:
     knobs = knobs or {}
     packed_nr = _packed_nr(sch, block)
+    padded_rows = padded_rows_stage(sch, block)
+    if padded_rows is not None:  # the micro-kernel reads x in place: its row tiles are whole rows of x
+        sch.compute_inline(padded_rows)
 
     *batch, j, k = sch.get_loops(block)
     if not batch:
@@ -142,7 +139,7 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
     k_dec = _decision(knobs.get("k"), [K // kc, kc])
     k0, k1 = sch.split(k, sch.sample_perfect_tile(k, n=2, max_innermost_factor=max(KC_MAX, k_dec[-1]),
                                                   decision=k_dec))
-    row_block = _op_params(sch).get("row_block")
+    row_block = op_params(sch).get("row_block")
     if row_block is None:
         mr = default_mr(M)
         ip = default_ip(M // mr, n_tiles, TargetInfo.of(target).cores)

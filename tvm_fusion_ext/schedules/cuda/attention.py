@@ -18,6 +18,12 @@ Shape of the schedule (``rows`` = query rows per block on threadIdx.y, a warp on
 
 The score tile is ``rows × key_block`` in shared memory; nothing of size S×T exists. Knobs (MetaSchedule
 decisions): ``rows`` (perfect tile ``[tiles, rows]`` of the query axis), ``unroll`` (index into UNROLL).
+
+Batch, queries and keys known only at run time: :meth:`AttentionCUDA.prepare_operator` pads the query rows to
+:data:`SYMBOLIC_QUERY_ROWS` (``query_block``; the operator pads keys to its key block itself), so the query
+tiles split exactly, ``blockIdx.x`` takes the symbolic tile count, the flash loop runs a symbolic number of key
+blocks, and only the copy of each tile's real rows to the output (``attn_out``) is predicated. That path is
+SIMT for every dtype (the tensor-core template needs static 16-multiples).
 """
 
 from __future__ import annotations
@@ -28,14 +34,23 @@ from typing import Optional, Sequence
 import tvm
 from tvm import s_tir
 
-from ..attention_blocks import STAGES, inline_low_precision_stages, kernel_stages, output_loops_bhsd
+from ..attention_blocks import (
+    STAGES,
+    inline_low_precision_stages,
+    kernel_stages,
+    output_loops_bhsd,
+    pad_symbolic_queries,
+    symbolic_rows_reason,
+)
 from ...ops.attention import LOW_PRECISION
-from ..common import categorical
-from ..rule import Knobs, TemplateRule, symbolic_extent_reason
+from ..common import categorical, op_params
+from ..rule import Knobs, TemplateRule
 from .attention_mma import KEY_BLOCK, attention_mma, tensor_cores_fit
 
 UNROLL = (0, 16, 64)
 WARP = 32
+#: query rows per thread block when the query count is symbolic: the SIMT template's widest row tile
+SYMBOLIC_QUERY_ROWS = 8
 
 
 def _bind_rows_lanes(sch, row_loop, lane_loop, lanes):
@@ -61,11 +76,19 @@ def attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = N
     b, h, s, d = output_loops_bhsd(sch, block)
     # a perfect split: a partial last tile would put the warp all-reduces and their barriers under a
     # row predicate, which ThreadSync refuses ("Cannot insert syncs inside condition")
-    n_rows = int(sch.get(s).extent)
-    rows = max(r for r in range(1, min(max_threads // lanes, 8) + 1) if n_rows % r == 0)
-    decision = knobs.get("rows", [n_rows // rows, rows])
-    s0, s1 = sch.split(s, sch.sample_perfect_tile(s, n=2, max_innermost_factor=max_threads // lanes,
-                                                   decision=list(decision)))
+    padded_rows = sch.get(block).name_hint == "attn_rows"
+    if padded_rows:  # symbolic rows, padded by the operator to whole query tiles
+        tile = int(op_params(sch)["query_block"])
+        rows = int(knobs.get("rows", [None, tile])[-1])
+        if tile % rows:
+            raise ValueError(f"{rows} query rows per block do not divide the query block {tile}")
+        s0, s1 = sch.split(s, [None, rows])
+    else:
+        n_rows = int(sch.get(s).extent)
+        rows = max(r for r in range(1, min(max_threads // lanes, 8) + 1) if n_rows % r == 0)
+        decision = knobs.get("rows", [n_rows // rows, rows])
+        s0, s1 = sch.split(s, sch.sample_perfect_tile(s, n=2, max_innermost_factor=max_threads // lanes,
+                                                       decision=list(decision)))
     sch.reorder(b, h, s0, s1, d)
     task = sch.fuse(b, h, s0)
     sch.bind(task, "blockIdx.x")
@@ -114,9 +137,28 @@ def attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = N
     sch.bind(kt_blocks, "blockIdx.x")
     sch.bind(kt_threads, "threadIdx.x")
 
+    if padded_rows:
+        _write_back_real_rows(sch, block, task, lanes)
+
     unroll = categorical(sch, UNROLL, "unroll", 64, knobs)
     sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
     sch.annotate(task, "pragma_unroll_explicit", 1)
+
+
+def _write_back_real_rows(sch, rows_block, task, lanes) -> None:
+    """Symbolic rows: ``attn_out`` copies the tile's real rows to the output from the running state in
+    registers, the finish inlined into it, each thread writing the (row, column) it owns."""
+    out = sch.get_consumers(rows_block)[0]
+    sch.reverse_compute_at(out, task, preserve_unit_loops=True)
+    sch.compute_inline(rows_block)
+    loops = sch.get_loops(out)
+    row, col = (loops[-2], loops[-1]) if _is_bhsd(sch, out) else (loops[-3], loops[-1])
+    _bind_rows_lanes(sch, row, col, lanes)
+
+
+def _is_bhsd(sch, out) -> bool:
+    """Whether the output block iterates (b, h, s, d), else (b, s, h, d)."""
+    return op_params(sch).get("out_layout", "BSHD") == "BHSD"
 
 
 @dataclass(frozen=True)
@@ -135,18 +177,20 @@ class AttentionCUDA(TemplateRule):
     Knobs = AttentionCudaKnobs
 
     def decline(self, sch, block, target):
-        return symbolic_extent_reason(sch)
+        return symbolic_rows_reason(sch, block)
 
     def schedule(self, sch, block, target, knobs=None):
         attention_cuda(sch, block, target, knobs)
 
     def prepare_operator(self, call, target):
-        """16-bit attention with the key block the tensor-core template is sized for: the key block sets the
-        score and operand tiles in shared memory, and the CPU default (up to 128 keys) would leave room for a
-        single warp per block in 48 KiB."""
-        if call.op != "fused_attention" or str(call.inputs["q"].ty.dtype) not in LOW_PRECISION:
+        """Symbolic query rows padded to whole row tiles (``query_block``); 16-bit attention with the key
+        block the tensor-core template is sized for: the key block sets the score and operand tiles in shared
+        memory, and the CPU default (up to 128 keys) would leave room for a single warp per block in 48 KiB."""
+        if call.op != "fused_attention":
             return None
+        wanted = pad_symbolic_queries(call, SYMBOLIC_QUERY_ROWS) or call
         keys = call.inputs["k"].ty.shape[2 if call.params.get("k_layout", "BSHD") == "BHSD" else 1]
-        if not isinstance(keys, tvm.tirx.IntImm) or int(keys) < KEY_BLOCK or call.params.get("key_block") == KEY_BLOCK:
-            return None
-        return call.replace(params=dict(call.params, key_block=KEY_BLOCK))
+        if (str(call.inputs["q"].ty.dtype) in LOW_PRECISION and isinstance(keys, tvm.tirx.IntImm)
+                and int(keys) >= KEY_BLOCK and call.params.get("key_block") != KEY_BLOCK):
+            wanted = wanted.replace(params=dict(wanted.params, key_block=KEY_BLOCK))
+        return None if wanted is call else wanted

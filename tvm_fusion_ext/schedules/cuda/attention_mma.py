@@ -82,6 +82,8 @@ def tensor_cores_fit(sch: s_tir.Schedule, block, stages: dict, target: tvm.targe
     if "attn_p16" not in stages:
         return False
     _, _, s, d = output_loops_bhsd(sch, block)
+    if not isinstance(sch.get(s).extent, tvm.tirx.IntImm):
+        return False  # symbolic (padded) query rows: the SIMT template
     key_block = int(sch.get(stages["attn_p16"]).writes[0].source.shape[-1])
     dtype = str(sch.get(stages["attn_p16"]).writes[0].source.dtype)
     return supports(int(sch.get(s).extent), int(sch.get(d).extent), key_block, dtype, TargetInfo.of(target).limits())

@@ -17,6 +17,12 @@ Knobs (``sample_perfect_tile`` decisions unless said otherwise), fp32:
     ``i``: [by, ty, yi]   ``j``: [bx, tx, xi]   ``k``: [ko, kc]
     ``vec``: index into :data:`VECTOR_WIDTHS`   ``unroll``: index into :data:`UNROLL_STEPS`
 Defaults are chosen per shape from the target's limits (threads and shared memory per block).
+
+Rows known only at run time (dynamic batch × sequence): :meth:`DenseCUDA.prepare_operator` asks the operator
+to pad them to :data:`SYMBOLIC_ROW_BLOCK` (``row_block``), so the row loop splits into whole ``ty × yi``
+tiles, ``blockIdx.y`` takes the symbolic tile count, and only the epilogue is predicated on the real rows.
+That path is SIMT for every dtype (the tensor-core path needs static 16-multiples); ``i`` is then
+``[_, ty, yi]`` with ``ty × yi`` dividing the row block.
 """
 
 from __future__ import annotations
@@ -28,8 +34,16 @@ import tvm
 from tvm import s_tir
 
 from ...targets import TargetInfo
-from ..common import flatten_block_rows, flatten_write_rows, inline_consumers, largest_divisor
-from ..rule import Knobs, TemplateRule, symbolic_extent_reason
+from ..common import (
+    flatten_block_rows,
+    flatten_rows_map,
+    flatten_write_rows,
+    inline_consumers,
+    largest_divisor,
+    op_params,
+    padded_rows_stage,
+)
+from ..rule import Knobs, TemplateRule
 from . import tensorcore
 
 VECTOR_WIDTHS = (1, 2, 4)
@@ -40,6 +54,8 @@ THREAD_TILE = 4
 #: Threads per block aimed at: 128 leaves room for several resident blocks per SM at these tile sizes.
 TARGET_THREADS = 128
 KC = 16
+#: rows per tile when the row count is symbolic: one 8 × 4 thread-row tile, little work wasted on padding
+SYMBOLIC_ROW_BLOCK = 32
 
 
 def _decision(given: Optional[Sequence[int]], default: List[int]) -> List[int]:
@@ -79,7 +95,8 @@ def _gemm_shape(sch: s_tir.Schedule, block):
 
 def dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
                knobs: Optional[dict] = None) -> None:
-    if tensorcore.supports(*_gemm_shape(sch, block), _input_dtype(sch, block)):
+    if padded_rows_stage(sch, block) is None and tensorcore.supports(*_gemm_shape(sch, block),
+                                                                      _input_dtype(sch, block)):
         tensorcore.dense_mma(sch, block, target, knobs)
     else:
         dense_simt(sch, block, target, knobs)
@@ -88,14 +105,26 @@ def dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.
 def dense_simt(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Optional[dict] = None) -> None:
     knobs = knobs or {}
     lim = TargetInfo.of(target).limits()
-    flatten_write_rows(sch, block)
-    i, j, k = flatten_block_rows(sch, block, extra=2)
-    M, N, K = (int(sch.get(lp).extent) for lp in (i, j, k))
+    padded_rows = padded_rows_stage(sch, block)
+    if padded_rows is None:
+        flatten_write_rows(sch, block)
+        i, j, k = flatten_block_rows(sch, block, extra=2)
+        M = int(sch.get(i).extent)
+    else:
+        i, j, k = sch.get_loops(block)  # already (padded rows, N, K)
+        M = int(op_params(sch).get("row_block") or SYMBOLIC_ROW_BLOCK)
+    N, K = (int(sch.get(lp).extent) for lp in (j, k))
     d = simt_defaults(M, N, K, lim)
 
-    ti = sch.sample_perfect_tile(i, n=3, max_innermost_factor=8, decision=_decision(knobs.get("i"), d["i"]))
     tj = sch.sample_perfect_tile(j, n=3, max_innermost_factor=8, decision=_decision(knobs.get("j"), d["j"]))
     tk = sch.sample_perfect_tile(k, n=2, max_innermost_factor=64, decision=_decision(knobs.get("k"), d["k"]))
+    if padded_rows is None:
+        ti = sch.sample_perfect_tile(i, n=3, max_innermost_factor=8, decision=_decision(knobs.get("i"), d["i"]))
+    else:
+        # a symbolic extent has no perfect tiles: the thread-row tile is fixed, the tile count is the rest
+        ti = [None, *_decision(knobs.get("i"), d["i"])[1:]]
+        if M % (ti[1] * ti[2]):
+            raise ValueError(f"row tile {ti[1]}x{ti[2]} does not divide the row block {M}")
     by, ty, yi = sch.split(i, ti)
     bx, tx, xi = sch.split(j, tj)
     ko, ki = sch.split(k, tk)
@@ -107,7 +136,10 @@ def dense_simt(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Opt
 
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, tx, preserve_unit_loops=True)
-    inline_consumers(sch, acc)
+    if padded_rows is None:
+        inline_consumers(sch, acc)
+    else:
+        _write_back_real_rows(sch, acc, tx)
 
     vec = sch.sample_categorical(list(VECTOR_WIDTHS), [1.0 / len(VECTOR_WIDTHS)] * len(VECTOR_WIDTHS),
                                  decision=knobs.get("vec", d["vec"]))
@@ -121,12 +153,27 @@ def dense_simt(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Opt
         sch.bind(fy, "threadIdx.y")
         sch.bind(fx, "threadIdx.x")
         sch.vectorize(fv)
+        if idx == 0 and padded_rows is not None:
+            sch.compute_inline(padded_rows)  # the fetch gathers the tile's rows straight from x
 
     sch.decompose_reduction(block, ko)
     u = sch.sample_categorical(list(UNROLL_STEPS), [1.0 / len(UNROLL_STEPS)] * len(UNROLL_STEPS),
                                decision=knobs.get("unroll", d["unroll"]))
     sch.annotate(by, "pragma_auto_unroll_max_step", u)
     sch.annotate(by, "pragma_unroll_explicit", 1)
+
+
+def _write_back_real_rows(sch: s_tir.Schedule, acc, tile_loop) -> None:
+    """Symbolic rows: the epilogue (rows flattened) runs per thread tile from the registers and writes only
+    the real rows. Inlining it into the padded accumulator's write-back instead would drop that bound."""
+    (epilogue,) = sch.get_consumers(acc)
+    loops = sch.get_loops(epilogue)
+    if len(loops) > 2:
+        idx_dtype = str(sch.get(loops[0]).extent.ty)
+        sch.transform_block_layout(epilogue, flatten_rows_map([sch.get(lp).extent for lp in loops[:-1]], 1,
+                                                             idx_dtype))
+    sch.reverse_compute_at(epilogue, tile_loop, preserve_unit_loops=True)
+    sch.compute_inline(acc)
 
 
 @dataclass(frozen=True)
@@ -146,7 +193,23 @@ class DenseCUDA(TemplateRule):
     Knobs = DenseCudaKnobs
 
     def decline(self, sch, block, target):
-        return symbolic_extent_reason(sch)
+        *_, j, k = sch.get_loops(block)
+        for name, loop in (("columns", j), ("reduction", k)):
+            if not isinstance(sch.get(loop).extent, tvm.tirx.IntImm):
+                return f"{name} extent {sch.get(loop).extent} is symbolic"
+        rows = [sch.get(lp).extent for lp in sch.get_loops(block)[:-2]]
+        if padded_rows_stage(sch, block) is None and not all(isinstance(r, tvm.tirx.IntImm) for r in rows):
+            return f"rows {rows} are symbolic and not padded to tiles (row_block)"
+        return None
 
     def schedule(self, sch, block, target, knobs=None):
         dense_cuda(sch, block, target, knobs)
+
+    def prepare_operator(self, call, target):
+        """Rows known only at run time padded to whole row tiles (``row_block``, see ops/dense.py)."""
+        if call.op != "fused_dense" or call.params.get("row_block") is not None:
+            return None
+        rows = call.inputs["x"].ty.shape.values[:-1]
+        if all(isinstance(d, tvm.tirx.IntImm) for d in rows):
+            return None
+        return call.replace(params=dict(call.params, row_block=SYMBOLIC_ROW_BLOCK))

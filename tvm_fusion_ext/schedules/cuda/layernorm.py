@@ -26,7 +26,7 @@ import tvm
 from tvm import s_tir
 
 from ..common import inline_consumers, row_loop
-from ..rule import Knobs, TemplateRule, root_blocks, symbolic_extent_reason
+from ..rule import Knobs, TemplateRule, root_blocks
 from ...targets import TargetInfo
 
 UNROLL_STEPS = (0, 16, 64)
@@ -113,7 +113,10 @@ class LayerNormCUDA(TemplateRule):
     Knobs = LayerNormCudaKnobs
 
     def decline(self, sch, block, target):
-        return symbolic_extent_reason(sch)
+        # rows (batch × sequence) may be symbolic: they are blockIdx.x; the row width sets the vector width
+        # and the thread split, so it may not
+        width = sch.get(sch.get_loops(block)[-1]).extent
+        return None if isinstance(width, tvm.tirx.IntImm) else f"row width {width} is symbolic"
 
     def schedule(self, sch, block, target, knobs=None):
         layernorm_cuda(sch, block, target, knobs)
