@@ -236,7 +236,7 @@ class _Packer(relax.PyExprMutator):
         nz = bb.match_cast(relax.op.nonzero(flat), relax.TensorType([1, tokens], "int64"))
         self.idx = bb.emit(relax.op.reshape(nz, [tokens]), name_hint="token_index")
         count = relax.op.astype(flat, "int64")
-        # position of each padded slot in the packed rows; padded slots read the zero row appended at T
+        # the packed row of each (b, s) slot, for scattering back; padded slots read the zero row appended at T
         self.pos = bb.emit(relax.op.where(flat, relax.op.subtract(relax.op.cumsum(count, axis=0),
                                                                     relax.const(1, "int64")),
                                           relax.op.sum(count)), name_hint="token_slot")
