@@ -57,6 +57,25 @@ def test_run_matches_onnxruntime(tiny_encoder_path, tmp_path, run_ort):
         np.testing.assert_allclose(got["last_hidden_state"], ref, rtol=1e-4, atol=1e-4)
 
 
+def test_compile_and_run_padding_free_artifact(tiny_encoder_path, tmp_path, run_ort):
+    """compile --remove-padding: the artifact records it and matches ORT at valid positions, zeros elsewhere."""
+    from tvm_fusion_ext.deploy import load
+    from tvm_fusion_ext.models import sample_inputs
+
+    feeds = sample_inputs(tiny_encoder_path, seed=4)
+    feeds["attention_mask"][:, 5:] = 0
+    inputs, out, art = tmp_path / "x.npz", tmp_path / "y.npz", tmp_path / "art"
+    np.savez(inputs, **feeds)
+    assert main(["compile", tiny_encoder_path, "-o", str(art), "--remove-padding"]) == 0
+    assert load(str(art)).manifest["fusion"]["padding_removed"] == 1
+    assert main(["run", str(art), "--inputs", str(inputs), "--output", str(out)]) == 0
+    got = np.load(out)["last_hidden_state"]
+    ref = run_ort(tiny_encoder_path, feeds)[0]
+    valid = feeds["attention_mask"].astype(bool)
+    np.testing.assert_allclose(got[valid], ref[valid], rtol=1e-4, atol=1e-4)
+    assert np.all(got[~valid] == 0.0)
+
+
 @pytest.mark.parametrize("case", ["missing_model", "not_onnx", "bad_input_name", "bad_shape", "bad_target"])
 def test_errors_are_one_line_and_leave_no_output(case, tiny_encoder_path, tmp_path):
     from tvm_fusion_ext.models import sample_inputs

@@ -36,6 +36,8 @@ def describe(manifest: dict, out: str, seconds: float) -> str:
     fusion = manifest.get("fusion")
     lines.append("  fused  " + (", ".join(f"{k} {v}" for k, v in fusion["fused"].items()) if fusion
                                 else "nothing (--no-fusion)"))
+    if fusion and fusion.get("padding_removed"):
+        lines.append("  padding removed: token-wise operators run on the valid tokens of attention_mask only")
     lines.append(f"  tuning records: {manifest['records']['note']}")
     checked = manifest["target"]["cpu"]["checked_features"]
     lines.append(f"  needs CPU features: {', '.join(checked) if checked else 'none beyond the architecture'}")

@@ -108,6 +108,7 @@ def build_manifest(compiled: Compiled, mod: tvm.IRModule, weights_index: list, f
         "outputs": outputs,
         "dims": dims,
         "fusion": None if report is None else {"fused": dict(report.fused), "canonicalized": report.canonicalized,
+                                               "padding_removed": report.padding_removed,
                                                "refused": len(report.refused)},
         "records": _records_entry(compiled),
         "weights": weights_index,
