@@ -28,7 +28,7 @@ def _dense_func(m=16, k=32, n=24):
     return make_prim_func("fused_dense", types, {"act": "relu", "transpose_b": False})
 
 
-_OPERATOR_RULES = ("tfx.dense", "tfx.attention", "tfx.layernorm", "tfx.rmsnorm")
+_OPERATOR_RULES = ("tfx.dense", "tfx.gated_dense", "tfx.attention", "tfx.layernorm", "tfx.rmsnorm")
 
 
 def test_one_template_per_operator_and_family():

@@ -167,3 +167,15 @@ def test_variable_length_batch_padding_free(minilm_export, tmp_path, capsys):
     assert rows["tvm_fusion_ext (padded)"]["max_abs_diff"] < 1e-4
     assert r["ratio_vs_ort"] is not None and r["ratio_vs_padded"] == pytest.approx(
         rows["tvm_fusion_ext"]["median_ms"] / rows["tvm_fusion_ext (padded)"]["median_ms"], rel=1e-12)
+
+
+def test_gated_mode_times_the_fused_kernel_against_the_pipeline_without_it_and_torch(tmp_path):
+    from tvm_fusion_ext.cli import main
+
+    out = tmp_path / "gated.json"
+    assert main(["bench", "--gated", "12x32x40", "--repeat", "3", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["mode"] == "gated" and result["shape"] == [12, 32, 40]
+    assert [r["runtime"] for r in result["results"]] == ["fused_gated_dense", "without FuseGatedMLP", "torch eager"]
+    assert all(r["max_abs_diff"] < 1e-4 and np.isfinite(r["median_ms"]) for r in result["results"])
+    assert main(["bench", "--gated", "12x32"]) == 2

@@ -52,14 +52,18 @@ def _rot_graph(bb, x, style, neg="negative", split=None):
 
 
 def decoder_attention(kv_heads=2, rope="half", repeat="expand", causal=True, cos_shape="11SD", neg="negative",
-                      split=None, cos_heads=False, seed=0):
+                      split=None, cos_heads=False, seed=0, mlp=False):
     """``main(x [B,S,H·D]) -> [B,S,H·D]``: projections by constant weights, rope, K/V repeated, causal softmax.
+
+    mlp: complete a LLaMA decoder layer: ``h = x + attention``, then ``h + down(silu(n·Wg) ⊙ (n·Wu))`` with
+    ``n = RMSNorm(h)`` spelt as HF writes it (``h · rsqrt(mean(h²) + eps) · γ``, SiLU as ``x · sigmoid(x)``).
 
     repeat: "expand" (expand_dims → broadcast_to → reshape: HF repeat_kv), "repeat" (relax repeat along heads:
     repeat_interleave), "tile" (relax tile: query head i reads K/V head i mod Hkv), "none" (kv_heads == H).
     cos_shape: "11SD" ([1,1,S,D] constants), "SD" ([S,D]), "B1SD" ([B,1,S,D]).
     """
     rng = np.random.default_rng(seed)
+    mlp_weights = _mlp_weights(np.random.default_rng(seed + 100)) if mlp else None
     wq = rng.standard_normal((H * D, H * D)).astype("float32") / math.sqrt(H * D)
     wk = rng.standard_normal((H * D, kv_heads * D)).astype("float32") / math.sqrt(H * D)
     wv = rng.standard_normal((H * D, kv_heads * D)).astype("float32") / math.sqrt(H * D)
@@ -109,10 +113,44 @@ def decoder_attention(kv_heads=2, rope="half", repeat="expand", causal=True, cos
             p = bb.emit(relax.op.nn.softmax(sc, axis=-1))
             o = bb.emit(relax.op.matmul(p, v))
             o = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(o, [0, 2, 1, 3])), (B, S, H * D)))
+            if mlp:
+                o = _mlp_half(bb, x, o, mlp_weights)
             out = bb.emit_output(o)
         bb.emit_func_output(out)
-    weights = {"wq": wq, "wk": wk, "wv": wv, "cos": cos, "sin": sin}
+    weights = {"wq": wq, "wk": wk, "wv": wv, "cos": cos, "sin": sin, **(mlp_weights if mlp else {})}
     return bb.get(), weights
+
+
+#: the MLP's intermediate width (differs from H·D so that a wrong axis shows)
+FFN = 40
+
+
+def _mlp_weights(rng):
+    hd = H * D
+    return {"gamma": (1 + 0.1 * rng.standard_normal(hd)).astype("float32"),
+            "wg": (rng.standard_normal((hd, FFN)) / math.sqrt(hd)).astype("float32"),
+            "wu": (rng.standard_normal((hd, FFN)) / math.sqrt(hd)).astype("float32"),
+            "wd": (rng.standard_normal((FFN, hd)) / math.sqrt(FFN)).astype("float32")}
+
+
+def _mlp_half(bb, x, attn, w):
+    h = bb.emit(relax.op.add(x, attn))
+    ms = bb.emit(relax.op.mean(bb.emit(relax.op.power(h, _c(2.0))), axis=[-1], keepdims=True))
+    n = bb.emit(relax.op.multiply(h, bb.emit(relax.op.rsqrt(bb.emit(relax.op.add(ms, _c(1e-6)))))))
+    n = bb.emit(relax.op.multiply(_c(w["gamma"]), n))
+    g = bb.emit(relax.op.matmul(n, _c(w["wg"])))
+    gate = bb.emit(relax.op.multiply(g, bb.emit(relax.op.sigmoid(g))))
+    up = bb.emit(relax.op.matmul(n, _c(w["wu"])))
+    down = bb.emit(relax.op.matmul(bb.emit(relax.op.multiply(gate, up)), _c(w["wd"])))
+    return bb.emit(relax.op.add(h, down))
+
+
+def numpy_mlp_half(x, attn, weights):
+    """The MLP half of the layer in float64 numpy."""
+    h = x.astype("float64") + attn
+    n = h / np.sqrt((h ** 2).mean(-1, keepdims=True) + 1e-6) * weights["gamma"]
+    g, u = n @ weights["wg"], n @ weights["wu"]
+    return h + (g / (1 + np.exp(-g)) * u) @ weights["wd"]
 
 
 def numpy_decoder_attention(x, weights, kv_heads=2, rope="half", repeat="expand", causal=True):

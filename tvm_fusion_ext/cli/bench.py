@@ -6,10 +6,10 @@ from typing import Callable, List, Optional
 
 from ..deploy.manifest import is_artifact
 from ..errors import InputError
-from .common import add_remove_padding_arg
 from ..tools.bench.lengths import parse_lengths
 from ..tools.bench.model import DEFAULT_BATCH, DEFAULT_SEQ
 from ..tools.bench.report import RUNTIMES
+from .common import add_remove_padding_arg
 
 
 def parse_against(text: Optional[str], known=RUNTIMES, default=None) -> List[str]:
@@ -34,9 +34,13 @@ def parse_seqs(text: str) -> List[int]:
 
 def run_bench(args, out: Callable[[str], None] = print) -> dict:
     """What ``tvm-fusion bench`` does with its parsed arguments (validation first: bad flags fail fast)."""
-    from ..tools.bench import bench_attention, bench_dense, bench_model
+    from ..tools.bench import bench_attention, bench_dense, bench_gated, bench_model
 
-    if args.dense:
+    if args.gated:
+        if args.model is not None or args.attention_only or args.plot or args.dense:
+            raise InputError("--gated takes no model file, --attention-only, --dense or --plot")
+        result = bench_gated(args.gated, repeat=args.repeat or 30, spin=args.spin, out=out)
+    elif args.dense:
         if args.model is not None or args.attention_only or args.plot:
             raise InputError("--dense takes no model file, --attention-only or --plot")
         result = bench_dense(args.dense, act=args.act, repeat=args.repeat or 50, spin=args.spin, out=out)
@@ -132,6 +136,9 @@ def add_parser(sub) -> None:
     p.add_argument("--attention-only", action="store_true",
                    help="benchmark the attention kernel alone: ours vs torch SDPA vs unfused Relax")
     p.add_argument("--dense", metavar="MxKxN", help="benchmark fused_dense alone at this shape (GFLOP/s)")
+    p.add_argument("--gated", metavar="MxKxN",
+                   help="benchmark a SwiGLU gate/up pair alone at this shape (N: intermediate width): "
+                        "fused_gated_dense vs the pipeline without it vs torch eager")
     p.add_argument("--act", default="gelu", help="--dense: epilogue activation (default gelu)")
     p.add_argument("--heads", type=int, default=12, help="attention-only: heads (default 12)")
     p.add_argument("--head-dim", type=int, default=64, help="attention-only: head dim (default 64)")

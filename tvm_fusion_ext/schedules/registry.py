@@ -17,15 +17,17 @@ from .rule import TemplateRule
 def _all_templates() -> List[TemplateRule]:
     from .cpu.attention import AttentionCPU
     from .cpu.dense import DenseCPU
+    from .cpu.gated_dense import GatedDenseCPU
     from .cpu.layernorm import LayerNormCPU
     from .cpu.rmsnorm import RMSNormCPU
     from .cuda.attention import AttentionCUDA
     from .cuda.dense import DenseCUDA
+    from .cuda.gated_dense import GatedDenseCUDA
     from .cuda.layernorm import LayerNormCUDA
     from .cuda.rmsnorm import RMSNormCUDA
 
-    return [DenseCPU(), AttentionCPU(), LayerNormCPU(), RMSNormCPU(),
-            DenseCUDA(), AttentionCUDA(), LayerNormCUDA(), RMSNormCUDA()]
+    return [DenseCPU(), GatedDenseCPU(), AttentionCPU(), LayerNormCPU(), RMSNormCPU(),
+            DenseCUDA(), GatedDenseCUDA(), AttentionCUDA(), LayerNormCUDA(), RMSNormCUDA()]
 
 
 def registered() -> Dict[Tuple[str, str], TemplateRule]:

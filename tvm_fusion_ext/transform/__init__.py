@@ -8,6 +8,7 @@ import importlib
 _EXPORTS = {
     "Canonicalize": ".canonicalize",
     "FuseBiasResidualLayerNorm": ".layernorm",
+    "FuseGatedMLP": ".gated_mlp",
     "FuseMatmulBiasActivation": ".dense",
     "FuseMultiHeadAttention": ".attention",
     "FuseQKVProjection": ".qkv",
