@@ -37,12 +37,13 @@ class CompiledModel:
 
     @classmethod
     def from_module(cls, mod: tvm.IRModule, target=None, logs: Optional[str] = None, fuse: bool = True,
-                    label: str = "model", knobs: Optional[dict] = None) -> "CompiledModel":
+                    label: str = "model", knobs: Optional[dict] = None,
+                    remove_padding: bool = False) -> "CompiledModel":
         from .compile import compile_model
         from .dims import shape_bounds
         from .frontend import input_specs, output_names
 
-        compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs)
+        compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding)
         return cls(compiled.executable, compiled.target, input_specs(mod), output_names(mod), label, compiled,
                    shape_bounds(mod))
 

@@ -28,6 +28,15 @@ def test_fuse_json_contract(tiny_encoder_path, capsys):
     assert isinstance(report["refused"], list)
 
 
+def test_fuse_json_reports_padding_removed(tiny_encoder_path, capsys):
+    assert main(["fuse", tiny_encoder_path, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["padding_removed"] == 0  # off by default
+    assert main(["fuse", tiny_encoder_path, "--json", "--remove-padding"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["padding_removed"] == 1
+    assert [e["rule"] for e in report["applied"]].count("RemovePadding") == 1
+
+
 def test_fuse_text_report(tiny_encoder_path, capsys):
     assert main(["fuse", tiny_encoder_path]) == 0
     out = capsys.readouterr().out
@@ -46,6 +55,25 @@ def test_run_matches_onnxruntime(tiny_encoder_path, tmp_path, run_ort):
         got = np.load(out)
         ref = run_ort(tiny_encoder_path, feeds)[0]
         np.testing.assert_allclose(got["last_hidden_state"], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_compile_and_run_padding_free_artifact(tiny_encoder_path, tmp_path, run_ort):
+    """compile --remove-padding: the artifact records it and matches ORT at valid positions, zeros elsewhere."""
+    from tvm_fusion_ext.deploy import load
+    from tvm_fusion_ext.models import sample_inputs
+
+    feeds = sample_inputs(tiny_encoder_path, seed=4)
+    feeds["attention_mask"][:, 5:] = 0
+    inputs, out, art = tmp_path / "x.npz", tmp_path / "y.npz", tmp_path / "art"
+    np.savez(inputs, **feeds)
+    assert main(["compile", tiny_encoder_path, "-o", str(art), "--remove-padding"]) == 0
+    assert load(str(art)).manifest["fusion"]["padding_removed"] == 1
+    assert main(["run", str(art), "--inputs", str(inputs), "--output", str(out)]) == 0
+    got = np.load(out)["last_hidden_state"]
+    ref = run_ort(tiny_encoder_path, feeds)[0]
+    valid = feeds["attention_mask"].astype(bool)
+    np.testing.assert_allclose(got[valid], ref[valid], rtol=1e-4, atol=1e-4)
+    assert np.all(got[~valid] == 0.0)
 
 
 @pytest.mark.parametrize("case", ["missing_model", "not_onnx", "bad_input_name", "bad_shape", "bad_target"])

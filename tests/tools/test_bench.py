@@ -104,7 +104,8 @@ def test_model_mode_errors(tiny_encoder_path, capsys, argv, needle):
 
 
 @pytest.mark.parametrize("argv", [["--attention-only", "--seq", "64,x"], ["--attention-only", "--seq", "0"],
-                                  ["--seq", "128"]])
+                                  ["--seq", "128"], ["--lengths", "16"], ["--lengths", "9-3"],
+                                  ["--lengths", "0-4"]])
 def test_argument_errors(capsys, argv):
     assert main(["bench", *argv]) == 2
     _one_line_error(capsys)
@@ -133,6 +134,39 @@ def test_dense_mode_reports_gflops_and_checks_numpy(tmp_path):
     assert result["max_abs_diff"] < 1e-4
     assert result["gflops"] == pytest.approx(2 * 16 * 40 * 24 / (result["median_ms"] * 1e-3) / 1e9)
     assert main(["bench", "--dense", "16x0x24"]) == 2
+
+
+def test_drawn_lengths_are_seeded_and_in_range():
+    from tvm_fusion_ext.tools.bench.lengths import apply_lengths, draw_lengths
+
+    drawn = draw_lengths((16, 128), 8, seed=0)
+    assert drawn == [int(n) for n in np.random.default_rng(0).integers(16, 129, size=8)]
+    assert all(16 <= n <= 128 for n in drawn) and drawn != draw_lengths((16, 128), 8, seed=1)
+    feeds = apply_lengths({"attention_mask": np.ones((2, 5), np.int64), "input_ids": np.zeros((2, 5), np.int64)},
+                          [5, 2], "m")
+    assert feeds["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+
+
+@pytest.mark.slow
+def test_variable_length_batch_padding_free(minilm_export, tmp_path, capsys):
+    """--lengths: every runtime gets the same padded batch; ours padding-free agrees at valid positions."""
+    from tvm_fusion_ext.tools.bench.lengths import draw_lengths
+
+    path = minilm_export("legacy", "sdpa", seq=16, num_layers=1)
+    out_json = tmp_path / "v.json"
+    assert main(["bench", path, "--batch", "4", "--lengths", "3-16", "--seed", "5", "--remove-padding",
+                 "--against", "ort,torch", "--repeat", "2", "--json", str(out_json)]) == 0
+    r = json.loads(out_json.read_text())
+    drawn = draw_lengths((3, 16), 4, seed=5)
+    assert r["lengths"] == drawn and r["batch"] == 4 and r["seq"] == max(drawn)
+    assert r["input_shapes"]["attention_mask"] == [4, max(drawn)]
+    assert r["padding_removed"] == 1 and r["max_abs_diff_at"] == "valid positions"
+    rows = {x["name"]: x for x in r["runtimes"]}
+    assert rows["tvm_fusion_ext"]["max_abs_diff"] < 1e-4 and rows["torch"]["max_abs_diff"] < 1e-4
+    # our padded build is timed in the same run, as the baseline of what removing the padding gains
+    assert rows["tvm_fusion_ext (padded)"]["max_abs_diff"] < 1e-4
+    assert r["ratio_vs_ort"] is not None and r["ratio_vs_padded"] == pytest.approx(
+        rows["tvm_fusion_ext"]["median_ms"] / rows["tvm_fusion_ext (padded)"]["median_ms"], rel=1e-12)
 
 
 def test_gated_mode_times_the_fused_kernel_against_the_pipeline_without_it_and_torch(tmp_path):

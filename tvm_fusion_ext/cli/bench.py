@@ -6,8 +6,10 @@ from typing import Callable, List, Optional
 
 from ..deploy.manifest import is_artifact
 from ..errors import InputError
+from ..tools.bench.lengths import parse_lengths
 from ..tools.bench.model import DEFAULT_BATCH, DEFAULT_SEQ
 from ..tools.bench.report import RUNTIMES
+from .common import add_remove_padding_arg
 
 
 def parse_against(text: Optional[str], known=RUNTIMES, default=None) -> List[str]:
@@ -60,6 +62,8 @@ def run_bench(args, out: Callable[[str], None] = print) -> dict:
             raise InputError("--batch must be positive")
         if args.repeat is not None and args.repeat <= 0:
             raise InputError("--repeat must be positive")
+        if is_artifact(args.model) and (args.lengths or args.remove_padding):
+            raise InputError("--lengths and --remove-padding apply to an ONNX model, not to an artifact")
         if is_artifact(args.model):
             return _finish(args, _bench_artifact(args, seq, out), out)
         if args.onnx:
@@ -67,7 +71,8 @@ def run_bench(args, out: Callable[[str], None] = print) -> dict:
         against = parse_against(args.against)
         result = bench_model(args.model, logs=args.logs, against=against, seq=seq, batch=args.batch,
                              target=args.target, repeat=args.repeat or 20, torch_model=args.torch, spin=args.spin,
-                             out=out)
+                             out=out, lengths=parse_lengths(args.lengths), seed=args.seed,
+                             remove_padding=args.remove_padding)
     return _finish(args, result, out)
 
 
@@ -112,6 +117,11 @@ def add_parser(sub) -> None:
                                  f"{DEFAULT_SEQ}); with --attention-only a list, e.g. 512,1024,2048")
     p.add_argument("--batch", type=int, help=f"batch size for dynamic dims / our exports (default: the model's, "
                                              f"or {DEFAULT_BATCH})")
+    p.add_argument("--lengths", metavar="MIN-MAX",
+                   help="model mode: a variable-length batch, each sequence's length uniform in [MIN, MAX] "
+                        "(seeded), padded to the longest with attention_mask zeros; every runtime runs it")
+    p.add_argument("--seed", type=int, default=0, help="--lengths: seed of numpy's default_rng (default 0)")
+    add_remove_padding_arg(p)
     p.add_argument("--target", default="llvm", help="llvm (default) or cuda (needs a GPU)")
     p.add_argument("--repeat", type=int, help="timed runs per runtime (default 20; attention: 10/5/3 by length; "
                                               "stock TVM: 3, capped at 10 s)")

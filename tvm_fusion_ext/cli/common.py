@@ -46,3 +46,9 @@ def load_npz(path: str):
             return {k: data[k] for k in data.files}
     except (ValueError, OSError) as err:
         raise InputError(f"{path}: not a readable .npz file ({str(err).splitlines()[0]})") from None
+
+
+def add_remove_padding_arg(p) -> None:
+    p.add_argument("--remove-padding", action=argparse.BooleanOptionalAction, default=False,
+                   help="run token-wise operators on the valid tokens of attention_mask only (padding-free "
+                        "variable-length batches; padded output positions are 0). Off by default")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from .common import add_model_args, max_shapes_arg, shapes_arg
+from .common import add_model_args, add_remove_padding_arg, max_shapes_arg, shapes_arg
 
 
 def cmd_compile(args) -> int:
@@ -15,7 +15,8 @@ def cmd_compile(args) -> int:
     check_destination(args.output)  # before minutes of compiling
     t0 = time.perf_counter()
     manifest = compile_artifact(args.model, args.output, target=args.target, logs=args.logs, shapes=shapes_arg(args),
-                                max_shapes=max_shapes_arg(args), fuse_graph=not args.no_fusion)
+                                max_shapes=max_shapes_arg(args), fuse_graph=not args.no_fusion,
+                                remove_padding=args.remove_padding)
     print(describe(manifest, args.output, time.perf_counter() - t0))
     return 0
 
@@ -35,6 +36,8 @@ def describe(manifest: dict, out: str, seconds: float) -> str:
     fusion = manifest.get("fusion")
     lines.append("  fused  " + (", ".join(f"{k} {v}" for k, v in fusion["fused"].items()) if fusion
                                 else "nothing (--no-fusion)"))
+    if fusion and fusion.get("padding_removed"):
+        lines.append("  padding removed: token-wise operators run on the valid tokens of attention_mask only")
     lines.append(f"  tuning records: {manifest['records']['note']}")
     checked = manifest["target"]["cpu"]["checked_features"]
     lines.append(f"  needs CPU features: {', '.join(checked) if checked else 'none beyond the architecture'}")
@@ -59,4 +62,5 @@ def add_parser(sub) -> None:
                         "AVX2 machine), cuda or cuda:sm_80 / cuda:sm_90")
     p.add_argument("--logs", help="tuning-log directory (or a root of them) to apply")
     p.add_argument("--no-fusion", action="store_true", help="compile without the fusion passes")
+    add_remove_padding_arg(p)
     p.set_defaults(func=cmd_compile)

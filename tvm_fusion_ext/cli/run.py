@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from ..errors import InputError
 from ..fileio import atomic_write
-from .common import add_model_args, load_npz
+from .common import add_model_args, add_remove_padding_arg, load_npz
 
 #: flags that only mean something when compiling (what an artifact has done already)
 _COMPILE_FLAGS = (("--target", "target"), ("--logs", "logs"), ("--shape", "shape"), ("--max-shape", "max_shape"),
-                  ("--no-fusion", "no_fusion"))
+                  ("--no-fusion", "no_fusion"), ("--remove-padding", "remove_padding"))
 
 
 def cmd_run(args) -> int:
@@ -43,7 +43,8 @@ def _run_onnx(args, inputs):
     target = resolve_target(args.target or "llvm")
     mod = load_model_arg(args)
     check_inputs(input_specs(mod), inputs, args.model, shape_bounds(mod))  # before the build: bad inputs fail fast
-    model = CompiledModel.from_module(mod, target, logs=args.logs, fuse=not args.no_fusion, label=args.model)
+    model = CompiledModel.from_module(mod, target, logs=args.logs, fuse=not args.no_fusion, label=args.model,
+                                      remove_padding=args.remove_padding)
     if args.logs is not None:
         print(model.compiled.records_note)
     return model.run(inputs)
@@ -67,4 +68,5 @@ def add_parser(sub) -> None:
     p.add_argument("--target", help="ONNX file only: llvm (default), cuda or cuda:sm_80 / cuda:sm_90")
     p.add_argument("--logs", help="ONNX file only: tuning-log directory to apply")
     p.add_argument("--no-fusion", action="store_true", help="ONNX file only: build without the fusion passes")
+    add_remove_padding_arg(p)
     p.set_defaults(func=cmd_run)

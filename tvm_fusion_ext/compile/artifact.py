@@ -29,7 +29,8 @@ from .pipeline import Compiled, compile_model
 
 def compile_artifact(model, out: str, target: TargetSpec = None, logs: Optional[str] = None,
                      shapes: Optional[Mapping[str, Sequence[int]]] = None,
-                     max_shapes: Optional[Mapping[str, Sequence[int]]] = None, fuse_graph: bool = True) -> dict:
+                     max_shapes: Optional[Mapping[str, Sequence[int]]] = None, fuse_graph: bool = True,
+                     remove_padding: bool = False) -> dict:
     """Import the ONNX ``model``, compile it for ``target`` (tuning records from ``logs``) and write the artifact
     directory ``out``; returns its manifest. ``shapes`` pins input dims (a static build), ``max_shapes`` bounds
     the symbolic ones (``NAME: [max dims]``, as ``--max-shape``)."""
@@ -37,7 +38,8 @@ def compile_artifact(model, out: str, target: TargetSpec = None, logs: Optional[
 
     check_destination(out)
     mod = load_onnx(model, shapes=shapes, max_shapes=max_shapes)
-    compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse_graph, lift_weights=True)
+    compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse_graph, lift_weights=True,
+                             remove_padding=remove_padding)
     source = None
     if isinstance(model, (str, os.PathLike)):
         path = os.path.abspath(os.fspath(model))
@@ -106,6 +108,7 @@ def build_manifest(compiled: Compiled, mod: tvm.IRModule, weights_index: list, f
         "outputs": outputs,
         "dims": dims,
         "fusion": None if report is None else {"fused": dict(report.fused), "canonicalized": report.canonicalized,
+                                               "padding_removed": report.padding_removed,
                                                "refused": len(report.refused)},
         "records": _records_entry(compiled),
         "weights": weights_index,

@@ -35,22 +35,23 @@ class Compiled:
     weights: List[Tuple[str, object]] = field(default_factory=list)
 
 
-def fuse(mod: tvm.IRModule) -> Tuple[tvm.IRModule, FusionReport]:
+def fuse(mod: tvm.IRModule, remove_padding: bool = False) -> Tuple[tvm.IRModule, FusionReport]:
     """:func:`~tvm_fusion_ext.transform.SemanticFusion` with its report: ``(fused module, FusionReport)``."""
     from ..transform.pipeline import SemanticFusion
 
     with FusionReport.collect() as report:
-        fused = SemanticFusion()(mod)
+        fused = SemanticFusion(remove_padding=remove_padding)(mod)
     return fused, report
 
 
 def prepare(mod: tvm.IRModule, target: TargetSpec = None,
-            fuse_graph: bool = True) -> Tuple[tvm.IRModule, Optional[FusionReport]]:
-    """Fuse (optionally) and lower: the unscheduled module every later step starts from."""
+            fuse_graph: bool = True, remove_padding: bool = False) -> Tuple[tvm.IRModule, Optional[FusionReport]]:
+    """Fuse (optionally; ``remove_padding`` as in :func:`SemanticFusion`) and lower: the unscheduled module every
+    later step starts from."""
     target = resolve_target(target)
     report = None
     if fuse_graph:
-        mod, report = fuse(mod)
+        mod, report = fuse(mod, remove_padding)
     return lower(mod, target), report
 
 
@@ -64,7 +65,7 @@ def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Ta
 
 
 def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse_graph: bool = True,
-                  knobs: Optional[dict] = None, lift_weights: bool = False) -> Compiled:
+                  knobs: Optional[dict] = None, lift_weights: bool = False, remove_padding: bool = False) -> Compiled:
     """Fuse, lower, schedule (records from ``logs``, templates, fallback) and build ``mod`` for ``target``.
 
     ``logs`` is a record directory or a root of them (the one whose manifest matches this model and target is
@@ -75,7 +76,7 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
     target = resolve_target(target)
     records, note = select_records(logs, mod, target)
     logger.info(note)
-    lowered, report = prepare(mod, target, fuse_graph)
+    lowered, report = prepare(mod, target, fuse_graph, remove_padding)
     scheduled = schedule(lowered, target, records=records, knobs=knobs)
     weights = []
     if lift_weights:
@@ -87,12 +88,12 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
 
 
 def build(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse: bool = True,
-          knobs: Optional[dict] = None):
+          knobs: Optional[dict] = None, remove_padding: bool = False):
     """:func:`compile_model`, returning just the executable (run it with ``relax.VirtualMachine(ex, dev)``).
 
     As a convenience for running in this process, a CPU build also sizes TVM's thread pool to the target's
     cores (:func:`~tvm_fusion_ext.deploy.threads.configure_cpu_threads`)."""
-    compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs)
+    compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding)
     info = TargetInfo.of(compiled.target)
     if info.is_cpu:
         from ..deploy.threads import configure_cpu_threads

@@ -10,30 +10,33 @@ from .canonicalize import Canonicalize
 from .dense import FuseMatmulBiasActivation
 from .gated_mlp import FuseGatedMLP
 from .layernorm import FuseBiasResidualLayerNorm
+from .padding import RemovePadding
 from .qkv import FuseQKVProjection
 from .rmsnorm import FuseRMSNorm
 from .rope import FuseRotaryEmbedding
 from .shape_computations import ResolveShapeComputations
 
 
-def SemanticFusion() -> tvm.transform.Pass:  # noqa: N802
+def SemanticFusion(remove_padding: bool = False) -> tvm.transform.Pass:  # noqa: N802
     """Resolve size computations to the input dims they equal (dynamic-axis exports), canonicalise, then fuse:
     gated MLPs first (QKV would otherwise merge their gate and up projections into a matmul + split), QKV next
     (it needs the three separate projections), attention next (it
     absorbs head split/merge reshapes that dense fusion would otherwise leave stranded), then dense epilogues,
-    then residual LayerNorms (which see the dense outputs as their inputs)."""
-    return tvm.transform.Sequential(
-        [
-            ResolveShapeComputations(),
-            relax.transform.CanonicalizeBindings(),
-            Canonicalize(),
-            FuseGatedMLP(),
-            FuseQKVProjection(),
-            FuseRotaryEmbedding(),
-            FuseMultiHeadAttention(),
-            FuseMatmulBiasActivation(),
-            FuseBiasResidualLayerNorm(),
-            FuseRMSNorm(),
-        ],
-        name="tfx.SemanticFusion",
-    )
+    then residual LayerNorms (which see the dense outputs as their inputs). Last, ``remove_padding``: the
+    token-wise part of an encoder runs on the valid tokens of its ``attention_mask`` only (it reads the fused
+    graph: :mod:`.padding`)."""
+    passes = [
+        ResolveShapeComputations(),
+        relax.transform.CanonicalizeBindings(),
+        Canonicalize(),
+        FuseGatedMLP(),
+        FuseQKVProjection(),
+        FuseRotaryEmbedding(),
+        FuseMultiHeadAttention(),
+        FuseMatmulBiasActivation(),
+        FuseBiasResidualLayerNorm(),
+        FuseRMSNorm(),
+    ]
+    if remove_padding:
+        passes.append(RemovePadding())
+    return tvm.transform.Sequential(passes, name="tfx.SemanticFusion")

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 #: fused kinds always present in ``FusionReport.fused`` (the CLI's JSON contract)
 FUSED_KINDS = ("dense", "attention", "layernorm", "qkv", "rmsnorm", "gated_mlp", "rope")
+#: the report bucket of RemovePadding (a graph-wide rewrite, counted apart from the fused operators)
+PADDING_KIND = "padding_removed"
 
 _active = threading.local()
 
@@ -66,6 +68,11 @@ class FusionReport:
                 counts[e.rule] = counts.get(e.rule, 0) + 1
         return counts
 
+    @property
+    def padding_removed(self) -> int:
+        """Functions whose token-wise operators run on the valid tokens only (:mod:`.padding`)."""
+        return sum(1 for e in self.applied if e.kind == PADDING_KIND)
+
     def count(self, rule: str) -> int:
         return sum(1 for e in self.applied if e.rule == rule)
 
@@ -74,6 +81,7 @@ class FusionReport:
         return {
             "fused": self.fused,
             "canonicalized": self.canonicalized,
+            "padding_removed": self.padding_removed,
             "applied": [e.to_dict() for e in self.applied],
             "refused": [e.to_dict("reason") for e in self.refused],
         }
@@ -85,6 +93,7 @@ class FusionReport:
         lines = ["Fused operators:"]
         for k, v in self.fused.items():
             lines.append(f"  {k:<10} {v}")
+        lines.append(f"Padding removed: {'yes' if self.padding_removed else 'no'}")
         if self.canonicalized:
             lines.append("Canonicalised exporter idioms:")
             for k, v in sorted(self.canonicalized.items()):

@@ -17,15 +17,16 @@ import importlib.util
 import json
 import os
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ...errors import InputError, ModelLoadError
 from ...models import HF_EXPORT_KEY
 from ..timing import time_block
+from .lengths import MASK_INPUT, apply_lengths, draw_lengths, valid_positions
 from .peers import check_target, environment, ort_session, set_thread_spinning, stock_tvm, threads_for, torch_runner
-from .report import ORT, OURS, RUNTIMES, STOCK, TORCH, Row, format_table
+from .report import ORT, OURS, OURS_PADDED, RUNTIMES, STOCK, TORCH, Row, format_table
 
 DEFAULT_SEQ, DEFAULT_BATCH = 128, 1
 
@@ -91,8 +92,13 @@ def max_abs_diff(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> float:
 def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = RUNTIMES,
                 seq: Optional[int] = None, batch: Optional[int] = None, target: str = "llvm", repeat: int = 20,
                 torch_model: Optional[str] = None, stock_repeat: int = 3, stock_seconds: float = 10.0,
-                label: Optional[str] = None, spin: bool = False, out: Callable[[str], None] = print) -> dict:
+                label: Optional[str] = None, spin: bool = False, out: Callable[[str], None] = print,
+                lengths: Optional[Tuple[int, int]] = None, seed: int = 0, remove_padding: bool = False) -> dict:
     """Build, check and time ``path`` against the runtimes in ``against``; returns the JSON-able result.
+
+    ``lengths=(MIN, MAX)``: a variable-length batch (:mod:`.lengths`), padded to the longest drawn length (or to
+    ``seq`` when given). ``remove_padding``: our build runs token-wise operators on valid tokens only
+    (:mod:`tvm_fusion_ext.transform.padding`).
 
     ONNX Runtime's outputs are the reference for every ``max_abs_diff`` (computed even when ORT is not timed).
     ``torch_model`` (``minilm``/``bert-base``) names the transformers model the file was exported from when the
@@ -117,6 +123,13 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
     with tempfile.TemporaryDirectory(prefix="tfx-bench-") as tmp:
         static = _static_dims(path)
         first = next(iter(static.values()), [])
+        drawn = None
+        if lengths is not None:
+            drawn = draw_lengths(lengths, int(batch or (first[0] if first and first[0] else DEFAULT_BATCH)), seed)
+            if seq is not None and seq < max(drawn):
+                raise InputError(f"--seq {seq} is shorter than the longest drawn length {max(drawn)}")
+            batch, seq = len(drawn), seq or max(drawn)
+            out(f"lengths (seed {seed}): {drawn}; padded to {seq}, {sum(drawn) / (len(drawn) * seq):.0%} valid")
         # (a dynamic export serves other shapes as it is: dims 0/1 are filled below)
         wants_other_shape = info is not None and "exporter" in info and not info.get("dynamic") and (
             (seq is not None and len(first) > 1 and first[1] != seq)
@@ -130,11 +143,12 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
                                    seed=int(info.get("seed", 0)))
         shapes, n_batch, n_seq = _resolve_shapes(path, seq, batch)
         return _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, repeat, info,
-                             stock_repeat, stock_seconds, label or os.path.basename(path), spinning, out)
+                             stock_repeat, stock_seconds, label or os.path.basename(path), spinning, out,
+                             drawn, seed, remove_padding)
 
 
 def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, repeat, info, stock_repeat,
-                  stock_seconds, label, spinning, out) -> dict:
+                  stock_seconds, label, spinning, out, drawn=None, seed=0, remove_padding=False) -> dict:
     from ...frontend import load_onnx
     from ...models import sample_inputs
     from ...runtime import CompiledModel
@@ -142,7 +156,9 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
     t0 = time.perf_counter()
     mod = load_onnx(path, shapes=shapes)
     feeds = sample_inputs(path, seed=0, shapes=shapes)
-    ours = CompiledModel.from_module(mod, tgt, logs=logs, fuse=True, label=label)
+    if drawn is not None:
+        feeds = apply_lengths(feeds, drawn, label)
+    ours = CompiledModel.from_module(mod, tgt, logs=logs, fuse=True, label=label, remove_padding=remove_padding)
     build_s = time.perf_counter() - t0
     report = ours.report
     out(report.summary())
@@ -158,18 +174,29 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
         ort_feeds = {k: v for k, v in feeds.items() if k in ort_names}  # exporters may drop unused inputs
         ref = sess.run(None, ort_feeds)
 
-    def diff(outputs):
-        return max_abs_diff(outputs, ref) if ref is not None else None
+    # at valid positions only when padding is in play: what a runtime leaves at padded ones is unspecified
+    mask = feeds.get(MASK_INPUT) if (drawn is not None or report.padding_removed) else None
+
+    def diff(outputs, reference=None):
+        reference = ref if reference is None else reference
+        if reference is None:
+            return None
+        return max_abs_diff(valid_positions(outputs, mask), valid_positions(reference, mask))
 
     rows = [Row(OURS, max_abs_diff=diff([got[n] for n in ours.output_names]), extra={"build_seconds": build_s})]
     rows[0].timing = time_block(OURS, ours.bind(feeds), repeat=repeat)
+    if report.padding_removed:
+        # our own padded build, timed in the same run: what removing the padding gained
+        padded = CompiledModel.from_module(mod, tgt, logs=logs, fuse=True, label=label)
+        rows.append(Row(OURS_PADDED, time_block(OURS_PADDED, padded.bind(feeds), repeat=repeat),
+                        diff([padded.run(feeds)[n] for n in padded.output_names]), note="--no-remove-padding"))
     if "ort" in against and sess is None:
         rows.append(Row(ORT, note="n/a (onnxruntime not installed)"))
     elif "ort" in against:
         rows.append(Row(ORT, time_block(ORT, lambda: sess.run(None, ort_feeds), repeat=repeat), 0.0,
                         note="reference", extra={"intra_op_threads": threads}))
     if "torch" in against:
-        rows.append(_torch_row(info, feeds, ref, threads, repeat))
+        rows.append(_torch_row(info, feeds, ref, threads, repeat, diff))
     if "tvm" in against:
         t1 = time.perf_counter()
         stock = stock_tvm(mod, ours)
@@ -194,8 +221,14 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
         "input_shapes": {k: list(v.shape) for k, v in feeds.items()},
         "logs": logs,
         "fused": dict(report.fused),
+        "padding_removed": report.padding_removed,
+        "lengths": drawn,
+        "lengths_seed": seed if drawn is not None else None,
+        "max_abs_diff_at": "valid positions" if mask is not None else "all positions",
         "reference": ORT if ref is not None else None,
         "ratio_vs_ort": rows[0].timing.median / ort_median if ort_median else None,
+        "ratio_vs_padded": next((rows[0].timing.median / r.timing.median for r in rows if r.name == OURS_PADDED),
+                                None),
         "max_abs_diff_vs_ort": rows[0].max_abs_diff,
         "runtimes": [r.to_dict(ort_median) for r in rows],
         "threading": spinning,
@@ -203,14 +236,14 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
     }
 
 
-def _torch_row(info, feeds, ref, threads, repeat) -> Row:
+def _torch_row(info, feeds, ref, threads, repeat, diff=max_abs_diff) -> Row:
     if info is None or "kind" not in info:
         return Row(TORCH, note="n/a (not a transformers export)")
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
         return Row(TORCH, note="n/a (torch/transformers not installed)")
     call = torch_runner(info, feeds, threads)
-    diff = max_abs_diff([call().numpy()], ref[:1]) if ref is not None else None
+    torch_diff = diff([call().numpy()], ref[:1]) if ref is not None else None  # ref[:1]: torch returns one output
     timing = time_block(TORCH, call, repeat=repeat)
-    return Row(TORCH, timing, diff, note=f"eager, {info['kind']} attn={info.get('attn', 'sdpa')}",
+    return Row(TORCH, timing, torch_diff, note=f"eager, {info['kind']} attn={info.get('attn', 'sdpa')}",
                extra={"threads": threads})
 

@@ -14,6 +14,7 @@ from ..timing import Timing
 #: ``--against`` entries, in table order (ours always comes first)
 RUNTIMES = ("ort", "torch", "tvm")
 OURS, ORT, TORCH, STOCK = "tvm_fusion_ext", "onnxruntime", "torch", "tvm (stock tvm.compile)"
+OURS_PADDED = "tvm_fusion_ext (padded)"  # with --remove-padding: our own padded build, same run
 
 
 @dataclass

