@@ -107,8 +107,14 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
     knobs = knobs or {}
     packed_nr = _packed_nr(sch, block)
     padded_rows = padded_rows_stage(sch, block)
-    if padded_rows is not None:  # the micro-kernel reads x in place: its row tiles are whole rows of x
-        sch.compute_inline(padded_rows)
+    if padded_rows is not None:
+        # Copy the rows, padded, into one [rows, K] buffer first (K/N of the FMAs' memory traffic): read in
+        # place through x's (batch, seq) dims, every row of the micro-kernel would need a 64-bit division
+        rows, cols = sch.get_loops(padded_rows)
+        sch.parallel(rows)
+        lanes = TargetInfo.of(target).lanes()
+        if _extent(sch, cols) % lanes == 0:
+            sch.vectorize(sch.split(cols, [None, lanes])[1])
 
     *batch, j, k = sch.get_loops(block)
     if not batch:

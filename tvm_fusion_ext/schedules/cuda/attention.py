@@ -190,6 +190,9 @@ class AttentionCUDA(TemplateRule):
             return None
         wanted = pad_symbolic_queries(call, SYMBOLIC_QUERY_ROWS) or call
         keys = call.inputs["k"].ty.shape[2 if call.params.get("k_layout", "BSHD") == "BHSD" else 1]
+        if not isinstance(keys, tvm.tirx.IntImm) and call.params.get("key_block") is None:
+            # a key per lane: wider blocks give each thread several scores, kept in a stack array
+            wanted = wanted.replace(params=dict(wanted.params, key_block=WARP))
         if (str(call.inputs["q"].ty.dtype) in LOW_PRECISION and isinstance(keys, tvm.tirx.IntImm)
                 and int(keys) >= KEY_BLOCK and call.params.get("key_block") != KEY_BLOCK):
             wanted = wanted.replace(params=dict(wanted.params, key_block=KEY_BLOCK))
