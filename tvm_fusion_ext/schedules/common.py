@@ -27,6 +27,27 @@ def op_params(sch: s_tir.Schedule) -> dict:
     return json.loads(str(attrs["tfx.params"])) if attrs is not None and "tfx.params" in attrs else {}
 
 
+def static_extents_reason(sch: s_tir.Schedule, named_loops) -> str | None:
+    """Why a template cannot take these ``(name, loop)`` pairs: the first whose extent is symbolic, or None."""
+    for name, loop in named_loops:
+        if not isinstance(sch.get(loop).extent, tvm.tirx.IntImm):
+            return f"{name} extent {sch.get(loop).extent} is symbolic"
+    return None
+
+
+def has_symbolic_rows(call) -> bool:
+    """Whether a dense-like operator's rows (the leading dims of its ``x``) are known only at run time."""
+    return not all(isinstance(d, tvm.tirx.IntImm) for d in call.inputs["x"].ty.shape.values[:-1])
+
+
+def pad_symbolic_rows(call, op: str, row_block: int):
+    """``call`` asking its operator to pad run-time rows to ``row_block``; None for another operator, static
+    rows, or rows already padded."""
+    if call.op != op or call.params.get("row_block") is not None or not has_symbolic_rows(call):
+        return None
+    return call.replace(params={**call.params, "row_block": int(row_block)})
+
+
 def padded_rows_stage(sch: s_tir.Schedule, block):
     """The ``dense_rows`` producer of a dense whose symbolic rows the operator padded (``row_block``), or None."""
     for producer in sch.get_producers(block):

@@ -8,13 +8,12 @@ instructions), with the flags TVM itself passes to nvcc.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from ..errors import FusionExtError, TargetError
 

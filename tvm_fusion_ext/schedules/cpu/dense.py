@@ -31,7 +31,15 @@ from tvm import relax, s_tir
 
 from ...ops.dense import pack_weight
 from ...targets import TargetInfo
-from ..common import divisors, flatten_rows_map, inline_consumers, op_params, padded_rows_stage
+from ..common import (
+    divisors,
+    flatten_rows_map,
+    has_symbolic_rows,
+    inline_consumers,
+    op_params,
+    padded_rows_stage,
+    static_extents_reason,
+)
 from ..rule import Knobs, TemplateRule
 
 #: 16 ymm registers (AVX2) bound the accumulator tile: mr*nr/8 + nr/8 + 1 <= 16.
@@ -231,10 +239,7 @@ class DenseCPU(TemplateRule):
     def decline(self, sch, block, target):
         # rows may be symbolic (batch × sequence); the panel layout needs static columns and reduction
         *_, j, k = sch.get_loops(block)
-        for name, loop in (("columns", j), ("reduction", k)):
-            if not isinstance(sch.get(loop).extent, tvm.tirx.IntImm):
-                return f"{name} extent {sch.get(loop).extent} is symbolic"
-        return None
+        return static_extents_reason(sch, (("columns", j), ("reduction", k)))
 
     def schedule(self, sch, block, target, knobs=None):
         dense_cpu(sch, block, target, knobs)
@@ -251,7 +256,6 @@ class DenseCPU(TemplateRule):
             n = int(w.shape[0] if transpose_b else w.shape[1])
             inputs["w"] = relax.const(pack_weight(w, pack_nr(n, target), transpose_b))
             params.update(w_layout="packed", out_features=n, transpose_b=False)
-        rows = call.inputs["x"].ty.shape.values[:-1]
-        if params.get("row_block") is None and not all(isinstance(d, tvm.tirx.IntImm) for d in rows):
+        if params.get("row_block") is None and has_symbolic_rows(call):
             params["row_block"] = int(self.knobs.mr or SYMBOLIC_MR)
         return call.replace(inputs=inputs, params=params) if params != call.params else None

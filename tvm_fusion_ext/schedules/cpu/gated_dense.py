@@ -30,7 +30,7 @@ from tvm import relax, s_tir
 
 from ...ops.gated_dense import pack_gated_weight
 from ...targets import TargetInfo
-from ..common import flatten_rows_map, op_params
+from ..common import flatten_rows_map, has_symbolic_rows, op_params, static_extents_reason
 from ..rule import Knobs, TemplateRule
 from .dense import (KC_MAX, MR_MAX, SYMBOLIC_MR, UNROLL_STEPS, _decision, _extent, default_ip, default_kc,
                     default_mr)
@@ -135,10 +135,7 @@ class GatedDenseCPU(TemplateRule):
 
     def decline(self, sch, block, target):
         _, j, _, k = sch.get_loops(block)
-        for name, loop in (("columns", j), ("reduction", k)):
-            if not isinstance(sch.get(loop).extent, tvm.tirx.IntImm):
-                return f"{name} extent {sch.get(loop).extent} is symbolic"
-        return None
+        return static_extents_reason(sch, (("columns", j), ("reduction", k)))
 
     def schedule(self, sch, block, target, knobs=None):
         gated_dense_cpu(sch, block, target, knobs)
@@ -153,7 +150,6 @@ class GatedDenseCPU(TemplateRule):
             n = int(w.shape[1])
             inputs["w"] = relax.const(pack_gated_weight(w, gated_pack_nr(n, target)))
             params.update(w_layout="packed", out_features=n)
-        rows = call.inputs["x"].ty.shape.values[:-1]
-        if params.get("row_block") is None and not all(isinstance(d, tvm.tirx.IntImm) for d in rows):
+        if params.get("row_block") is None and has_symbolic_rows(call):
             params["row_block"] = int(self.knobs.mr or SYMBOLIC_MR)
         return call.replace(inputs=inputs, params=params) if params != call.params else None

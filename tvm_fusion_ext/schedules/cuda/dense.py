@@ -41,7 +41,9 @@ from ..common import (
     inline_consumers,
     largest_divisor,
     op_params,
+    pad_symbolic_rows,
     padded_rows_stage,
+    static_extents_reason,
 )
 from ..rule import Knobs, TemplateRule
 from . import tensorcore
@@ -144,15 +146,7 @@ def dense_simt(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Opt
     vec = sch.sample_categorical(list(VECTOR_WIDTHS), [1.0 / len(VECTOR_WIDTHS)] * len(VECTOR_WIDTHS),
                                  decision=knobs.get("vec", d["vec"]))
     for idx in (0, 1):
-        shared = sch.cache_read(block, idx, "shared")
-        sch.compute_at(shared, ko, preserve_unit_loops=True)
-        fused = sch.fuse(*sch.get_loops(shared)[-len(sch.get(shared).writes[0].region):])
-        # The thread extents are random variables: reusing them keeps the cooperative fetch consistent with
-        # whatever tile the search picks.
-        _, fy, fx, fv = sch.split(fused, [None, ti[1], tj[1], vec])
-        sch.bind(fy, "threadIdx.y")
-        sch.bind(fx, "threadIdx.x")
-        sch.vectorize(fv)
+        stage_in_shared(sch, block, idx, ko, ti[1], tj[1], vec)
         if idx == 0 and padded_rows is not None:
             sch.compute_inline(padded_rows)  # the fetch gathers the tile's rows straight from x
 
@@ -161,6 +155,19 @@ def dense_simt(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Opt
                                decision=knobs.get("unroll", d["unroll"]))
     sch.annotate(by, "pragma_auto_unroll_max_step", u)
     sch.annotate(by, "pragma_unroll_explicit", 1)
+
+
+def stage_in_shared(sch: s_tir.Schedule, block, idx: int, ko, ty, tx, vec) -> None:
+    """Read ``idx`` of ``block`` through shared memory, one tile per step of ``ko``, fetched cooperatively by the
+    ``ty × tx`` threads with ``vec``-wide accesses. The thread extents are random variables: reusing them keeps
+    the fetch consistent with whatever tile the search picks."""
+    shared = sch.cache_read(block, idx, "shared")
+    sch.compute_at(shared, ko, preserve_unit_loops=True)
+    fused = sch.fuse(*sch.get_loops(shared)[-len(sch.get(shared).writes[0].region):])
+    _, fy, fx, fv = sch.split(fused, [None, ty, tx, vec])
+    sch.bind(fy, "threadIdx.y")
+    sch.bind(fx, "threadIdx.x")
+    sch.vectorize(fv)
 
 
 def _write_back_real_rows(sch: s_tir.Schedule, acc, tile_loop) -> None:
@@ -194,9 +201,9 @@ class DenseCUDA(TemplateRule):
 
     def decline(self, sch, block, target):
         *_, j, k = sch.get_loops(block)
-        for name, loop in (("columns", j), ("reduction", k)):
-            if not isinstance(sch.get(loop).extent, tvm.tirx.IntImm):
-                return f"{name} extent {sch.get(loop).extent} is symbolic"
+        reason = static_extents_reason(sch, (("columns", j), ("reduction", k)))
+        if reason:
+            return reason
         rows = [sch.get(lp).extent for lp in sch.get_loops(block)[:-2]]
         if padded_rows_stage(sch, block) is None and not all(isinstance(r, tvm.tirx.IntImm) for r in rows):
             return f"rows {rows} are symbolic and not padded to tiles (row_block)"
@@ -207,9 +214,4 @@ class DenseCUDA(TemplateRule):
 
     def prepare_operator(self, call, target):
         """Rows known only at run time padded to whole row tiles (``row_block``, see ops/dense.py)."""
-        if call.op != "fused_dense" or call.params.get("row_block") is not None:
-            return None
-        rows = call.inputs["x"].ty.shape.values[:-1]
-        if all(isinstance(d, tvm.tirx.IntImm) for d in rows):
-            return None
-        return call.replace(params=dict(call.params, row_block=SYMBOLIC_ROW_BLOCK))
+        return pad_symbolic_rows(call, "fused_dense", SYMBOLIC_ROW_BLOCK)

@@ -26,9 +26,9 @@ import tvm
 from tvm import s_tir
 
 from ...targets import TargetInfo
-from ..common import flatten_rows_map, op_params
+from ..common import flatten_rows_map, op_params, pad_symbolic_rows, static_extents_reason
 from ..rule import TemplateRule
-from .dense import UNROLL_STEPS, VECTOR_WIDTHS, DenseCudaKnobs, _decision, simt_defaults
+from .dense import UNROLL_STEPS, VECTOR_WIDTHS, DenseCudaKnobs, _decision, simt_defaults, stage_in_shared
 
 #: rows of the padded accumulator per thread block when rows are symbolic (the operator's ``row_block``)
 SYMBOLIC_ROW_BLOCK = 32
@@ -74,15 +74,7 @@ def gated_dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target
     vec = sch.sample_categorical(list(VECTOR_WIDTHS), [1.0 / len(VECTOR_WIDTHS)] * len(VECTOR_WIDTHS),
                                  decision=knobs.get("vec", d["vec"]))
     for idx in (() if symbolic else (0, 1)):
-        shared = sch.cache_read(block, idx, "shared")
-        sch.compute_at(shared, ko, preserve_unit_loops=True)
-        fused = sch.fuse(*sch.get_loops(shared)[-len(sch.get(shared).writes[0].region):])
-        # the thread extents are random variables: reusing them keeps the cooperative fetch consistent with
-        # whatever tile the search picks
-        _, fy, fx, fv = sch.split(fused, [None, ti[1], tj[1], vec])
-        sch.bind(fy, "threadIdx.y")
-        sch.bind(fx, "threadIdx.x")
-        sch.vectorize(fv)
+        stage_in_shared(sch, block, idx, ko, ti[1], tj[1], vec)
 
     sch.decompose_reduction(block, ko)
     u = sch.sample_categorical(list(UNROLL_STEPS), [1.0 / len(UNROLL_STEPS)] * len(UNROLL_STEPS),
@@ -109,9 +101,9 @@ class GatedDenseCUDA(TemplateRule):
 
     def decline(self, sch, block, target):
         rows, cols, _, k = sch.get_loops(block)
-        for name, loop in (("columns", cols), ("reduction", k)):
-            if not isinstance(sch.get(loop).extent, tvm.tirx.IntImm):
-                return f"{name} extent {sch.get(loop).extent} is symbolic"
+        reason = static_extents_reason(sch, (("columns", cols), ("reduction", k)))
+        if reason:
+            return reason
         if not isinstance(sch.get(rows).extent, tvm.tirx.IntImm) and op_params(sch).get("row_block") is None:
             return "symbolic rows are not padded to a row block"
         return None
@@ -121,9 +113,4 @@ class GatedDenseCUDA(TemplateRule):
 
     def prepare_operator(self, call, target):
         """Rows known only at run time padded to one thread block's rows (see the module docstring)."""
-        if call.op != "fused_gated_dense" or call.params.get("row_block") is not None:
-            return None
-        rows = call.inputs["x"].ty.shape.values[:-1]
-        if all(isinstance(d, tvm.tirx.IntImm) for d in rows):
-            return None
-        return call.replace(params={**call.params, "row_block": SYMBOLIC_ROW_BLOCK})
+        return pad_symbolic_rows(call, "fused_gated_dense", SYMBOLIC_ROW_BLOCK)

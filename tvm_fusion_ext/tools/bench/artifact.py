@@ -19,7 +19,7 @@ from ...errors import InputError
 from ..timing import time_block
 from .model import DEFAULT_BATCH, DEFAULT_SEQ, _torch_row, hf_export_info, max_abs_diff
 from .peers import environment, ort_session, set_thread_spinning
-from .report import ORT, OURS, TORCH, Row, format_table
+from .report import ORT, OURS, Row, format_table
 
 INPROC = "tvm_fusion_ext in-process"
 STATIC = "tvm_fusion_ext static"

@@ -13,7 +13,7 @@ from typing import Callable, List
 
 import numpy as np
 
-from ...errors import InputError
+from .kernels import parse_mkn
 from ..reference import numpy_activation
 from ..timing import time_block
 from .peers import environment, set_thread_spinning, threads_for
@@ -54,12 +54,7 @@ def bench_gated(shape: str, repeat: int = 30, spin: bool = False, out: Callable[
     from ...compile import build
     from ...targets import resolve_target
 
-    try:
-        m, k, n = (int(d) for d in shape.lower().split("x"))
-        if min(m, k, n) <= 0:
-            raise ValueError
-    except ValueError:
-        raise InputError(f"--gated takes MxKxN with positive sizes, e.g. 512x1024x2816 (got '{shape}')") from None
+    m, k, n = parse_mkn(shape, "--gated", "512x1024x2816")
     target = resolve_target("llvm")
     threads = threads_for(target)
     rng = np.random.default_rng(0)

@@ -157,12 +157,7 @@ def bench_dense(shape: str, act: str = "gelu", repeat: int = 50, spin: bool = Fa
     from ...ops.dense import ACTIVATIONS
     from ...targets import resolve_target
 
-    try:
-        m, k, n = (int(d) for d in shape.lower().split("x"))
-        if min(m, k, n) <= 0:
-            raise ValueError
-    except ValueError:
-        raise InputError(f"--dense takes MxKxN with positive sizes, e.g. 128x384x1536 (got '{shape}')") from None
+    m, k, n = parse_mkn(shape, "--dense", "128x384x1536")
     if act not in ACTIVATIONS:
         raise InputError(f"unknown activation '{act}' (known: {', '.join(ACTIVATIONS)})")
     target = resolve_target("llvm")
@@ -193,3 +188,14 @@ def _attention_reference(q, k, v) -> np.ndarray:
     p = np.exp(s - s.max(-1, keepdims=True))
     return (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
 
+
+
+def parse_mkn(shape: str, flag: str, example: str):
+    """``(M, K, N)`` from "MxKxN", or one line naming ``flag`` and a valid ``example``."""
+    try:
+        m, k, n = (int(d) for d in shape.lower().split("x"))
+        if min(m, k, n) <= 0:
+            raise ValueError
+    except ValueError:
+        raise InputError(f"{flag} takes MxKxN with positive sizes, e.g. {example} (got '{shape}')") from None
+    return m, k, n
