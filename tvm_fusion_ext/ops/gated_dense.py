@@ -74,11 +74,19 @@ def fused_gated_dense(x, w, bias=None, *, act="silu", w_layout="plain", out_feat
     def weight(j, h):
         return w[j // nr, k, j % nr, h] if w_layout == "packed" else w[k, j, h]
 
-    def row_of(r):
-        return _unflatten(r if row_block is None else tirx.min(r, last_row), batch)
+    if row_block is None:
+        def row(r, c):
+            return x[(*_unflatten(r, batch), c)]
+    else:
+        # the padded rows as their own stage, as in fused_dense (``dense_rows``: templates copy or inline it)
+        padded_x = te.compute((padded, K), lambda r, c: x[(*_unflatten(tirx.min(r, last_row), batch), c)],
+                              name="dense_rows", attrs={"schedule_rule": "None"})
+
+        def row(r, c):
+            return padded_x[r, c]
 
     acc = te.compute((padded, acc_width, pair), lambda r, j, h: te.sum(
-        x[(*row_of(r), k)].astype(acc_dtype) * weight(j, h).astype(acc_dtype), axis=k),
+        row(r, k).astype(acc_dtype) * weight(j, h).astype(acc_dtype), axis=k),
         name="gated_dense", attrs={"schedule_rule": "tfx.gated_dense"})
 
     def epilogue(*idx):

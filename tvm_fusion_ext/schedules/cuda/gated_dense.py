@@ -26,7 +26,7 @@ import tvm
 from tvm import s_tir
 
 from ...targets import TargetInfo
-from ..common import flatten_rows_map, op_params, pad_symbolic_rows, static_extents_reason
+from ..common import flatten_rows_map, op_params, pad_symbolic_rows, padded_rows_stage, static_extents_reason
 from ..rule import TemplateRule
 from .dense import UNROLL_STEPS, VECTOR_WIDTHS, DenseCudaKnobs, _decision, simt_defaults, stage_in_shared
 
@@ -41,6 +41,9 @@ def gated_dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target
     cannot invert)."""
     knobs = knobs or {}
     lim = TargetInfo.of(target).limits()
+    padded_rows = padded_rows_stage(sch, block)
+    if padded_rows is not None:  # symbolic rows: x is read in place (through L1), not staged
+        sch.compute_inline(padded_rows)
     _, j_acc, _, k = sch.get_loops(block)
     K = int(sch.get(k).extent)
     epilogue = sch.get_consumers(block)[0]
