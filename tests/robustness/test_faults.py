@@ -72,7 +72,7 @@ def _best_by_workload(path):
 # kill -9 several times, resume to completion
 # ---------------------------------------------------------------------------------------------------------
 
-TRIALS = 12
+TRIALS = 20
 KILLS = 3
 
 
@@ -166,6 +166,7 @@ def _tune(mod, logs, trials, messages, **kw):
                 options=TuneOptions(trials=trials, progress=messages.append, **{**TINY, **kw}))
 
 
+@pytest.mark.slow
 def test_builder_timeout_ends_cleanly_and_says_so(model, tmp_path):
     messages = []
     manifest = _tune(model[1], tmp_path, 2, messages, builder_timeout=1e-3)
@@ -210,6 +211,7 @@ def _failing_runner_class():
     return FlakyRunner
 
 
+@pytest.mark.slow
 def test_runner_errors_do_not_stop_tuning(model, tmp_path):
     messages = []
     runner = _failing_runner_class()()
@@ -263,7 +265,7 @@ def test_rpc_server_goes_away_mid_run(model, tmp_path):
                 time.sleep(0.5)
         root = tmp_path / "logs"
         log = open(tmp_path / "tune.log", "w")
-        tune_proc = subprocess.Popen([sys.executable, "-m", "tvm_fusion_ext.cli", "tune", model[0], "--trials", "4",
+        tune_proc = subprocess.Popen([sys.executable, "-m", "tvm_fusion_ext.cli", "tune", model[0], "--trials", "8",
                                       "--per-iter", "2", "--population", "16", "--logs", str(root),
                                       "--rpc", f"127.0.0.1:{port}", "--key", "tfx-fault"],
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -36,6 +36,7 @@ def _failures(results) -> str:
     return "\n".join(f"{r.case} ({', '.join(r.ops)}): {r.kind}: {r.detail}" for r in bad)
 
 
+@pytest.mark.slow
 def test_every_op_once_and_past_failures(case_root):
     names = node_sweep.case_names(case_root)
     subset = node_sweep.representative_subset(case_root, names)

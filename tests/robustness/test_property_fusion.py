@@ -26,7 +26,7 @@ from tvm_fusion_ext.testing import fused_calls, random_inputs, run_relax
 from tvm_fusion_ext.transform import (Canonicalize, FuseBiasResidualLayerNorm, FuseMatmulBiasActivation,
                                       FuseMultiHeadAttention, FuseQKVProjection, FusionReport, SemanticFusion)
 
-EXAMPLES = int(os.environ.get("TFX_PROPERTY_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("TFX_PROPERTY_EXAMPLES", "25"))
 CASES_PER_EXAMPLE = int(os.environ.get("TFX_PROPERTY_CASES", "12"))
 # LLVM codegen (the JIT when the VM loads) is most of the cost; opt-level 0 halves it and does not change
 # what is computed (both sides use the same target).
@@ -329,6 +329,7 @@ def check_fused_equals_unfused(mod, seed=0):
     return fused, report
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(specs=st.lists(case_st, min_size=CASES_PER_EXAMPLE, max_size=CASES_PER_EXAMPLE),
@@ -351,6 +352,7 @@ def test_random_graphs_fused_equal_unfused(specs, seed):
         STATS["fused"][op] = STATS["fused"].get(op, 0) + cnt
 
 
+@pytest.mark.slow
 def test_property_run_figures(capsys):
     """Runs after the property test (file order): the generator really exercised every fused operator."""
     if STATS["examples"] == 0:
