@@ -374,6 +374,7 @@ def test_manifest_write_is_atomic(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == [tlogs.MANIFEST_FILE]
 
 
+@pytest.mark.slow
 def test_fault_figures():
     if not FIGURES["kills"]:
         pytest.skip("kill test not run in this session")

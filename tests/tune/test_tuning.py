@@ -346,6 +346,7 @@ needs_nvcc = pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reas
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_build_only_cli_compiles_sm90_candidates(model, capsys):
     from tvm_fusion_ext.cli import main
 
