@@ -29,6 +29,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.postproc import PyPostproc
 from tvm.tirx import ForKind
 
+from ..schedules.cuda.tensorcore import LOCAL, WARP
 from ..targets import TargetInfo
 
 RULES = ("shared_memory", "threads", "registers", "tensor_core", "vector_width")
@@ -36,8 +37,7 @@ RULES = ("shared_memory", "threads", "registers", "tensor_core", "vector_width")
 # our simple kernels (guide §5), so 32 is the base of the estimate.
 BASE_REGISTERS = 32
 MAX_REGISTERS_PER_THREAD = 255
-WARP = 32
-FRAGMENT_VALUES = 8  # values per lane of a 16×16 mma fragment
+FRAGMENT_VALUES = LOCAL  # values per lane of a 16×16 mma fragment
 FRAGMENT_TILES = {"wmma.matrix_a": 16, "wmma.matrix_b": 16, "wmma.accumulator": 16,
                   "m16n8k8.matrixA": 8, "m16n8k8.matrixB": 8, "m16n8k8.matrixC": 8}
 

@@ -46,9 +46,9 @@ from ...ops.attention import LOW_PRECISION
 from ..common import categorical, op_params
 from ..rule import Knobs, TemplateRule
 from .attention_mma import KEY_BLOCK, attention_mma, tensor_cores_fit
+from .tensorcore import WARP
 
 UNROLL = (0, 16, 64)
-WARP = 32
 #: query rows per thread block when the query count is symbolic: the SIMT template's widest row tile
 SYMBOLIC_QUERY_ROWS = 8
 
