@@ -124,3 +124,49 @@ def test_layernorm_is_not_an_rmsnorm():
     out, report = fuse(mod, RULE)
     assert report.fused["rmsnorm"] == 0
     assert any("another tensor" in e.detail for e in report.refused)
+
+
+def _identity_cast_residual_module(cast_dtype="float32"):
+    """The legacy exporter's pre-norm block: ``x32 = Cast(h, float32)`` on an fp32 ``h``, normalised, and the
+    same ``x32`` read again by the next residual add."""
+    a, b = (relax.Var(n, relax.TensorType(SHAPE, "float32")) for n in "ab")
+    g = _c(np.random.default_rng(5).standard_normal(SHAPE[-1]))
+
+    def body(bb):
+        h = bb.emit(relax.op.add(a, b))
+        x32 = bb.emit(relax.op.astype(h, cast_dtype))
+        var = bb.emit(relax.op.mean(bb.emit(relax.op.power(x32, _c(2.0, cast_dtype))), axis=[-1], keepdims=True))
+        n = bb.emit(relax.op.multiply(x32, bb.emit(relax.op.rsqrt(bb.emit(relax.op.add(var, _c(1e-6, cast_dtype)))))))
+        y = bb.emit(relax.op.multiply(g, bb.emit(relax.op.astype(n, "float32"))))
+        return relax.Tuple([y, bb.emit(relax.op.add(bb.emit(relax.op.astype(x32, "float32")), y))])
+
+    return build_module([a, b], body)
+
+
+def test_identity_cast_reused_by_the_residual_is_looked_through():
+    from tvm_fusion_ext.transform.canonicalize import Canonicalize
+
+    mod = _identity_cast_residual_module()
+    fused, report = fuse(mod, Canonicalize(), RULE)
+    assert report.fused["rmsnorm"] == 1, report.summary()
+    assert report.canonicalized.get("DropIdentityCast") == 3, report.canonicalized  # x32 and the two casts back
+    assert fused_calls(fused) == {"fused_rmsnorm": 1}
+    expected, actual = run_before_after(mod, fused, random_inputs(mod, seed=1))
+    for e, g in zip(expected, actual):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_a_real_cast_reused_by_the_residual_is_kept():
+    # a float16 round trip rounds x: the residual must read the rounded value, so the cast is no identity; the
+    # norm fuses over the rounded value and the cast stays for the residual
+    from tvm_fusion_ext.transform.canonicalize import Canonicalize
+
+    mod = _identity_cast_residual_module(cast_dtype="float16")
+    fused, report = fuse(mod, Canonicalize(), RULE)
+    assert report.canonicalized.get("DropIdentityCast") is None, report.canonicalized
+    assert report.fused["rmsnorm"] == 1, report.summary()
+    casts = [b.value for b in fused["main"].body.blocks[0].bindings if op_name(b.value) == "relax.astype"]
+    assert any(str(c.attrs.dtype) == "float16" for c in casts)
+    expected, actual = run_before_after(mod, fused, random_inputs(mod, seed=1))
+    for e, g in zip(expected, actual):
+        np.testing.assert_allclose(g, e, rtol=2e-3, atol=2e-3)

@@ -12,6 +12,7 @@ import tvm
 from .canonical.attention_scale import MergeSplitAttentionScale
 from .canonical.bool_mask import BoolMaskToAdditive
 from .canonical.gelu_erf import ErfGeluToGelu
+from .canonical.identity_cast import DropIdentityCast
 from .canonical.gelu_tanh import TanhGeluToGeluTanh
 from .canonical.layernorm_decomposed import DecomposedLayerNormToLayerNorm
 from .canonical.silu import SigmoidMulToSilu
@@ -19,6 +20,7 @@ from .canonical.softmax_nan_guard import DropSoftmaxNanGuard
 from .rule import apply_rules
 
 CANONICAL_RULES = (
+    DropIdentityCast,
     ErfGeluToGelu,
     TanhGeluToGeluTanh,
     SigmoidMulToSilu,
