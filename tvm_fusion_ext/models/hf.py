@@ -43,10 +43,38 @@ DECODER_FAMILIES = {
                         vocab_size=1000, max_position_embeddings=160, pad_token_id=0, bos_token_id=1,
                         eos_token_id=2, cls_token_id=1, sep_token_id=2)),
 }
-MODEL_FAMILIES = {**ENCODER_FAMILIES, **DECODER_FAMILIES}
+#: tiny random-weight models of further current families, each with its own twist on the pieces above: Mistral's
+#: sliding window (8, below the sequences tested: it masks), Phi-3's merged qkv_proj and gate_up_proj, Gemma's
+#: (1 + w) RMSNorm weight, tanh GeGLU and scaled embedding, Qwen3's per-head q/k RMSNorm before the rotation,
+#: Gemma2's soft-capped attention logits and post-norms, GPT-2's Conv1D and learned positions, GPT-NeoX's and
+#: Phi's partial rotary, OLMo2's post-norms with q/k norms, Falcon's multi-query attention, BLOOM's ALiBi, the
+#: T5 encoder's relative position bias, DeBERTa-v2's disentangled attention.
+_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+OTHER_FAMILIES = {
+    "mistral": ("MistralConfig", "MistralModel", {**_TINY_DECODER, "sliding_window": 8}),
+    "phi3": ("Phi3Config", "Phi3Model", {**_TINY_DECODER, **_TOKENS}),
+    "gemma": ("GemmaConfig", "GemmaModel", {**_TINY_DECODER, "head_dim": 16}),
+    "qwen3": ("Qwen3Config", "Qwen3Model", {**_TINY_DECODER, "head_dim": 16}),
+    "gemma2": ("Gemma2Config", "Gemma2Model", {**_TINY_DECODER, "head_dim": 16, "sliding_window": 8,
+                                                "query_pre_attn_scalar": 16}),
+    "gpt2": ("GPT2Config", "GPT2Model", dict(n_layer=2, n_embd=64, n_head=4, n_inner=160, vocab_size=1000,
+                                             n_positions=160)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXModel", {**_TINY_DECODER, "num_key_value_heads": 4}),
+    "phi": ("PhiConfig", "PhiModel", {**_TINY_DECODER, "num_key_value_heads": 4, "partial_rotary_factor": 0.5}),
+    "olmo2": ("Olmo2Config", "Olmo2Model", {**_TINY_DECODER, **_TOKENS}),
+    "falcon": ("FalconConfig", "FalconModel", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                                   multi_query=True, vocab_size=1000, **_TOKENS)),
+    "bloom": ("BloomConfig", "BloomModel", dict(n_layer=2, hidden_size=64, n_head=4, vocab_size=1000)),
+    "t5-encoder": ("T5Config", "T5EncoderModel", dict(num_layers=2, d_model=64, d_kv=16, num_heads=4, d_ff=160,
+                                                      vocab_size=1000)),
+    "deberta-v2": ("DebertaV2Config", "DebertaV2Model",
+                   dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=160,
+                        vocab_size=1000, max_position_embeddings=160, type_vocab_size=0)),
+}
+MODEL_FAMILIES = {**ENCODER_FAMILIES, **DECODER_FAMILIES, **OTHER_FAMILIES}
 HF_KINDS = ("minilm", "bert-base", *MODEL_FAMILIES)
 #: families whose forward takes no token_type_ids (their exports have two inputs)
-_NO_TOKEN_TYPES = frozenset({"distilbert", "mpnet", *DECODER_FAMILIES})
+_NO_TOKEN_TYPES = frozenset({"distilbert", "mpnet", *DECODER_FAMILIES, *OTHER_FAMILIES})
 #: model types whose position ids count the non-padding tokens (a CumSum over ``input_ids != pad`` in the graph)
 _POSITIONS_FROM_PADDING = frozenset({"roberta", "xlm-roberta", "mpnet"})
 #: ONNX metadata_props key under which export_hf_model records its arguments (JSON); read by ``tvm-fusion bench``
