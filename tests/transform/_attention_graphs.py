@@ -22,13 +22,14 @@ def _c(v, dtype="float32"):
 
 def attention_module(form="bshd", scale="div", mask=None, guard=False, softmax_axis=-1, k_split="0231",
                      probs_used=False, scale_var=False, s=S, t=T, mask_value=NEG_INF, head_merge=True,
-                     layers=1):
+                     layers=1, softcap=None):
     """``softmax(scale · q kᵀ + mask) v`` in one of these spellings.
 
     form: "bshd" (inputs [B,S,H·D], Reshape + Transpose head split, merged output), "bhsd" (4-D inputs, no split),
           "3d" ([B·H, S, D] inputs).
     scale: "div" (scores / √D), "mul" (scores · 1/√D), "q" (q · 1/√D before the matmul), "split" (q and kᵀ each
            · D^-¼), "none".
+    softcap: Gemma2's logit soft-capping ``cap · tanh(s / cap)`` of the scaled scores, before the mask.
     mask: None | "causal_add" (constant additive) | "causal_where" (where(tril, s, -inf)) | "bool" (bool input,
           where(mask, s, NEG)) | "bool_add" (scores + where(mask, 0, NEG)) | a shape tuple (float input added).
     """
@@ -78,6 +79,9 @@ def attention_module(form="bshd", scale="div", mask=None, guard=False, softmax_a
             sc = bb.emit(relax.op.divide(sc, _c(math.sqrt(D))))
         elif scale == "mul":
             sc = bb.emit(relax.op.multiply(sc, _c(inv)))
+        if softcap is not None:
+            sc = bb.emit(relax.op.multiply(bb.emit(relax.op.tanh(bb.emit(relax.op.divide(sc, _c(softcap))))),
+                                           _c(softcap)))
         if isinstance(mask, tuple):
             sc = bb.emit(relax.op.add(sc, m))
         elif mask == "causal_add":

@@ -194,6 +194,17 @@ def test_non_constant_scale_is_refused():
     assert_refused(mod, ATTENTION, rule=RULE, reason="scale is not a scalar constant")
 
 
+@pytest.mark.parametrize("mask", [None, "bool_add"])
+def test_soft_capped_logits_are_refused(mask):
+    # Gemma2: cap · tanh(s / cap) before the softmax is another function of the scores than plain attention
+    mod = attention_module("bshd", scale="mul", mask=mask, softcap=2.0)
+    assert_refused(mod, *_steps(True), rule=RULE, reason="scores pass through tanh before the softmax")
+
+
+def test_the_same_graph_without_soft_capping_fuses():
+    _assert_fused(attention_module("bshd", scale="mul", mask="bool_add"), canonicalize=True)
+
+
 def _var(name, shape, dtype="float32"):
     return relax.Var(name, relax.TensorType(shape, dtype))
 

@@ -118,12 +118,18 @@ class AttentionMatcher(Matcher):
         return Found(exprs, covered)
 
 
+#: elementwise functions that can sit between q·kᵀ and the softmax but are no scale or mask: Gemma2's logit
+#: soft-capping ``cap · tanh(s / cap)`` and the like. The operator computes plain attention, so a match through
+#: one is refused, with the function named (not silently skipped).
+_SCORE_NONLINEAR = ("relax.tanh", "relax.sigmoid", "relax.exp", "relax.log", "relax.erf", "relax.abs", "relax.clip")
+
+
 def _leads_to_matmul(e, graph: FunctionGraph, depth=0) -> bool:
     v = graph.value(e)
     op = op_name(v)
     if op == "relax.matmul":
         return True
-    if depth < 8 and op in ("relax.add", *SCALE_OPS):
+    if depth < 8 and op in ("relax.add", *SCALE_OPS, *_SCORE_NONLINEAR):
         return any(_leads_to_matmul(a, graph, depth + 1) for a in v.args)
     return False
 
@@ -164,6 +170,11 @@ def _walk_scores(x, graph: FunctionGraph, plan: _Plan, covered: list) -> Optiona
                 c = 1.0
             factor *= c
             cur = val.args[so[0]]
+            continue
+        if op in _SCORE_NONLINEAR and _leads_to_matmul(val.args[0], graph):
+            plan.reason = plan.reason or f"the scores pass through {op[len('relax.'):]} before the softmax " \
+                                         f"(logit soft-capping?): not plain attention"
+            cur = val.args[0]
             continue
         return None
 
