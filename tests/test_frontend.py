@@ -325,3 +325,51 @@ def test_unknown_rank_and_non_tensor_inputs():
     seq_in = helper.make_tensor_sequence_value_info("x", TP.FLOAT, [2])
     m2 = _model(nodes, [seq_in], [_vi("y", TP.FLOAT, [2])])
     _load_error(m2, "input 'x' is not a tensor")
+
+
+def _chunk_slice_model(width=7):
+    """``torch.chunk`` as a legacy export spells it: the bounds of a Slice computed from ``Shape(x)[-1]``
+    (``ends = (w + 1) / 2``; ``starts = (0 - w) / 2``, which truncating and flooring division tell apart), then a
+    Reshape with -1 that needs the slice's shape at import."""
+    c = {n: numpy_helper.from_array(np.array(v, np.int64), n)
+         for n, v in (("idx", [2]), ("one", [1]), ("two", [2]), ("zero", [0]), ("axis", [2]), ("to", [2, -1]))}
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "idx"], ["w"], axis=0),
+             helper.make_node("Add", ["w", "one"], ["w1"]),
+             helper.make_node("Div", ["w1", "two"], ["end"]),
+             helper.make_node("Sub", ["zero", "w"], ["neg_w"]),
+             helper.make_node("Div", ["neg_w", "two"], ["start"]),
+             helper.make_node("Slice", ["x", "zero", "end", "axis"], ["head"]),
+             helper.make_node("Slice", ["x", "start", "end", "axis"], ["mid"]),  # empty unless start < end
+             helper.make_node("Slice", ["x", "start", "w", "axis"], ["tail"]),
+             helper.make_node("Reshape", ["head", "to"], ["y"]),
+             helper.make_node("Reshape", ["tail", "to"], ["z"])]
+    return _model(nodes, [_vi("x", TP.FLOAT, [2, 3, width])],
+                  [_vi("y", TP.FLOAT, None), _vi("z", TP.FLOAT, None), _vi("mid", TP.FLOAT, None)],
+                  inits=c.values())
+
+
+@pytest.mark.parametrize("width", [6, 7])
+def test_slice_bounds_computed_from_static_sizes_import_with_known_shapes(run_llvm, run_ort, width):
+    m = _chunk_slice_model(width)
+    mod = load_onnx(m)
+    body = mod["main"].body.body
+    for f in body.ty.fields:  # every output has a static shape: the bounds were folded
+        assert f.shape is not None and all(isinstance(int(d), int) for d in f.shape.values), body.ty
+    x = np.random.default_rng(0).standard_normal((2, 3, width)).astype(np.float32)
+    for got, ref in zip(run_llvm(mod, {"x": x}), run_ort(m, {"x": x})):
+        assert got.shape == ref.shape
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_slice_bounds_read_from_data_are_not_folded(run_llvm, run_ort):
+    # an end read from an input tensor is data, not a size: the slice keeps a run-time length
+    nodes = [helper.make_node("Slice", ["x", "zero", "n", "axis"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([1], np.int64), "axis")]
+    m = _model(nodes, [_vi("x", TP.FLOAT, [2, 6]), _vi("n", TP.INT64, [1])], [_vi("y", TP.FLOAT, None)], inits)
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    for n in (2, 5):
+        feeds = {"x": x, "n": np.array([n], np.int64)}
+        (got,), (ref,) = run_llvm(load_onnx(m), feeds), run_ort(m, feeds)
+        np.testing.assert_array_equal(got, ref)

@@ -253,6 +253,7 @@ def _convert_map() -> dict[str, Any]:
     cmap["ConstantOfShape"] = _constant_of_shape_class()
     cmap["Expand"] = _expand_class()
     cmap["Range"] = _range_class()
+    cmap["Slice"] = _slice_class()
     cmap.update(fixed_converters())
     return cmap
 
@@ -437,6 +438,41 @@ def _range_class():
 
     _CLASSES["Range"] = _Range
     return _Range
+
+
+def _slice_class():
+    """``Slice`` whose starts/ends/axes/steps are computed from sizes that are static (``torch.chunk`` in a
+    legacy export: ``Shape → Gather → Add → Div → Mul`` on a fixed shape).
+
+    The stock converter reads only constant bounds; others give a result of unknown shape, and the next
+    ``Reshape`` with ``-1`` fails to import (Phi-3's merged gate_up_proj, GPT-NeoX's merged qkv). Bounds whose
+    every element evaluates to an integer (see :mod:`.symbolic_values`) become the constants they are; bounds
+    that stay symbolic are left to the stock converter."""
+    if "Slice" in _CLASSES:
+        return _CLASSES["Slice"]
+    import numpy as np
+    import tvm
+    from tvm import relax, tirx
+    from tvm.relax.frontend.onnx import onnx_frontend as of
+
+    from .symbolic_values import Evaluator
+
+    class _Slice(of.Slice):
+        @classmethod
+        def _impl_v13(cls, bb, inputs, attr, params):
+            inputs = of.onnx_input(inputs)  # a copy that reads None past its end, as the stock one does
+            ev = Evaluator(bb.lookup_binding)
+            for i in range(1, len(inputs)):
+                x = inputs[i]
+                if x is None or isinstance(x, tvm.ir.GenericConst) or not isinstance(x, relax.Expr):
+                    continue
+                values = ev.elements(x)
+                if values and all(isinstance(v, tirx.IntImm) for v in values):
+                    inputs[i] = relax.const(np.array([int(v) for v in values], "int64"))
+            return super()._impl_v13(bb, inputs, attr, params)
+
+    _CLASSES["Slice"] = _Slice
+    return _Slice
 
 
 def _importer_class():

@@ -256,6 +256,8 @@ _ELEMENTWISE = {
     "relax.subtract": lambda a, b: a - b,
     "relax.multiply": lambda a, b: a * b,
     "relax.floor_divide": lambda a, b: tirx.floordiv(a, b),
+    # relax.divide of integers lowers to TIR's truncating division (ONNX Div of int64 sizes: torch.chunk)
+    "relax.divide": lambda a, b: tirx.truncdiv(a, b),
     "relax.negative": lambda a: -a,
     "relax.maximum": lambda a, b: tirx.max(a, b),
     "relax.minimum": lambda a, b: tirx.min(a, b),
