@@ -6,7 +6,8 @@ What must not fuse, and does not: Gemma2's soft-capped logits (``cap · tanh(s /
 not plain attention; DeBERTa-v2's disentangled scores depend on q (no mask); BLOOM's ALiBi scores come from one
 ``baddbmm``. Falcon's multi-query attention is not matched yet (its K/V come as one head, not a head split of
 their projection), so its count is left out rather than asserted as a miss. The legacy LLaMA export's identity
-fp32 casts (the residual reads the cast) are looked through: all five RMSNorms fuse."""
+fp32 casts (the residual reads the cast) are looked through: all five RMSNorms fuse. Legacy exports of
+Phi-3 and GPT-NeoX compute their chunk bounds from sizes: they import (the bounds fold) and fuse."""
 
 import numpy as np
 import pytest
@@ -27,6 +28,8 @@ CASES = [
     ("llama", "legacy", "sdpa", dict(_DECODER, rmsnorm=5, qkv=2)),
     ("mistral", "dynamo", "sdpa", dict(_DECODER, rmsnorm=5, qkv=2)),  # sliding window 8 < SEQ: in the mask
     ("phi3", "dynamo", "sdpa", dict(_DECODER, rmsnorm=5, qkv=0)),  # qkv_proj is one projection already
+    # torch.chunk's slice bounds computed from sizes (folded at import), gate_up_proj halved by two slices
+    ("phi3", "legacy", "sdpa", dict(_DECODER, rmsnorm=5, qkv=0)),
     ("gemma", "dynamo", "sdpa", dict(_DECODER, rmsnorm=5, qkv=2)),
     ("qwen3", "dynamo", "sdpa", dict(_DECODER, rmsnorm=9, qkv=2)),  # + q_norm and k_norm per layer
     ("olmo2", "dynamo", "sdpa", dict(_DECODER, rmsnorm=9, qkv=2)),
@@ -34,6 +37,7 @@ CASES = [
     ("gpt2", "dynamo", "sdpa", dict(attention=2, layernorm=5, dense=8)),
     # GPT-NeoX's two norms of one residual are identical in a random init: the exporter keeps one
     ("gpt_neox", "dynamo", "sdpa", dict(attention=2, rope=4, layernorm=3, qkv=2, dense=6)),  # partial rotary
+    ("gpt_neox", "legacy", "sdpa", dict(attention=2, rope=4, layernorm=5, dense=8)),
     ("phi", "dynamo", "sdpa", dict(attention=2, rope=4, layernorm=3, qkv=2, dense=6)),  # partial rotary
     ("falcon", "dynamo", "sdpa", dict(rope=4, layernorm=3, qkv=2, dense=6)),
     ("bloom", "dynamo", "eager", dict(attention=0, layernorm=6, dense=8)),

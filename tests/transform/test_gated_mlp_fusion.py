@@ -132,8 +132,10 @@ def test_gated_mlp_with_symbolic_rows():
         np.testing.assert_allclose(got, numpy_gated_mlp(x, w, "silu", True, False), rtol=1e-4, atol=1e-4)
 
 
-def merged_gate_up(gate_half=0, bias=True, same_half=False):
-    """Phi-3's MLP: one projection to [gate | up] (2N wide), split in two along the last axis."""
+def merged_gate_up(gate_half=0, bias=True, same_half=False, slices=None):
+    """Phi-3's MLP: one projection to [gate | up] (2N wide), split in two along the last axis; ``slices``: by two
+    strided_slices instead (a legacy export's chunk), ``((begin, end), (begin, end))`` of the first and second
+    half as written (``(None)``: the true halves)."""
     rng = np.random.default_rng(5)
     w = (rng.standard_normal((K, 2 * N)) / math.sqrt(K)).astype("float32")
     b = rng.standard_normal(2 * N).astype("float32")
@@ -143,9 +145,13 @@ def merged_gate_up(gate_half=0, bias=True, same_half=False):
         h = bb.emit(relax.op.matmul(x, _c(w)))
         if bias:
             h = bb.emit(relax.op.add(_c(b), h))
-        halves = bb.emit(relax.op.split(h, 2, axis=-1))
-        g = bb.emit(relax.TupleGetItem(halves, gate_half))
-        u = bb.emit(relax.TupleGetItem(halves, gate_half if same_half else 1 - gate_half))
+        if slices is None:
+            halves = bb.emit(relax.op.split(h, 2, axis=-1))
+            parts = [bb.emit(relax.TupleGetItem(halves, i)) for i in (0, 1)]
+        else:
+            parts = [bb.emit(relax.op.strided_slice(h, [2], [lo], [hi])) for lo, hi in slices]
+        g = parts[gate_half]
+        u = parts[gate_half if same_half else 1 - gate_half]
         return relax.op.multiply(u, _spelt_activation(bb, g, "silu"))
 
     return build_module([x], body), w, (b if bias else np.zeros_like(b))
@@ -161,6 +167,36 @@ def test_merged_gate_up_projection_fuses_and_matches(gate_half, bias):
     h = x.astype("float64") @ w + b
     g, u = (h[..., :N], h[..., N:]) if gate_half == 0 else (h[..., N:], h[..., :N])
     np.testing.assert_allclose(_run(mod, x), numpy_activation(g, "silu") * u, rtol=1e-4, atol=1e-4)
+
+
+HALVES = ((0, N), (N, 2 * N))
+
+
+@pytest.mark.parametrize("slices", [HALVES, ((0, N), (-N, 2 * N + 5))], ids=["halves", "negative-and-clamped"])
+@pytest.mark.parametrize("gate_half", [0, 1])
+def test_merged_gate_up_sliced_in_two_fuses_and_matches(gate_half, slices):
+    mod, w, b = merged_gate_up(gate_half, slices=slices)
+    fused, report = fuse(mod)
+    assert report.fused["gated_mlp"] == 1, report.summary()
+    assert fused_calls(fused) == {"fused_gated_dense": 1}
+    x = np.random.default_rng(6).standard_normal((B, S, K)).astype("float32")
+    h = x.astype("float64") @ w + b
+    g, u = (h[..., :N], h[..., N:]) if gate_half == 0 else (h[..., N:], h[..., :N])
+    np.testing.assert_allclose(_run(mod, x), numpy_activation(g, "silu") * u, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("slices", [((0, N), (1, N + 1)), ((0, N - 1), (N - 1, 2 * N - 2))],
+                         ids=["overlapping", "not-halves"])
+def test_slices_that_are_not_the_two_halves_do_not_fuse(slices):
+    mod, _, _ = merged_gate_up(slices=slices)
+    fused, report = fuse(mod)
+    assert report.fused["gated_mlp"] == 0, report.summary()
+    assert "fused_gated_dense" not in fused_calls(fused)
+
+
+def test_one_sliced_half_twice_is_refused():
+    mod, _, _ = merged_gate_up(same_half=True, slices=HALVES)
+    assert_refused(Canonicalize()(mod), RULE, reason="not the two halves of one split projection")
 
 
 def test_one_half_of_a_split_twice_is_refused():

@@ -5,7 +5,8 @@ Pattern (:class:`GatedProjections`, found at the multiply)
     gelu_tanh (exporter spellings, ``x · sigmoid(x)`` and the erf/tanh GELU forms, are canonicalised earlier)
     and both ``p_gate`` and the other operand are projections: ``matmul(x, W)`` or ``matmul(x,
     permute_dims(W))`` (torch Linear, ONNX Gemm transB), then optionally ``+ bias`` (either order); or the two
-    halves of one such projection split in two along its last axis (Phi-3's merged ``gate_up_proj`` + chunk).
+    halves of one such projection split in two along its last axis (Phi-3's merged ``gate_up_proj`` + chunk: a
+    ``split``, or two last-axis slices in a legacy export).
 Check (a refusal names its reason)
     both projections read the same ``x``; each weight is a 2-D constant (it is interleaved at compile time)
     and both have the same shape and dtype; biases are constant per-column vectors; exactly one side is
@@ -32,8 +33,8 @@ from tvm import relax
 from ..ops import call_op
 from ..ops.gated_dense import interleave_weights
 from .bias import per_column_bias_error
-from .graph import (FunctionGraph, const_value, explicit_out_dtype, format_dims, int_list, is_constant, op_name,
-                    same_dims, shape_dims)
+from .graph import (FunctionGraph, const_value, explicit_out_dtype, format_dims, int_list, is_constant,
+                    last_axis_slice, op_name, same_dims, shape_dims)
 from .rule import Found, FusionRule, Match, Matcher, Variant, rule_pass
 
 #: the gate activations a gated MLP uses, as Relax ops after canonicalisation
@@ -97,6 +98,10 @@ def _side(e: relax.Expr, graph: FunctionGraph) -> Optional[_Projection]:
         covered = covered + graph.chain(split)
         value = graph.value(split_value.args[0])
         covered = covered + graph.chain(split_value.args[0])
+    elif _slice_half(value) is not None:  # the same halves as two Slices (a legacy export's torch.chunk)
+        split, half = value.args[0], _slice_half(value)
+        covered = covered + graph.chain(split)
+        value = graph.value(split)
     p = _projection(value, graph)
     if p is None:
         return None
@@ -116,6 +121,17 @@ def _is_halving(value) -> bool:
     if isinstance(sections, tvm.tirx.IntImm):
         return int(sections) == 2
     return int_list(sections) == [dims[-1] // 2] and dims[-1] % 2 == 0
+
+
+def _slice_half(value) -> Optional[int]:
+    """0 or 1 when ``value`` slices the first or second half of an even last axis (stride 1), else None."""
+    found = last_axis_slice(value)
+    dims = shape_dims(value.args[0]) if found is not None else None
+    if dims is None or not isinstance(dims[-1], int) or dims[-1] % 2 or found[3] != 1:
+        return None
+    n = dims[-1]
+    begin, end = (min(max(b + n if b < 0 else b, 0), n) for b in found[1:3])  # ONNX/numpy clamping
+    return {(0, n // 2): 0, (n // 2, n): 1}.get((begin, end))
 
 
 def _projection(value, graph: FunctionGraph) -> Optional[_Projection]:

@@ -127,6 +127,40 @@ def int_list(arr) -> Optional[List[int]]:
 # shapes
 # ---------------------------------------------------------------------------------------------------
 
+def last_axis_slice(v) -> Optional[tuple]:
+    """``(source, begin, end, stride)`` when ``v`` is a strided_slice of the last axis only, with static bounds."""
+    if op_name(v) != "relax.strided_slice" or len(v.args) < 4:
+        return None
+    dims = shape_dims(v.args[0])
+    if dims is None:
+        return None
+    axes = _static_ints(v.args[1])
+    begin, end = _static_ints(v.args[2]), _static_ints(v.args[3])
+    strides = _static_ints(v.args[4]) if len(v.args) > 4 else [1] * len(axes or [])
+    if axes is None or begin is None or end is None or strides is None or len(axes) != 1:
+        return None
+    if axes[0] % len(dims) != len(dims) - 1:
+        return None
+    return v.args[0], begin[0], end[0], strides[0]
+
+
+def _static_ints(e) -> Optional[List[int]]:
+    """The integers of a tuple / shape of static values, else None."""
+    fields = getattr(e, "fields", None)
+    if fields is None:
+        fields = getattr(e, "values", None)
+    if fields is None:
+        return None
+    out = []
+    for f in fields:
+        f = getattr(f, "value", f)
+        try:
+            out.append(int(f))
+        except (TypeError, ValueError):
+            return None
+    return out
+
+
 def shape_dims(e) -> Optional[List[Dim]]:
     """The tensor's dimensions, ``int`` where static and ``PrimExpr`` where symbolic; None if unknown."""
     ty = getattr(e, "ty", None)

@@ -26,7 +26,7 @@ import tvm
 from tvm import relax
 
 from ..ops import call_op
-from .graph import FunctionGraph, format_dims, op_name, same_dim, scalar_value, shape_dims
+from .graph import FunctionGraph, format_dims, last_axis_slice, op_name, same_dim, scalar_value, shape_dims
 from .rule import Found, FusionRule, Match, Matcher, Variant, rule_pass
 
 
@@ -91,39 +91,11 @@ def _negated(e, graph: FunctionGraph, covered: list):
 
 
 def _slice_of(e, graph: FunctionGraph, covered: list):
-    """``(source, begin, end, stride)`` of a strided_slice of the last axis, else None."""
-    v = graph.value(e)
-    if op_name(v) != "relax.strided_slice" or len(v.args) < 4:
-        return None
-    dims = shape_dims(v.args[0])
-    if dims is None:
-        return None
-    axes = _ints(v.args[1])
-    begin, end = _ints(v.args[2]), _ints(v.args[3])
-    strides = _ints(v.args[4]) if len(v.args) > 4 else [1] * len(axes or [])
-    if axes is None or begin is None or end is None or strides is None or len(axes) != 1:
-        return None
-    if axes[0] % len(dims) != len(dims) - 1:
-        return None
-    covered += graph.chain(e)
-    return v.args[0], begin[0], end[0], strides[0]
-
-
-def _ints(e) -> Optional[List[int]]:
-    fields = getattr(e, "fields", None)
-    if fields is None:
-        values = getattr(e, "values", None)
-        fields = values
-    if fields is None:
-        return None
-    out = []
-    for f in fields:
-        f = getattr(f, "value", f)
-        try:
-            out.append(int(f))
-        except (TypeError, ValueError):
-            return None
-    return out
+    """``(source, begin, end, stride)`` of a strided_slice of the last axis (its binding goes to ``covered``)."""
+    found = last_axis_slice(graph.value(e))
+    if found is not None:
+        covered += graph.chain(e)
+    return found
 
 
 def _same(a, b, graph: FunctionGraph) -> bool:
