@@ -10,10 +10,10 @@ exports, and valid sample inputs. Nothing in the compile path imports this packa
 """
 
 from .encoder import DEFAULT_MODEL_NAME, build_dense_onnx, build_encoder_onnx, default_model_path
-from .hf import (DECODER_FAMILIES, ENCODER_FAMILIES, HF_EXPORT_KEY, HF_KINDS, export_hf_model, hf_example_inputs, hf_input_names, hf_model,
-                 minilm_weights_dir)
+from .hf import (DECODER_FAMILIES, ENCODER_FAMILIES, HF_EXPORT_KEY, HF_KINDS, OTHER_FAMILIES, export_hf_model, hf_example_inputs,
+                 hf_input_names, hf_model, minilm_weights_dir)
 from .inputs import padding_mask, sample_inputs, vocab_size
 
-__all__ = ["DECODER_FAMILIES", "DEFAULT_MODEL_NAME", "ENCODER_FAMILIES", "HF_EXPORT_KEY", "HF_KINDS", "build_dense_onnx", "build_encoder_onnx",
+__all__ = ["DECODER_FAMILIES", "DEFAULT_MODEL_NAME", "ENCODER_FAMILIES", "HF_EXPORT_KEY", "HF_KINDS", "OTHER_FAMILIES", "build_dense_onnx", "build_encoder_onnx",
            "default_model_path", "export_hf_model", "hf_example_inputs", "hf_input_names", "hf_model", "minilm_weights_dir",
            "padding_mask", "sample_inputs", "vocab_size"]
