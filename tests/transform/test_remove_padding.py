@@ -55,6 +55,8 @@ def test_padding_removed_counter(builds):
     assert report.padding_removed == 1, report.summary()
     assert report.to_dict()["padding_removed"] == 1
     assert report.fused["attention"] == 2  # the other fusions are untouched by it
+    # both attentions run packed, per sequence (no scatter/gather): the masks below then check the varlen kernel
+    assert report.varlen_attention == 2 and report.to_dict()["varlen_attention"] == 2, report.summary()
 
 
 @pytest.mark.parametrize("case", sorted(_masks()))

@@ -164,3 +164,35 @@ def _gather_error(call: relax.Call, idx, rows, cols) -> Optional[str]:
     if not is_flat_row_major(idx, shape_dims(call.args[1]), rows, cols):
         return "the attention mask is gathered at indices other than b·S + j: cannot prove it reads m[b, j]"
     return None
+
+
+def key_only_reason(graph: FunctionGraph, mask: relax.Expr, param: relax.Var) -> Optional[str]:
+    """None when the additive ``mask`` (one that :func:`padding_mask_input` proved) is ``g(m[b, j])``: the same
+    for every head and query, a function of the key's own mask value only; else why not.
+
+    That is what lets the packed attention take the mask as one bias per key (``key_bias``, :mod:`.padding`).
+    Given the proof's layout checks, it holds when every constant the mask reads is uniform (a causal triangle
+    or a position bias is not) and ``m``'s sequence axis lands on the key axis, not on the query axis
+    (``[B, 1, S, 1]`` broadcast over keys would be a query mask)."""
+    batch, seq = shape_dims(param)
+    todo, seen = [mask], set()
+    while todo:
+        e = graph.value(todo.pop())
+        if any(e.same_as(s) for s in seen):
+            continue
+        seen.add(e)
+        const = const_value(e)
+        if const is not None:
+            if const.size and not np.all(const == const.reshape(-1)[0]):
+                return f"the attention mask adds a non-uniform constant {list(const.shape)} (not a key-only mask)"
+            continue
+        dims = shape_dims(e) if isinstance(getattr(e, "ty", None), relax.TensorType) else None
+        core = [(n, d) for n, d in enumerate(dims or []) if not (isinstance(d, int) and d == 1)]
+        if dims is not None and core and same_dim(core[-1][1], seq) and len(core) <= 2 and core[-1][0] != len(dims) - 1:
+            return f"the attention mask puts '{param.name}''s sequence axis on axis {core[-1][0]} of {dims}, not the key"
+        if isinstance(e, relax.Var):
+            continue
+        op = op_name(e)
+        args = [e.args[0]] if op in _LAYOUT_OPS or op == "relax.take" else list(e.args)
+        todo += [a for a in args if isinstance(getattr(a, "ty", None), relax.TensorType)]
+    return None
