@@ -86,4 +86,4 @@ def test_key_only_reason_tells_key_from_query_masks():
     graph, mask, m = _mask_graph([B, 1, 1, S])
     assert key_only_reason(graph, mask, m) is None
     graph, mask, m = _mask_graph([B, 1, S, 1])
-    assert "not the key" in key_only_reason(graph, mask, m)
+    assert "off the key axis" in key_only_reason(graph, mask, m)

@@ -48,6 +48,8 @@ from .report import PADDING_KIND, VARLEN_KIND, FusionEvent, record_applied, reco
 
 RULE = "RemovePadding"
 KIND = PADDING_KIND
+#: the rule name of each attention's packed-or-not decision (its own name: ``count(RULE)`` stays one per function)
+VARLEN_RULE = "VarlenAttention"
 
 _UNARY = {"relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
           "relax.erf", "relax.exp", "relax.sqrt", "relax.rsqrt", "relax.negative", "relax.astype", "relax.clip",
@@ -426,12 +428,11 @@ def remove_padding(mod: tvm.IRModule) -> tvm.IRModule:
                                    f"mask '{region.mask.name}', {len(region.attentions)} attention(s), "
                                    f"{len(region.packed)} token-wise binding(s)"))
         for attention, reason in sorted(region.scatter_reason.items(), key=lambda kv: graph.position[kv[0]]):
-            event = FusionEvent(RULE, VARLEN_KIND, gv.name_hint, attention.name,
-                                reason or "packed per sequence (cu_seqlens)")
             if reason is None:
-                record_applied(event)
+                record_applied(FusionEvent(VARLEN_RULE, VARLEN_KIND, gv.name_hint, attention.name,
+                                           "packed per sequence (cu_seqlens)"))
             else:  # correct either way: the padded kernel runs between a scatter and a gather
-                record_refused(FusionEvent(RULE, VARLEN_KIND, gv.name_hint, attention.name,
+                record_refused(FusionEvent(VARLEN_RULE, VARLEN_KIND, gv.name_hint, attention.name,
                                            f"{reason}: attention runs padded (scatter/gather)"))
     return mod
 
