@@ -24,8 +24,9 @@ def _nvcc_mode(monkeypatch):
     monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "nvcc")
 
 
-def packed_attention_module(dtype, causal, heads=4, kv_heads=4, head_dim=64):
-    tokens, nseq, span = (tirx.Var(n, "int64") for n in ("tokens", "nseq", "span"))
+def packed_attention_module(dtype, causal, heads=4, kv_heads=4, head_dim=64, static=False):
+    """Symbolic sizes as RemovePadding gives them, or (``static``) 64 tokens in 2 sequences of at most 64."""
+    tokens, nseq, span = (64, 2, 64) if static else (tirx.Var(n, "int64") for n in ("tokens", "nseq", "span"))
     shapes = ([1, tokens, heads, head_dim], [1, tokens, kv_heads, head_dim], [1, tokens, kv_heads, head_dim],
               [nseq + 1], [tokens], [nseq, span])
     dtypes = (dtype,) * 3 + ("int64", "int64", dtype)
@@ -34,15 +35,16 @@ def packed_attention_module(dtype, causal, heads=4, kv_heads=4, head_dim=64):
     return build_module(args, lambda bb: call_op(bb, "fused_attention", dict(zip(NAMES, args)), params))
 
 
-@pytest.mark.parametrize("dtype,causal,kv_heads,arch", [
-    ("float32", False, 4, "sm_90"),
-    ("float32", True, 2, "sm_80"),
-    ("float16", False, 4, "sm_90"),
+@pytest.mark.parametrize("dtype,causal,kv_heads,arch,static", [
+    ("float32", False, 4, "sm_90", False),
+    ("float32", True, 2, "sm_80", False),
+    ("float16", False, 4, "sm_90", False),
+    ("float16", True, 4, "sm_90", True),  # static 16-multiples: SIMT too (the tensor-core template reads K/V in place)
 ])
-def test_packed_attention_compiles_with_the_template(dtype, causal, kv_heads, arch, caplog):
+def test_packed_attention_compiles_with_the_template(dtype, causal, kv_heads, arch, static, caplog):
     with caplog.at_level(logging.INFO, logger="tvm_fusion_ext"), warnings.catch_warnings():
         warnings.simplefilter("error")  # a template failure (fallback warning) fails the test
-        compiled = compile_model(packed_attention_module(dtype, causal, kv_heads=kv_heads),
+        compiled = compile_model(packed_attention_module(dtype, causal, kv_heads=kv_heads, static=static),
                                  resolve_target(f"cuda:{arch}"), fuse_graph=False)
     declined = [r.getMessage() for r in caplog.records if " declines " in r.getMessage()]
     assert not declined, declined

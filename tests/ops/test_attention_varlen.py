@@ -80,6 +80,21 @@ def test_packed_attention_matches_per_sequence_attention(causal, heads_kv):
         np.testing.assert_allclose(got, want, rtol=3e-5, atol=3e-5)
 
 
+def test_static_sizes():
+    tokens, nseq, span = 24, 3, 16
+    shapes = ([1, tokens, H, D],) * 3 + ([nseq + 1], [tokens], [nseq, span])
+    dtypes = ("float32",) * 3 + ("int64", "int64", "float32")
+    args = [relax.Var(n, relax.TensorType(s, t)) for n, s, t in zip(NAMES, shapes, dtypes)]
+    params = {"scale": 0.2, "causal": True}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled = compile_model(build_module(args, lambda bb: call_op(bb, "fused_attention", dict(zip(NAMES, args)),
+                                                                       params)), TARGET, fuse_graph=False)
+    arrays = packed_inputs([16, 1, 7], span)
+    np.testing.assert_allclose(_run(compiled.executable, arrays), reference(*arrays[:4], arrays[5], 0.2, True),
+                               rtol=3e-5, atol=3e-5)
+
+
 def test_int32_offsets_and_every_sequence_empty():
     compiled = compile_model(packed_module({"scale": 0.2}, index_dtype="int32"), TARGET, fuse_graph=False)
     arrays = packed_inputs([3, 9, 2], 9, index_dtype="int32")
