@@ -355,7 +355,8 @@ class _Packer(relax.PyExprMutator):
         call = _fused_call(val, self.graph)
         if call is not None:
             name, inputs, params = call
-            if name == "fused_attention" and self.region.scatter_reason.get(var) is None:
+            if name == "fused_attention" and var in self.region.scatter_reason and \
+                    self.region.scatter_reason[var] is None:
                 return self._packed_attention(inputs, params, var)
             if name == "fused_attention":
                 inputs = {k: (self._unpack_emit(self._arg(e), e) if k in ("q", "k", "v") else self._arg(e))
