@@ -48,10 +48,16 @@ def _compare(model, case):
     return free
 
 
-@pytest.mark.parametrize("case", ["mixed", "holes"])
-def test_position_bias_keeps_the_scatter_gather(case):
-    rel = -np.abs(np.subtract.outer(np.arange(S), np.arange(S))).astype(np.float32)  # <= 0: zeros still hide
-    model = _with_position_bias(build_encoder_onnx(num_layers=1, batch=B, seq=S), (0.3 * rel)[None, None])
+def _bias(kind):
+    if kind == "position":  # <= 0 everywhere: the zeros of the mask still hide their keys
+        return (-0.3 * np.abs(np.subtract.outer(np.arange(S), np.arange(S))).astype(np.float32))[None, None]
+    return np.where(np.triu(np.ones((S, S), bool), 1), -1e4, 0).astype(np.float32)[None, None]  # causal
+
+
+@pytest.mark.parametrize("kind,case", [("position", "mixed"), ("position", "holes"), ("causal", "left"),
+                                       ("causal", "holes")])
+def test_bias_beyond_the_keys_keeps_the_scatter_gather(kind, case):
+    model = _with_position_bias(build_encoder_onnx(num_layers=1, batch=B, seq=S), _bias(kind))
     report = _compare(model, case).report
     assert report.padding_removed == 1 and report.varlen_attention == 0, report.summary()
     reasons = [e.detail for e in report.refused if e.kind == "varlen_attention"]
