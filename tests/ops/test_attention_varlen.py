@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 
 from tvm_fusion_ext.compile.pipeline import compile_model
@@ -122,3 +123,21 @@ def _types(**overrides):
 def test_malformed_packed_calls_are_refused(overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         make_prim_func("fused_attention", _types(**overrides), {"scale": 0.2})
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_block_loop_stops_at_the_tiles_sequences(causal):
+    """The flash loop of a query tile runs over the key blocks its sequences span (compile/causal_skip.py), not
+    over the longest length's: a data-dependent bound read from row_seq and cu_seqlens."""
+    from tvm_fusion_ext.compile.causal_skip import SkipMaskedKeyBlocks
+    from tvm_fusion_ext.compile.pipeline import prepare
+    from tvm_fusion_ext.compile.schedule import schedule
+
+    scheduled = schedule(prepare(packed_module({"scale": 0.2, "causal": causal, "key_block": 16}), TARGET,
+                                 fuse_graph=False)[0], TARGET)
+    kernel = next(gv for gv, f in scheduled.functions_items() if isinstance(f, tirx.PrimFunc))
+    before = scheduled[kernel]
+    after = SkipMaskedKeyBlocks()(scheduled)[kernel]
+    assert not tvm_ffi.structural_equal(before, after)
+    loops = [line for line in after.script().splitlines() if "for " in line and "cu_seqlens[" in line]
+    assert loops, after.script()
