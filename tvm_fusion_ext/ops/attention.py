@@ -37,8 +37,9 @@ the kernel's index expressions as simple as the padded ones). ``key_bias [N, L]`
 ``k``-th key of sequence ``n`` (``L`` bounds every sequence length: it is the padded length the keys came from),
 the varlen counterpart of a key-only additive mask. ``causal`` compares positions within the sequence.
 The kernel has the stages of the padded form with a batch of one (so the same templates schedule it): K (and V)
-are cut into key blocks per sequence (``attn_kt[n, ...]``), query rows read the blocks of ``row_seq[i]``; a
-row visits ``L / key_block`` blocks, whatever its sequence's length.
+are cut into key blocks per sequence (``attn_kt[n, ...]``), query rows read the blocks of ``row_seq[i]``. As
+defined, a row visits ``L / key_block`` blocks whatever its sequence's length; the build bounds each query tile's
+loop by the blocks its sequences span (:mod:`..compile.causal_skip`).
 """
 
 from __future__ import annotations
