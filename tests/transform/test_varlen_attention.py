@@ -14,7 +14,7 @@ from tvm import relax
 from tvm_fusion_ext.compile import compile_model
 from tvm_fusion_ext.frontend import load_onnx
 from tvm_fusion_ext.models import build_encoder_onnx
-from tvm_fusion_ext.transform.padding_mask import key_only_reason
+from tvm_fusion_ext.transform.padding_mask import key_axis_reason, key_only_reason
 
 from test_remove_padding import B, S, _masks, _run
 
@@ -93,3 +93,11 @@ def test_key_only_reason_tells_key_from_query_masks():
     assert key_only_reason(graph, mask, m) is None
     graph, mask, m = _mask_graph([B, 1, S, 1])
     assert "off the key axis" in key_only_reason(graph, mask, m)
+
+
+def test_key_axis_reason_allows_query_varying_constants_but_not_query_masks():
+    """Stage 1 (scatter/gather) needs m on the key axis only; a causal triangle constant is fine there."""
+    graph, mask, m = _mask_graph([B, 1, 1, S])
+    assert key_axis_reason(graph, mask, m) is None
+    graph, mask, m = _mask_graph([B, 1, S, 1])
+    assert "off the key axis" in key_axis_reason(graph, mask, m)

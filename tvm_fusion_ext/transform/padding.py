@@ -43,7 +43,7 @@ from tvm import relax
 from ..ops import call_op
 from ..ops.registry import inputs_of, op_of, params_of
 from .graph import FunctionGraph, const_value, int_list, op_name, same_dim, shape_dims
-from .padding_mask import key_only_reason, padding_mask_input
+from .padding_mask import key_axis_reason, key_only_reason, padding_mask_input
 from .report import PADDING_KIND, VARLEN_KIND, FusionEvent, record_applied, record_refused
 
 RULE = "RemovePadding"
@@ -120,6 +120,10 @@ def _prove(graph: FunctionGraph) -> Tuple[Optional[_Region], str, str]:
     mask, reason = padding_mask_input(graph, [inputs.get("mask") for _, inputs, _ in attentions])
     if mask is None:
         return None, reason, attentions[0][0].name
+    for var, inputs, _ in attentions:
+        why = key_axis_reason(graph, inputs["mask"], mask)
+        if why is not None:
+            return None, why, var.name
     batch, seq = shape_dims(mask)
     first = graph.position[attentions[0][0]]
     candidates = [v for v, pos in sorted(graph.position.items(), key=lambda kv: kv[1])

@@ -166,7 +166,16 @@ def _gather_error(call: relax.Call, idx, rows, cols) -> Optional[str]:
     return None
 
 
-def key_only_reason(graph: FunctionGraph, mask: relax.Expr, param: relax.Var) -> Optional[str]:
+def key_axis_reason(graph: FunctionGraph, mask: relax.Expr, param: relax.Var) -> Optional[str]:
+    """None when ``m`` reaches the additive ``mask`` only along its key axis (constants such as a causal triangle
+    may vary over queries); else why not. What the scatter/gather path needs: a padded slot then hides a *key*
+    from every query, so the zeros the packed graph scatters there are never read. ``m`` widened along the
+    query axis would hide padded queries instead, and the valid queries would read the zeros."""
+    return key_only_reason(graph, mask, param, uniform_constants=False)
+
+
+def key_only_reason(graph: FunctionGraph, mask: relax.Expr, param: relax.Var,
+                    uniform_constants: bool = True) -> Optional[str]:
     """None when the additive ``mask`` (one that :func:`padding_mask_input` proved) is ``g(m[b, j])``: the same
     for every head and query, a function of the key's own mask value only; else why not.
 
@@ -184,7 +193,7 @@ def key_only_reason(graph: FunctionGraph, mask: relax.Expr, param: relax.Var) ->
         seen.append(e)
         const = const_value(e)
         if const is not None:
-            if const.size and not np.all(const == const.reshape(-1)[0]):
+            if uniform_constants and const.size and not np.all(const == const.reshape(-1)[0]):
                 return f"the attention mask adds a non-uniform constant {list(const.shape)} (not a key-only mask)"
             continue
         if isinstance(e, relax.Var):
