@@ -34,6 +34,7 @@ def test_fuse_json_reports_padding_removed(tiny_encoder_path, capsys):
     assert main(["fuse", tiny_encoder_path, "--json", "--remove-padding"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["padding_removed"] == 1
+    assert report["varlen_attention"] == report["fused"]["attention"]  # every attention runs packed
     assert [e["rule"] for e in report["applied"]].count("RemovePadding") == 1
 
 

@@ -55,6 +55,8 @@ def test_padding_removed_counter(builds):
     assert report.padding_removed == 1, report.summary()
     assert report.to_dict()["padding_removed"] == 1
     assert report.fused["attention"] == 2  # the other fusions are untouched by it
+    # both attentions run packed, per sequence (no scatter/gather): the masks below then check the varlen kernel
+    assert report.varlen_attention == 2 and report.to_dict()["varlen_attention"] == 2, report.summary()
 
 
 @pytest.mark.parametrize("case", sorted(_masks()))
@@ -90,6 +92,7 @@ def test_minilm_matches_torch(export_dir, dynamic):
     mod = load_onnx(path)
     compiled = compile_model(mod, "llvm", remove_padding=True)
     assert compiled.report.padding_removed == 1, compiled.report.summary()
+    assert compiled.report.varlen_attention == 2, compiled.report.summary()  # the exports' masks are key-only
     module, config = hf_model("minilm", num_layers=2)
     vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
     batches = [(1, 16, 9, 4), (16, 16, 16, 16)] + ([(5, 2, 11)] if dynamic else [])  # dynamic: another batch

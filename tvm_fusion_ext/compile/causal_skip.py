@@ -23,7 +23,7 @@ import tvm_ffi
 from tvm import tirx
 
 from ..ops.attention import key_geometry
-from ..ops.registry import op_of, params_of
+from ..ops.registry import inputs_of, op_of, params_of
 
 _UPDATE_BLOCK = "attn_online_update"
 _ROW_AXIS = 2  # attn_online's block variables are (b, h, i, d, key block)
@@ -38,7 +38,7 @@ def SkipMaskedKeyBlocks() -> tvm.transform.Pass:  # noqa: N802  (TVM pass naming
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or op_of(func) != "fused_attention":
                 continue
-            if not params_of(func).get("causal"):
+            if not params_of(func).get("causal") and "cu_seqlens" not in inputs_of(func):  # nothing to bound
                 continue
             new = bound_key_block_loop(func)
             if new is not None:
@@ -72,12 +72,21 @@ def bound_key_block_loop(func: tirx.PrimFunc) -> Optional[tirx.PrimFunc]:
     if any(v.same_as(rb_loop.loop_var) for v in tirx.analysis.undefined_vars(i_max)) or _unbounded(i_max):
         return None
     S, T, kb = key_geometry(func)
-    dtype = rb_loop.extent.ty
-    offset = T - S  # the diagonal's shift; symbolic (and usually 0) when the lengths are
-    offset = tirx.const(offset, str(dtype)) if isinstance(offset, int) else offset.astype(str(dtype))
-    visible_blocks = tirx.floordiv(i_max.astype(str(dtype)) + offset,
-                                   tirx.const(kb, str(dtype))) + tirx.const(1, str(dtype))
-    extent = tirx.max(tirx.const(0, str(dtype)), tirx.min(rb_loop.extent, visible_blocks - rb_loop.min))
+    dtype = str(rb_loop.extent.ty)
+    c = lambda v: tirx.const(v, dtype)  # noqa: E731
+    visible_blocks = rb_loop.extent + rb_loop.min
+    if params_of(func).get("causal"):
+        offset = T - S  # the diagonal's shift; symbolic (and usually 0) when the lengths are
+        offset = c(offset) if isinstance(offset, int) else offset.astype(dtype)
+        visible_blocks = tirx.floordiv(i_max.astype(dtype) + offset, c(kb)) + c(1)
+    # packed attention whose longest length is known only at run time (RemovePadding's): a static key-block loop
+    # keeps its constant extent (nvcc keeps its per-thread arrays in registers only for those)
+    if "cu_seqlens" in inputs_of(func) and not isinstance(rb_loop.extent, tirx.IntImm):
+        i_min = rows.min_value
+        if any(v.same_as(rb_loop.loop_var) for v in tirx.analysis.undefined_vars(i_min)) or _unbounded(i_min):
+            return None
+        visible_blocks = tirx.min(visible_blocks, _sequence_blocks(func, i_min, i_max, kb, dtype))
+    extent = tirx.max(c(0), tirx.min(rb_loop.extent, visible_blocks - rb_loop.min))
     extent = analyzer.simplify(extent)
 
     def bound(loop):
@@ -87,6 +96,25 @@ def bound_key_block_loop(func: tirx.PrimFunc) -> Optional[tirx.PrimFunc]:
                         loop.annotations)
 
     return func.with_body(tvm_ffi.structural_map(func.body, (tirx.For, bound)))
+
+
+def _sequence_blocks(func: tirx.PrimFunc, i_min, i_max, kb: int, dtype: str):
+    """Packed attention: key blocks the rows ``[i_min, i_max]`` can see. They belong to sequences
+    ``row_seq[i_min] .. row_seq[i_max]``, each no longer than the rows those sequences span together,
+    ``cu[row_seq[i_max] + 1] - cu[row_seq[i_min]]`` (exactly the length when the tile lies in one sequence)."""
+    params = dict(zip(inputs_of(func), func.params))  # 0.27: a parameter is loaded from; its type is its buffer
+    cu, row_seq = params["cu_seqlens"], params["row_seq"]
+    last = row_seq.ty.shape[0] - 1  # rows past the end (the query-tile padding) read the last row
+    index = str(last.ty)
+
+    def seq_of(i):
+        return tirx.BufferLoad(row_seq, [tirx.min(i.astype(index), last)]).astype(index)
+
+    def start(n):
+        return tirx.BufferLoad(cu, [n]).astype(dtype)
+
+    span = start(seq_of(i_max) + tirx.const(1, index)) - start(seq_of(i_min))
+    return tirx.floordiv(span + tirx.const(kb - 1, dtype), tirx.const(kb, dtype))
 
 
 def _thread_bound(loop) -> bool:

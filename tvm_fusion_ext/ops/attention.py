@@ -27,6 +27,19 @@ Semantics the graph-side rules rely on:
   yields 0 (no NaN): this is what SDPA exports guard with ``Where(IsNaN, 0, ·)``. Finite big-negative masks
   (-3.4e38, -10000) are ordinary scores; the running max starts at the lowest *finite* value so no
   ``inf - inf`` is ever formed.
+
+Variable-length (packed) form: given ``cu_seqlens``, ``row_seq`` and ``key_bias``, Q/K/V hold the tokens of
+``N`` sequences packed back to back as one batch of ``T`` rows (``[1, T, H, D]``, BSHD); sequence ``n`` owns rows
+``[cu_seqlens[n], cu_seqlens[n+1])`` and each query row attends to the keys of its own sequence only.
+``row_seq [T]`` is the sequence of each packed row (given rather than found by a binary search over
+``cu_seqlens`` in every kernel: the graph gets it for free from the packing indices, and a per-row lookup keeps
+the kernel's index expressions as simple as the padded ones). ``key_bias [N, L]`` is added to the score of the
+``k``-th key of sequence ``n`` (``L`` bounds every sequence length: it is the padded length the keys came from),
+the varlen counterpart of a key-only additive mask. ``causal`` compares positions within the sequence.
+The kernel has the stages of the padded form with a batch of one (so the same templates schedule it): K (and V)
+are cut into key blocks per sequence (``attn_kt[n, ...]``), query rows read the blocks of ``row_seq[i]``. As
+defined, a row visits ``L / key_block`` blocks whatever its sequence's length; the build bounds each query tile's
+loop by the blocks its sequences span (:mod:`..compile.causal_skip`).
 """
 
 from __future__ import annotations
@@ -100,8 +113,10 @@ def _at(t, layout: str, b, h, s, d):
     return t[b, h, s, d] if layout == "BHSD" else t[b, s, h, d]
 
 
-@register_op("fused_attention", inputs=("q", "k", "v", "mask", "q_cos", "q_sin", "k_cos", "k_sin"))
-def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_sin=None, *, scale: float,
+@register_op("fused_attention", inputs=("q", "k", "v", "mask", "q_cos", "q_sin", "k_cos", "k_sin", "cu_seqlens",
+                                       "row_seq", "key_bias"))
+def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_sin=None, cu_seqlens=None,
+                    row_seq=None, key_bias=None, *, scale: float,
                     causal: bool = False, q_layout: str = "BSHD", k_layout: str = "BSHD", v_layout: str = "BSHD",
                     out_layout: str = "BSHD", key_block: Optional[int] = None, q_rope: str = "none",
                     k_rope: str = "none", query_block: Optional[int] = None):
@@ -128,22 +143,27 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         # an additive mask: a boolean one would be added as 0/1 (convert with where(m, 0, -inf) first)
         raise ValueError("fused_attention: mask must be additive (float), got bool")
 
+    varlen = _check_varlen(cu_seqlens, row_seq, key_bias, mask, B, S, T, q_rope, k_rope)
     if mask is not None:
         want = (B, H, S, T)[4 - len(mask.shape):]
         if any(not (_dim(e) == 1 or _same_dims([e], [w])) for e, w in zip(mask.shape, want)):
             raise ValueError(f"fused_attention: mask {list(mask.shape)} does not broadcast to {[B, H, S, T]}")
     symbolic = not all(isinstance(x, int) for x in (B, S, T))
+    # the keys a row visits: T of its batch, or (varlen) L of its sequence, cut into blocks per sequence
+    num_seq, span = (key_bias.shape[0], _dim(key_bias.shape[1])) if varlen else (B, T)
+    symbolic = symbolic or not isinstance(span, int)
     if symbolic:
         # symbolic dims are int64: every static extent joins them in int64 (TIR refuses mixed index types, and
         # an int32 axis cast from an int64 loop is not an affine binding the schedules can work with)
-        B, S, T, H, HKV, D = (tirx.IntImm("int64", x) if isinstance(x, int) else x for x in (B, S, T, H, HKV, D))
-    kb = int(key_block or (default_key_block(T) if not symbolic else SYMBOLIC_KEY_BLOCK))
+        B, S, T, H, HKV, D, span = (tirx.IntImm("int64", x) if isinstance(x, int) else x
+                                    for x in (B, S, T, H, HKV, D, span))
+    kb = int(key_block or (default_key_block(span) if not symbolic else SYMBOLIC_KEY_BLOCK))
     if kb <= 0 or kb & (kb - 1):
         raise ValueError(f"fused_attention: key_block must be a power of two, got {kb}")
-    whole_blocks = isinstance(_dim(T), int) and _dim(T) % kb == 0
+    whole_blocks = not varlen and isinstance(_dim(T), int) and _dim(T) % kb == 0
     if symbolic:
         kb = tirx.IntImm("int64", kb)
-    nb = (T + kb - 1) // kb
+    nb = (span + kb - 1) // kb
     last = T - 1
     # Queries known only at run time, with query_block: every stage runs over the rows padded to a multiple
     # of query_block (padding rows read the last real query), so a template tiles them with no tail inside
@@ -167,11 +187,30 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
     low = str(q.dtype) in LOW_PRECISION
     operand = str(q.dtype) if low else ACC
 
-    def key(jb, jj):
+    def key(jb, jj, n=None):
         # padded keys past T read the last key (in bounds); their score is -inf so they weigh nothing.
         # 16-bit inputs without padding keep the index affine, so the tensor-core template can read K and V
         # in place (fp32 keeps its form: tuning records name the PrimFunc by its structure).
+        if varlen:  # the packed row of sequence n's key jb·kb + jj, clamped the same way
+            return tirx.min(seq_start(n) + jb * kb + jj, last)
         return jb * kb + jj if low and whole_blocks else tirx.min(jb * kb + jj, last)
+
+    index = "int64" if symbolic else "int32"
+
+    def seq_start(n):
+        return cu_seqlens[n].astype(index)
+
+    def seq_len(n):
+        return (cu_seqlens[n + 1] - cu_seqlens[n]).astype(index)
+
+    def seq_of(i):
+        """The K/V blocks a packed query row reads: those of its sequence."""
+        return row_seq[q_row(i)].astype(index)
+
+    def kv_read(n, read):
+        """``read()`` of a K/V element for a key block of sequence ``n``; no load at all for an empty
+        sequence: with every sequence empty (T = 0) there is no row to clamp to."""
+        return tirx.if_then_else(seq_len(n) > 0, read(), tirx.const(0, operand)) if varlen else read()
 
     def kv_head(h):
         return h // group if group > 1 else h
@@ -181,8 +220,9 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
 
     k_read = rotary_read(k_at, k_cos, k_sin, k_rope, D) if k_rope != "none" else k_at
     # K/V stages are per K/V head: GQA reads them at kv_head(h), they are never repeated per query head
-    kt = te.compute((B, HKV, nb, D, kb),
-                    lambda b, hk, jb, d, jj: k_read(b, hk, key(jb, jj), d).astype(operand),
+    kt = te.compute((num_seq if varlen else B, HKV, nb, D, kb),
+                    lambda b, hk, jb, d, jj: kv_read(b, lambda: k_read(0 if varlen else b, hk, key(jb, jj, b), d)
+                                                     .astype(operand)),
                     name="attn_kt", attrs={"schedule_rule": "None"})
     if q_rope != "none":
         rotate_q = rotary_read(lambda b, h, i, d: _at(q, q_layout, b, h, i, d), q_cos, q_sin, q_rope, D)
@@ -193,12 +233,20 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         q_read = lambda b, h, i, d: _at(q, q_layout, b, h, q_row(i), d)  # noqa: E731
     rd = te.reduce_axis((0, D), name="rd")
     qk = te.compute((B, H, rows, nb, kb), lambda b, h, i, jb, jj: te.sum(
-        q_read(b, h, i, rd).astype(ACC) * kt[b, kv_head(h), jb, rd, jj].astype(ACC), axis=rd),
+        q_read(b, h, i, rd).astype(ACC) * kt[seq_of(i) if varlen else b, kv_head(h), jb, rd, jj].astype(ACC),
+        axis=rd),
         name="attn_qk", attrs={"schedule_rule": "None"})
 
     def score(b, h, i, jb, jj):
         j = jb * kb + jj
         s = qk[b, h, i, jb, jj] * f32(scale)
+        if varlen:
+            n = seq_of(i)
+            s = s + key_bias[n, tirx.min(j, span - 1)].astype(ACC)
+            visible = j < seq_len(n)
+            if causal:  # positions within the sequence: packing keeps each sequence's order
+                visible = tirx.all(visible, j <= q_row(i) - seq_start(n))
+            return tirx.Select(visible, s, neg_inf)
         if mask is not None:
             full = (b, h, q_row(i), tirx.min(j, last))[4 - len(mask.shape):]
             s = s + mask[tuple(0 if _dim(e) == 1 else ix for e, ix in zip(mask.shape, full))].astype(ACC)
@@ -227,18 +275,21 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         # normalisation matches the numerator. V is copied into key blocks like K (clamped padding keys).
         p16 = te.compute((B, H, rows, nb, kb), lambda *ix: p(*ix).astype(operand), name="attn_p16",
                          attrs={"schedule_rule": "None"})
-        vb = te.compute((B, HKV, nb, kb, D), lambda b, hk, jb, jj, d: _at(v, v_layout, b, hk, key(jb, jj), d).astype(
-            operand), name="attn_vb", attrs={"schedule_rule": "None"})
+        vb = te.compute((num_seq if varlen else B, HKV, nb, kb, D), lambda b, hk, jb, jj, d: kv_read(
+            b, lambda: _at(v, v_layout, 0 if varlen else b, hk, key(jb, jj, b), d).astype(operand)),
+            name="attn_vb", attrs={"schedule_rule": "None"})
         bsum = te.compute((B, H, rows, nb), lambda b, h, i, jb: te.sum(p16[b, h, i, jb, jj2].astype(ACC), axis=jj2),
                           name="attn_bsum", attrs={"schedule_rule": "None"})
         bo = te.compute((B, H, rows, nb, D), lambda b, h, i, jb, d: te.sum(
-            p16[b, h, i, jb, jj3].astype(ACC) * vb[b, kv_head(h), jb, jj3, d].astype(ACC), axis=jj3),
+            p16[b, h, i, jb, jj3].astype(ACC) * vb[seq_of(i) if varlen else b, kv_head(h), jb, jj3, d].astype(ACC),
+            axis=jj3),
             name="attn_bo", attrs={"schedule_rule": "None"})
     else:
         bsum = te.compute((B, H, rows, nb), lambda b, h, i, jb: te.sum(p[b, h, i, jb, jj2], axis=jj2),
                           name="attn_bsum", attrs={"schedule_rule": "None"})
         bo = te.compute((B, H, rows, nb, D), lambda b, h, i, jb, d: te.sum(
-            p[b, h, i, jb, jj3] * _at(v, v_layout, b, kv_head(h), key(jb, jj3), d).astype(ACC), axis=jj3),
+            p[b, h, i, jb, jj3] * _at(v, v_layout, b, kv_head(h), key(jb, jj3, seq_of(i) if varlen else None),
+                                      d).astype(ACC), axis=jj3),
             name="attn_bo", attrs={"schedule_rule": "None"})
 
     def combine(x, y):
@@ -273,6 +324,27 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         return te.compute((B, H, S, D), finish, name="attn_out", attrs={"schedule_rule": out_rule})
     return te.compute((B, S, H, D), lambda b, i, h, d: finish(b, h, i, d), name="attn_out",
                       attrs={"schedule_rule": out_rule})
+
+
+def _check_varlen(cu_seqlens, row_seq, key_bias, mask, B, S, T, q_rope, k_rope) -> bool:
+    """Whether this is the packed form; its inputs checked (all three or none, one batch of packed rows)."""
+    given = [x is not None for x in (cu_seqlens, row_seq, key_bias)]
+    if not any(given):
+        return False
+    if not all(given):
+        raise ValueError("fused_attention: the packed form needs cu_seqlens, row_seq and key_bias together")
+    if mask is not None or q_rope != "none" or k_rope != "none":
+        raise ValueError("fused_attention: the packed form takes key_bias instead of a mask, and no rotary tables")
+    if _dim(B) != 1 or not _same_dims([S], [T]):
+        raise ValueError(f"fused_attention: packed Q/K/V must be one batch of the same rows, got batch {B}, "
+                         f"{S} query rows, {T} key rows")
+    if len(cu_seqlens.shape) != 1 or len(row_seq.shape) != 1 or len(key_bias.shape) != 2 or \
+            not _same_dims([cu_seqlens.shape[0]], [key_bias.shape[0] + 1]) or not _same_dims([row_seq.shape[0]], [S]):
+        raise ValueError(f"fused_attention: packed form wants cu_seqlens [N+1], row_seq [T], key_bias [N, L]; got "
+                         f"{list(cu_seqlens.shape)}, {list(row_seq.shape)}, {list(key_bias.shape)} for T = {S}")
+    if any(str(x.dtype) not in ("int32", "int64") for x in (cu_seqlens, row_seq)):
+        raise ValueError("fused_attention: cu_seqlens and row_seq must be int32 or int64")
+    return True
 
 
 def _dim(x):

@@ -12,10 +12,23 @@ Proof (a refusal names its reason and leaves the graph padded)
       excepted. The earliest such ``[B, S, ·]`` tensor is taken (after the position embeddings, which vary over S).
 Rewrite
     ``idx [T]`` = flat indices of ``m != 0`` (``nonzero``, ``T`` a fresh symbolic size); ``P`` is gathered to
-    ``[T, hidden]`` and every token-wise op runs on ``[T, ·]``. Around each fused attention, Q/K/V are scattered
-    back to ``[B, S, ·]`` with zeros at padded positions and the padded attention runs with its original mask (so
-    left padding, holes and causal masks are all correct: positions came from the padded embedding); its output
-    is gathered back. Outputs are scattered to ``[B, S, ·]`` with **padded positions set to 0**.
+    ``[T, hidden]`` and every token-wise op runs on ``[T, ·]``. Outputs are scattered to ``[B, S, ·]`` with
+    **padded positions set to 0**.
+Attention
+    *Packed (varlen)* where the mask is key-only (:func:`.padding_mask.key_only_reason`: ``g(m[b, j])``, the same
+    for every head and query): ``fused_attention`` in its packed form reads Q/K/V ``[T, H, D]`` in place, with
+    ``cu_seqlens [B+1]`` (the valid-token count of each sequence, summed), ``row_seq [T]`` and the mask as one
+    bias per key. This is exact for *every* mask, not only right padding: packing keeps the (b, s) order, so the
+    valid tokens of sequence ``b`` are the rows ``[cu[b], cu[b+1])`` whatever their positions; a query sees
+    exactly the valid keys of its sequence, as the padded kernel does (there, padded keys weigh exp(<= -1e4) = 0;
+    softmax does not depend on the order of its keys), each with the same bias ``g(m[b, j])``; a causal query
+    sees the keys of its sequence at or before it, and the packed order of a sequence's rows is its position
+    order, holes and left padding included. Positions were applied before the pack point (the pack point is
+    after the position embeddings), so nothing else reads a position. Rotary attention never gets here (the
+    proof refuses it).
+    *Scatter/gather* otherwise (a causal triangle or a bias in the mask, a mask on the query axis): Q/K/V are
+    scattered back to ``[B, S, ·]`` with zeros at padded positions, the padded attention runs with its original
+    mask, its output is gathered back; correct for every mask the proof accepts.
 """
 
 from __future__ import annotations
@@ -30,11 +43,13 @@ from tvm import relax
 from ..ops import call_op
 from ..ops.registry import inputs_of, op_of, params_of
 from .graph import FunctionGraph, const_value, int_list, op_name, same_dim, shape_dims
-from .padding_mask import padding_mask_input
-from .report import PADDING_KIND, FusionEvent, record_applied, record_refused
+from .padding_mask import key_axis_reason, key_only_reason, padding_mask_input
+from .report import PADDING_KIND, VARLEN_KIND, FusionEvent, record_applied, record_refused
 
 RULE = "RemovePadding"
 KIND = PADDING_KIND
+#: the rule name of each attention's packed-or-not decision (its own name: ``count(RULE)`` stays one per function)
+VARLEN_RULE = "VarlenAttention"
 
 _UNARY = {"relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
           "relax.erf", "relax.exp", "relax.sqrt", "relax.rsqrt", "relax.negative", "relax.astype", "relax.clip",
@@ -53,6 +68,8 @@ class _Region:
     pack_point: relax.Var
     packed: Set[relax.Var] = field(default_factory=set)  # tensors (and split tuples) that become [T, ...]
     attentions: Set[relax.Var] = field(default_factory=set)
+    # attention -> None (runs packed, per sequence) or why it keeps the scatter/gather around the padded kernel
+    scatter_reason: Dict[relax.Var, Optional[str]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -103,6 +120,10 @@ def _prove(graph: FunctionGraph) -> Tuple[Optional[_Region], str, str]:
     mask, reason = padding_mask_input(graph, [inputs.get("mask") for _, inputs, _ in attentions])
     if mask is None:
         return None, reason, attentions[0][0].name
+    for var, inputs, _ in attentions:
+        why = key_axis_reason(graph, inputs["mask"], mask)
+        if why is not None:
+            return None, why, var.name
     batch, seq = shape_dims(mask)
     first = graph.position[attentions[0][0]]
     candidates = [v for v, pos in sorted(graph.position.items(), key=lambda kv: kv[1])
@@ -111,6 +132,7 @@ def _prove(graph: FunctionGraph) -> Tuple[Optional[_Region], str, str]:
     for cand in candidates:
         region, reason, at = _propagate(graph, cand, mask, batch, seq, {a for a, _, _ in attentions})
         if region is not None:
+            region.scatter_reason = {a: key_only_reason(graph, inputs["mask"], mask) for a, inputs, _ in attentions}
             return region, "", ""
         # report the candidate whose proof got furthest: its obstacle is the one that matters
         if best_at is None or graph.position.get(at, (1 << 30, 0)) >= graph.position.get(best_at, (1 << 30, 0)):
@@ -225,6 +247,8 @@ class _Packer(relax.PyExprMutator):
         self.graph = graph
         self.packed: Dict[relax.Var, relax.Expr] = {}  # old var -> its [T, ...] value in the new graph
         self.idx = self.pos = None
+        self.valid = self.cu_seqlens = self.row_seq = self.key_slot = None
+        self.key_bias: Dict[relax.Expr, relax.Expr] = {}  # new mask -> its packed-order [B, S] bias
 
     # -- index tensors --------------------------------------------------------------------------------
     def _emit_indices(self):
@@ -235,11 +259,64 @@ class _Packer(relax.PyExprMutator):
         tokens = tvm.tirx.Var("packed_tokens", "int64")
         nz = bb.match_cast(relax.op.nonzero(flat), relax.TensorType([1, tokens], "int64"))
         self.idx = bb.emit(relax.op.reshape(nz, [tokens]), name_hint="token_index")
+        self.valid = flat
         count = relax.op.astype(flat, "int64")
         # the packed row of each (b, s) slot, for scattering back; padded slots read the zero row appended at T
         self.pos = bb.emit(relax.op.where(flat, relax.op.subtract(relax.op.cumsum(count, axis=0),
                                                                     relax.const(1, "int64")),
                                           relax.op.sum(count)), name_hint="token_slot")
+
+    def _emit_sequence_offsets(self):
+        """``cu_seqlens [B+1]``, ``row_seq [T]`` and ``key_slot [B·S]`` (the packed row of each sequence's k-th
+        valid key, T past its count), once per function, for the packed attentions. Axis indices come from
+        cumulative sums of ones: no symbolic scalar is needed."""
+        bb = self.builder_
+        batch, seq = shape_dims(self.region.mask)
+        one = relax.const(1, "int64")
+        valid = bb.emit(relax.op.astype(relax.op.reshape(self.valid, [batch, seq]), "int64"))
+        ones = bb.emit(relax.op.ones_like(valid))
+        seq_index = bb.emit(relax.op.subtract(relax.op.cumsum(ones, axis=0), one))  # [b, s] = b
+        key_index = bb.emit(relax.op.subtract(relax.op.cumsum(ones, axis=1), one))  # [b, s] = s
+        counts = bb.emit(relax.op.sum(valid, axis=[1], keepdims=True))  # [B, 1]
+        ends = bb.emit(relax.op.cumsum(counts, axis=0))
+        self.cu_seqlens = bb.emit(relax.op.concat([relax.op.zeros(relax.ShapeExpr([1]), "int64"),
+                                                   relax.op.reshape(ends, [batch])], axis=0), name_hint="cu_seqlens")
+        self.row_seq = bb.emit(relax.op.take(relax.op.reshape(seq_index, [batch * seq]), self.idx, axis=0),
+                               name_hint="row_seq")
+        slot = relax.op.where(relax.op.less(key_index, counts),
+                              relax.op.add(relax.op.subtract(ends, counts), key_index), relax.op.sum(counts))
+        self.key_slot = bb.emit(relax.op.reshape(slot, [batch * seq]), name_hint="key_slot")
+
+    def _key_bias(self, mask):
+        """The key-only additive mask ``[B, ·, ·, S]`` as ``[B, S]`` in packed order: entry (b, k) is the bias of
+        sequence b's k-th valid key (0 past its count, where the kernel reads nothing)."""
+        if mask in self.key_bias:
+            return self.key_bias[mask]
+        if self.cu_seqlens is None:
+            self._emit_sequence_offsets()
+        bb = self.builder_
+        batch, seq = shape_dims(self.region.mask)
+        row = mask  # [B, ·, ·, S] (the proof's layout checks): the same for every head and query, so take one
+        if any(not (isinstance(d, int) and d == 1) for d in shape_dims(mask)[1:3]):
+            row = bb.emit(relax.op.strided_slice(mask, axes=[1, 2], begin=[0, 0], end=[1, 1]))
+        packed = relax.op.take(relax.op.reshape(row, [batch * seq]), self.idx, axis=0)
+        padded = relax.op.concat([packed, relax.op.zeros(relax.ShapeExpr([1]), str(mask.ty.dtype))], axis=0)
+        bias = bb.emit(relax.op.reshape(relax.op.take(padded, self.key_slot, axis=0), [batch, seq]),
+                       name_hint="key_bias")
+        self.key_bias[mask] = bias
+        return bias
+
+    def _packed_attention(self, inputs, params, var):
+        """The packed form on Q/K/V ``[T, H, D]`` (one batch of T rows), its output back to ``[T, H, D]``."""
+        bb = self.builder_
+        qkv = {}
+        for name in ("q", "k", "v"):
+            x = self._arg(inputs[name])
+            qkv[name] = bb.emit(relax.op.reshape(x, [1, *shape_dims(x)]))
+        bias = self._key_bias(self.visit_expr(inputs["mask"]))
+        out = bb.emit(call_op(bb, "fused_attention", {**qkv, "cu_seqlens": self.cu_seqlens, "row_seq": self.row_seq,
+                                                      "key_bias": bias}, params), name_hint=f"{var.name}_packed")
+        return relax.op.reshape(out, shape_dims(out)[1:])
 
     def _pack(self, x):
         dims = shape_dims(x)
@@ -282,6 +359,9 @@ class _Packer(relax.PyExprMutator):
         call = _fused_call(val, self.graph)
         if call is not None:
             name, inputs, params = call
+            if name == "fused_attention" and var in self.region.scatter_reason and \
+                    self.region.scatter_reason[var] is None:
+                return self._packed_attention(inputs, params, var)
             if name == "fused_attention":
                 inputs = {k: (self._unpack_emit(self._arg(e), e) if k in ("q", "k", "v") else self._arg(e))
                           for k, e in inputs.items()}
@@ -352,6 +432,13 @@ def remove_padding(mod: tvm.IRModule) -> tvm.IRModule:
         record_applied(FusionEvent(RULE, KIND, gv.name_hint, region.pack_point.name,
                                    f"mask '{region.mask.name}', {len(region.attentions)} attention(s), "
                                    f"{len(region.packed)} token-wise binding(s)"))
+        for attention, reason in sorted(region.scatter_reason.items(), key=lambda kv: graph.position[kv[0]]):
+            if reason is None:
+                record_applied(FusionEvent(VARLEN_RULE, VARLEN_KIND, gv.name_hint, attention.name,
+                                           "packed per sequence (cu_seqlens)"))
+            else:  # correct either way: the padded kernel runs between a scatter and a gather
+                record_refused(FusionEvent(VARLEN_RULE, VARLEN_KIND, gv.name_hint, attention.name,
+                                           f"{reason}: attention runs padded (scatter/gather)"))
     return mod
 
 

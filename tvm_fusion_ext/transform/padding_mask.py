@@ -164,3 +164,59 @@ def _gather_error(call: relax.Call, idx, rows, cols) -> Optional[str]:
     if not is_flat_row_major(idx, shape_dims(call.args[1]), rows, cols):
         return "the attention mask is gathered at indices other than b·S + j: cannot prove it reads m[b, j]"
     return None
+
+
+def key_axis_reason(graph: FunctionGraph, mask: relax.Expr, param: relax.Var) -> Optional[str]:
+    """None when ``m`` reaches the additive ``mask`` only along its key axis (constants such as a causal triangle
+    may vary over queries); else why not. What the scatter/gather path needs: a padded slot then hides a *key*
+    from every query, so the zeros the packed graph scatters there are never read. ``m`` widened along the
+    query axis would hide padded queries instead, and the valid queries would read the zeros."""
+    return key_only_reason(graph, mask, param, uniform_constants=False)
+
+
+def key_only_reason(graph: FunctionGraph, mask: relax.Expr, param: relax.Var,
+                    uniform_constants: bool = True) -> Optional[str]:
+    """None when the additive ``mask`` (one that :func:`padding_mask_input` proved) is ``g(m[b, j])``: the same
+    for every head and query, a function of the key's own mask value only; else why not.
+
+    That is what lets the packed attention take the mask as one bias per key (``key_bias``, :mod:`.padding`).
+    Given the proof's layout checks (``m``'s elements stay in order), it holds when every constant the mask reads
+    is uniform (a causal triangle or a position bias is not) and wherever a tensor computed from ``m`` is
+    broadcast (``broadcast_to``, an elementwise op with a wider operand), ``m``'s sequence axis is its last axis,
+    the key axis (``[B, 1, S, 1]`` widened over keys would be a query mask)."""
+    _, seq = shape_dims(param)
+    todo, seen = [mask], []
+    while todo:
+        e = graph.value(todo.pop())
+        if any(e.same_as(s) for s in seen):
+            continue
+        seen.append(e)
+        const = const_value(e)
+        if const is not None:
+            if uniform_constants and const.size and not np.all(const == const.reshape(-1)[0]):
+                return f"the attention mask adds a non-uniform constant {list(const.shape)} (not a key-only mask)"
+            continue
+        if isinstance(e, relax.Var):
+            continue
+        op = op_name(e)
+        args = [a for a in ([e.args[0]] if op in _LAYOUT_OPS or op == "relax.take" else e.args)
+                if isinstance(getattr(a, "ty", None), relax.TensorType)]
+        out = shape_dims(e)
+        for a in args:
+            dims = shape_dims(a)
+            widened = op not in ("relax.reshape", "relax.expand_dims", "relax.take") and not (
+                dims is not None and out is not None and len(dims) == len(out)
+                and all(same_dim(x, y) for x, y in zip(dims, out)))
+            if widened and const_value(graph.value(a)) is None and not _sequence_is_last(dims, seq):
+                return (f"the attention mask widens {dims} to {out} with '{param.name}''s sequence axis off the "
+                        "key axis")
+        todo += args
+    return None
+
+
+def _sequence_is_last(dims, seq) -> bool:
+    """The last non-unit axis of ``dims`` is the sequence, and nothing follows it."""
+    if dims is None:
+        return False
+    core = [n for n, d in enumerate(dims) if not (isinstance(d, int) and d == 1)]
+    return bool(core) and core[-1] == len(dims) - 1 and same_dim(dims[-1], seq)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 FUSED_KINDS = ("dense", "attention", "layernorm", "qkv", "rmsnorm", "gated_mlp", "rope")
 #: the report bucket of RemovePadding (a graph-wide rewrite, counted apart from the fused operators)
 PADDING_KIND = "padding_removed"
+#: the bucket of each attention RemovePadding runs packed (varlen) instead of around a scatter/gather
+VARLEN_KIND = "varlen_attention"
 
 _active = threading.local()
 
@@ -73,6 +75,11 @@ class FusionReport:
         """Functions whose token-wise operators run on the valid tokens only (:mod:`.padding`)."""
         return sum(1 for e in self.applied if e.kind == PADDING_KIND)
 
+    @property
+    def varlen_attention(self) -> int:
+        """Fused attentions that run on the packed tokens, per sequence (:mod:`.padding`)."""
+        return sum(1 for e in self.applied if e.kind == VARLEN_KIND)
+
     def count(self, rule: str) -> int:
         return sum(1 for e in self.applied if e.rule == rule)
 
@@ -82,6 +89,7 @@ class FusionReport:
             "fused": self.fused,
             "canonicalized": self.canonicalized,
             "padding_removed": self.padding_removed,
+            "varlen_attention": self.varlen_attention,
             "applied": [e.to_dict() for e in self.applied],
             "refused": [e.to_dict("reason") for e in self.refused],
         }
@@ -94,6 +102,8 @@ class FusionReport:
         for k, v in self.fused.items():
             lines.append(f"  {k:<10} {v}")
         lines.append(f"Padding removed: {'yes' if self.padding_removed else 'no'}")
+        if self.padding_removed:
+            lines.append(f"Packed (varlen) attentions: {self.varlen_attention}")
         if self.canonicalized:
             lines.append("Canonicalised exporter idioms:")
             for k, v in sorted(self.canonicalized.items()):

@@ -81,6 +81,9 @@ def tensor_cores_fit(sch: s_tir.Schedule, block, stages: dict, target: tvm.targe
     rows, head dim and key block that tile by 16 (the key block by 32: a lane per key in the row reductions)."""
     if "attn_p16" not in stages:
         return False
+    attrs = sch.mod["main"].attrs
+    if attrs is not None and "cu_seqlens" in str(attrs.get("tfx.inputs", "")).split(","):
+        return False  # packed (varlen): K/V blocks are per sequence, read through row_seq; the SIMT template
     _, _, s, d = output_loops_bhsd(sch, block)
     if not isinstance(sch.get(s).extent, tvm.tirx.IntImm):
         return False  # symbolic (padded) query rows: the SIMT template

@@ -222,6 +222,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
         "logs": logs,
         "fused": dict(report.fused),
         "padding_removed": report.padding_removed,
+        "varlen_attention": report.varlen_attention,
         "lengths": drawn,
         "lengths_seed": seed if drawn is not None else None,
         "max_abs_diff_at": "valid positions" if mask is not None else "all positions",
