@@ -85,3 +85,20 @@ def test_pack_weight_layout():
     np.testing.assert_array_equal(p[1, :, 2], w[:, 10])
     assert not p[2, :, 4:].any()  # padding past N is zero
     np.testing.assert_array_equal(pack_weight(w.T.copy(), 8, transpose_b=True), p)
+
+
+def test_rows_blocked_only_when_x_outgrows_the_cache():
+    """x re-read by every column panel: blocked into ~1 MiB row blocks once it passes X_RESIDENT_BYTES."""
+    from tvm_fusion_ext.schedules.cpu.dense import ROW_BLOCK_BYTES, X_RESIDENT_BYTES, default_ip
+
+    tile = 4 * 768 * 4  # 4 rows of K = 768 fp32
+    assert default_ip(128, 96, 2, tile) == 1  # 1.5 MiB of x: panels outer, as before
+    ip = default_ip(1992, 192, 2, tile)  # BERT-base FFN at 16 × 498 tokens: 24 MiB of x
+    assert 1992 * tile > X_RESIDENT_BYTES and 1992 % ip == 0
+    assert 1992 // ip * tile <= ROW_BLOCK_BYTES < 1992 // (ip - 1 or 1) * tile
+
+
+def test_row_blocked_dense_matches_numpy():
+    # 2048 × 1152 fp32 = 9 MiB of x: the row-blocked default schedule
+    got, want, _ = _run_dense((2048,), 1152, 32, act="gelu", packed=True)
+    _close(got, want)

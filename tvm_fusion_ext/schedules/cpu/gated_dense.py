@@ -71,7 +71,8 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
     if row_block is None:
         M = _extent(sch, rows)
         mr = default_mr(M)
-        ip = default_ip(M // mr, n_tiles, TargetInfo.of(target).cores)
+        ip = default_ip(M // mr, n_tiles, TargetInfo.of(target).cores,
+                        mr * K * tvm.DataType(sch.get(block).reads[0].source.dtype).bits // 8)
         i_dec = _decision(knobs.get("i"), [ip, M // (ip * mr), mr])
         ip_, i0, i1 = sch.split(rows, sch.sample_perfect_tile(
             rows, n=3, max_innermost_factor=max(MR_MAX, i_dec[-1]), decision=i_dec))
