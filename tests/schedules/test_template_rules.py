@@ -70,7 +70,8 @@ def test_template_declines_a_symbolic_reduction_and_the_fallback_schedules_it():
     np.testing.assert_allclose(out.numpy(), xs @ ws, rtol=1e-5, atol=1e-5)
 
 
-def test_symbolic_rows_take_the_dense_template_padded_to_its_register_tile():
+@pytest.mark.parametrize("n", [48, 512])  # 512: 32 column panels, run 4 per task (panel_group)
+def test_symbolic_rows_take_the_dense_template_padded_to_its_register_tile(n):
     """Rows known at run time (batch × sequence): the operator accumulates over rows padded to the template's
     register tile (row_block) and writes back only the real rows, checked at sizes that are not multiples
     of the tile."""
@@ -78,7 +79,7 @@ def test_symbolic_rows_take_the_dense_template_padded_to_its_register_tile():
 
     batch, seq = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("seq", "int64")
     rng = np.random.default_rng(2)
-    w, b = rng.standard_normal((32, 48)).astype("float32"), rng.standard_normal(48).astype("float32")
+    w, b = rng.standard_normal((32, n)).astype("float32"), rng.standard_normal(n).astype("float32")
     x = relax.Var("x", relax.TensorType((batch, seq, 32), "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
@@ -100,6 +101,15 @@ def test_symbolic_rows_take_the_dense_template_padded_to_its_register_tile():
         got = vm["main"](tvm.runtime.tensor(xs)).numpy()
         want = numpy_activation(xs.astype("float64") @ w + b, "gelu")
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_panel_group_streams_x_once_per_group_and_keeps_tasks_for_every_core():
+    from tvm_fusion_ext.schedules.cpu.dense import PANEL_GROUP_BYTES, panel_group
+
+    assert panel_group(6, 4096, 2) == 1  # too few panels to share among 2 cores
+    assert panel_group(32, 4096, 2) == 4  # 8 tasks left
+    assert panel_group(192, 768 * 16 * 4, 2) == 8  # BERT-base FFN up: 8 panels of 48 KiB
+    assert panel_group(48, 3072 * 16 * 4, 2) * 3072 * 16 * 4 <= PANEL_GROUP_BYTES  # FFN down: K = 3072
 
 
 def test_knobs_are_typed():

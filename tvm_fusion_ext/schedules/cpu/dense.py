@@ -92,6 +92,27 @@ X_RESIDENT_BYTES = 8 << 20
 ROW_BLOCK_BYTES = 1 << 20
 
 
+#: weight panels a symbolic-rows task keeps in L2 while a row tile of x (in L1) meets each of them
+PANEL_GROUP_BYTES = 512 << 10
+PANEL_GROUP_MAX = 8
+
+
+def panel_group(n_tiles: int, panel_bytes: int, cores: int) -> int:
+    """Column panels per task when the rows are symbolic (no static row blocking is possible): the most panels
+    (a divisor of ``n_tiles``, at most :data:`PANEL_GROUP_MAX`) whose weights fit :data:`PANEL_GROUP_BYTES` and
+    that still leave 4 tasks per core. With one panel per task, every panel re-reads all of x: from DRAM once
+    x outgrows the cache (BERT-base at 16 × 498 tokens: 24 MiB)."""
+    best = 1
+    for g in divisors(n_tiles):
+        if g <= PANEL_GROUP_MAX and g * panel_bytes <= PANEL_GROUP_BYTES and n_tiles // g >= 4 * cores:
+            best = g
+    return best
+
+
+def _itemsize(sch: s_tir.Schedule, block) -> int:
+    return tvm.DataType(sch.get(block).reads[0].source.dtype).bits // 8
+
+
 def default_ip(m_tiles: int, n_tiles: int, cores: int, tile_bytes: int = 0) -> int:
     """Split the rows across tasks when the column panels alone cannot keep every core busy, or when x
     (``m_tiles`` row tiles of ``tile_bytes``) is too large to be re-read from cache by every column panel."""
@@ -175,7 +196,7 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
     if row_block is None:
         mr = default_mr(M)
         ip = default_ip(M // mr, n_tiles, TargetInfo.of(target).cores,
-                        mr * K * tvm.DataType(sch.get(block).reads[0].source.dtype).bits // 8)
+                        mr * K * _itemsize(sch, block))
         i_dec = _decision(knobs.get("i"), [ip, M // (ip * mr), mr])
         ip_, i0, i1 = sch.split(i, sch.sample_perfect_tile(i, n=3, max_innermost_factor=max(MR_MAX, i_dec[-1]),
                                                            decision=i_dec))
@@ -185,12 +206,19 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         # row tiles split exactly and the micro-kernel carries no tail predicate; column panels are the
         # parallel tasks. Only the write-back of the last tile is predicated (see _write_back_real_rows).
         i0, i1 = sch.split(i, [None, int(row_block)])
-        sch.reorder(j0, i0, k0, k1, i1, j1)
-        epilogue = _write_back_real_rows(sch, block, i0, idx_dtype)
+        group = panel_group(n_tiles, K * _extent(sch, j1) * _itemsize(sch, block), TargetInfo.of(target).cores)
+        if group > 1:
+            # a task runs `group` column panels under each row tile: x is streamed once per group, not per panel
+            par, tile = sch.split(j0, [None, group])
+            sch.reorder(par, i0, tile, k0, k1, i1, j1)
+        else:
+            par, tile = j0, i0
+            sch.reorder(j0, i0, k0, k1, i1, j1)
+        epilogue = _write_back_real_rows(sch, block, tile, idx_dtype)
         # LoopPartition then separates the full row tiles from the last one: a predicate in the write-back
         # keeps LLVM from vectorising the epilogue (GELU costs ~40 flops per element)
         sch.annotate(i0, "pragma_loop_partition_hint", 1)
-        return _finish(sch, block, j0, i1, j1, k0, knobs, epilogue)
+        return _finish(sch, block, par, i1, j1, k0, knobs, epilogue)
 
     # The mr×nr accumulator tile lives under the row-tile loop; the write-back applies the epilogue from it.
     acc = sch.cache_write(block, 0, "local")

@@ -33,7 +33,7 @@ from ...targets import TargetInfo
 from ..common import flatten_rows_map, has_symbolic_rows, op_params, static_extents_reason
 from ..rule import Knobs, TemplateRule
 from .dense import (KC_MAX, MR_MAX, SYMBOLIC_MR, UNROLL_STEPS, _decision, _extent, copy_padded_rows, default_ip,
-                    default_kc, default_mr)
+                    default_kc, default_mr, panel_group)
 
 #: columns per panel: 2·nr accumulators per row, so mr=4 rows of 8 columns keep 8 AVX2 (4 AVX-512) registers
 #: of accumulators with room for the weight panel and the broadcast
@@ -77,18 +77,24 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
         ip_, i0, i1 = sch.split(rows, sch.sample_perfect_tile(
             rows, n=3, max_innermost_factor=max(MR_MAX, i_dec[-1]), decision=i_dec))
         sch.reorder(ip_, j0, i0, i1, j1)
-        par = sch.fuse(ip_, j0)
+        par, tile = sch.fuse(ip_, j0), i0
     else:
         # rows known only at run time: the accumulator is padded to row_block (= the tile), the epilogue's
         # last tile predicated; LoopPartition separates it so the full tiles' epilogue vectorises
         i0, i1 = sch.split(rows, [None, int(row_block)])
-        sch.reorder(j0, i0, i1, j1)
-        par = j0
+        group = panel_group(n_tiles, K * 2 * nr * tvm.DataType(sch.get(block).reads[0].source.dtype).bits // 8,
+                            TargetInfo.of(target).cores)
+        if group > 1:  # x streamed once per group of panels, not per panel (see dense.panel_group)
+            par, tile = sch.split(j0, [None, group])
+            sch.reorder(par, i0, tile, i1, j1)
+        else:
+            par, tile = j0, i0
+            sch.reorder(j0, i0, i1, j1)
         sch.annotate(i0, "pragma_loop_partition_hint", 1)
 
     # the mr × nr × 2 accumulator tile, in registers, computed under the row tile that consumes it
     sch.set_scope(block, 0, "local")
-    sch.compute_at(block, i0, preserve_unit_loops=True)
+    sch.compute_at(block, tile, preserve_unit_loops=True)
     a_rows, a_cols, a_half, a_k = sch.get_loops(block)[-4:]
     kc = default_kc(K)
     k_dec = _decision(knobs.get("k"), [K // kc, kc])
