@@ -1,8 +1,6 @@
 """CUDA templates against numpy on a real GPU (skipped without one)."""
 
 import math
-import os
-import shutil
 
 import numpy as np
 import pytest
@@ -11,21 +9,9 @@ from tvm import relax, s_tir
 
 from tvm_fusion_ext.ops.registry import make_prim_func
 from tvm_fusion_ext.schedules.registry import get_template
-from tvm_fusion_ext.targets import cuda_target
 
 pytestmark = pytest.mark.gpu
 _erf = np.vectorize(math.erf)
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    dev = tvm.cuda(0)
-    if not dev.exist:
-        pytest.skip("no CUDA GPU")
-    if shutil.which("nvcc"):  # TVM's default (nvrtc) needs the cuda-python bindings
-        os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
-    major, minor = (int(x) for x in str(dev.compute_version).split("."))
-    return dev, cuda_target(f"sm_{major}{minor}")
 
 
 def _np_dtype(dtype):

@@ -2,8 +2,6 @@
 computed sequence by sequence (skipped without a GPU; tests/cuda/test_cuda_varlen.py compile-checks the same
 kernels everywhere)."""
 
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -13,7 +11,6 @@ import tvm
 from tvm import relax
 
 from tvm_fusion_ext.compile.pipeline import compile_model
-from tvm_fusion_ext.targets import cuda_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cuda"))
@@ -21,17 +18,6 @@ from test_attention_varlen import packed_inputs, reference  # noqa: E402
 from test_cuda_varlen import packed_attention_module  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    dev = tvm.cuda(0)
-    if not dev.exist:
-        pytest.skip("no CUDA GPU")
-    if shutil.which("nvcc"):  # TVM's default (nvrtc) needs the cuda-python bindings
-        os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
-    major, minor = (int(x) for x in str(dev.compute_version).split("."))
-    return dev, cuda_target(f"sm_{major}{minor}")
 
 
 @pytest.mark.parametrize("dtype,causal,kv_heads,tol", [("float32", False, 4, 3e-5), ("float32", True, 2, 3e-5),
