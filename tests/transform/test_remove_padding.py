@@ -150,6 +150,23 @@ def test_refuses_cls_gather():
     assert "relax.take" in reason or "strided_slice" in reason
 
 
+def test_refuses_convolution_over_sequence():
+    """A Conv1d over the tokens (the hidden axis moved to channels): every output row reads its neighbours."""
+    model = build_encoder_onnx(num_layers=1, batch=B, seq=S)
+    g = model.graph
+    old = g.output[0].name
+    hidden = 64
+    g.initializer.append(numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((hidden, hidden, 3)).astype(np.float32), "conv_w"))
+    g.node.append(helper.make_node("Transpose", [old], ["channels"], perm=[0, 2, 1]))
+    g.node.append(helper.make_node("Conv", ["channels", "conv_w"], ["conv"], pads=[1, 1]))
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("conv", TensorProto.FLOAT, [B, hidden, S]))
+    onnx.checker.check_model(model)
+    reason = _refusal(model)
+    assert "permute_dims" in reason or "conv" in reason, reason
+
+
 def test_refuses_without_attention_mask():
     assert "no mask" in _refusal(build_encoder_onnx(num_layers=1, batch=B, seq=S, mask=False))
 
