@@ -142,6 +142,8 @@ class Evaluator:
             return self._layout(op, e, shape, dtype)
         if op == "relax.take":
             return self._take(e, shape, dtype)
+        if op == "relax.strided_slice":
+            return self._slice(e, shape, dtype)
         combine = _ELEMENTWISE.get(op)
         if combine is not None:
             vals = [self.value(a) for a in args]
@@ -174,6 +176,30 @@ class Evaluator:
             for a, b in zip(keep_src, keep_dst):
                 full[a] = idx[b]
             return src.fn(full)
+
+        return _Value(shape, dtype, fn)
+
+    def _slice(self, e, shape, dtype) -> Optional[_Value]:
+        """``strided_slice`` with constant begins and strides (``Shape(x)[k:k+1]``, a negative index's extent)."""
+        src = self.value(e.args[0])
+        if src is None:
+            return None
+        fields = [[f.value if isinstance(f, tirx.IntImm) else None for f in t.fields] for t in e.args[1:3]]
+        strides = [f.value if isinstance(f, tirx.IntImm) else None for f in e.args[4].fields] \
+            if len(e.args) > 4 else [1] * len(fields[0])
+        axes, begins = fields
+        if None in axes or None in begins or None in strides:
+            return None
+        start = {}
+        for a, b, st in zip(axes, begins, strides):
+            a %= len(src.shape)
+            extent = src.shape[a]
+            if not isinstance(extent, tirx.IntImm) or st <= 0:
+                return None  # a symbolic extent or a reverse slice: not needed by what exporters compute
+            start[a] = (min(max(b + int(extent) if b < 0 else b, 0), int(extent)), st)
+
+        def fn(idx):
+            return src.fn([idx[k] * start[k][1] + start[k][0] if k in start else idx[k] for k in range(len(idx))])
 
         return _Value(shape, dtype, fn)
 

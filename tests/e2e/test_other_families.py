@@ -39,7 +39,8 @@ CASES = [
     ("gpt_neox", "dynamo", "sdpa", dict(attention=2, rope=4, layernorm=3, qkv=2, dense=6)),  # partial rotary
     ("gpt_neox", "legacy", "sdpa", dict(attention=2, rope=4, layernorm=5, dense=8)),
     ("phi", "dynamo", "sdpa", dict(attention=2, rope=4, layernorm=3, qkv=2, dense=6)),  # partial rotary
-    ("falcon", "dynamo", "sdpa", dict(rope=4, layernorm=3, qkv=2, dense=6)),
+    # multi-query: K and V picked by gather_nd (canonicalised to slices), one K/V head broadcast by the matmul
+    ("falcon", "dynamo", "sdpa", dict(attention=2, rope=4, layernorm=3, qkv=2, dense=6)),
     ("bloom", "dynamo", "eager", dict(attention=0, layernorm=6, dense=8)),
     ("t5-encoder", "dynamo", "sdpa", dict(attention=2, rmsnorm=5, qkv=2, dense=8)),  # relative bias as the mask
     ("deberta-v2", "dynamo", "eager", dict(attention=0, layernorm=5, qkv=2, dense=8)),

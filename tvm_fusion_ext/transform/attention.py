@@ -30,6 +30,8 @@ guard such a row is NaN in the unfused graph and 0 in the fused one: the only pl
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -40,7 +42,7 @@ from tvm import relax
 from ..ops import call_op
 from .attention_mask import compact_mask, const_eval, is_causal_mask, split_causal
 from .attention_operands import (SCALE_OPS, SHAPE_OPS, Operand, atoms, const_scale, out_layout, regroup,
-                                 scalar_operand, trace_operand)
+                                 operand_candidates, scalar_operand, trace_operand)
 from .graph import (FunctionGraph, dims_product, explicit_out_dtype, format_dims, op_name, same_dim, same_dims,
                     scalar_value, shape_dims)
 from .rule import Found, FusionRule, Match, Matcher, Variant, rule_pass
@@ -183,6 +185,24 @@ def _walk_scores(x, graph: FunctionGraph, plan: _Plan, covered: list) -> Optiona
 # the check, worked out while matching
 # ---------------------------------------------------------------------------------------------------
 
+
+def _agreeing(candidates, q):
+    """The first K/V reading whose batch and (grouped) heads are Q's, else the first one (whose mismatch the
+    caller then reports); None when there is none."""
+    first = None
+    for op in candidates:
+        first = first or op
+        if q is None:
+            break
+        if same_dims([q.bhsd[0], q.bhsd[1]], [op.bhsd[0], op.bhsd[1] * op.group]):
+            return op
+        if op.bhsd[1] * op.group == 1 and same_dim(q.bhsd[0], op.bhsd[0]):
+            # one K/V head that the matmul broadcasts over every query head (multi-query attention written
+            # without a repeat, as Falcon's SDPA export is): a group of all the query heads
+            return dataclasses.replace(op, group=q.bhsd[1])
+    return first
+
+
 def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Optional[str]:
     scores_shape = shape_dims(qk)
     if scores_shape is None or shape_dims(mm) is None:
@@ -198,8 +218,8 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
             return f"a matmul changes dtype to {out_dtype}"
     why: List[str] = []
     plan.q = trace_operand(qk.args[0], graph, "q", why)
-    plan.k = trace_operand(qk.args[1], graph, "k", why)
-    plan.v = trace_operand(mm.args[1], graph, "v", why)
+    plan.k = _agreeing(operand_candidates(qk.args[1], graph, "k", why), plan.q)
+    plan.v = _agreeing(operand_candidates(mm.args[1], graph, "v", why), plan.q)
     for name in ("q", "k", "v"):
         if getattr(plan, name) is None:
             return why[0] if why else f"{name} is not a head-split view of a [B,S,H,D] / [B,H,S,D] tensor"

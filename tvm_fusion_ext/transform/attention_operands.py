@@ -20,7 +20,7 @@ rotation, and the fused attention rotates Q or K where it reads them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import tvm
 from tvm import relax
@@ -228,6 +228,15 @@ def trace_operand(e: relax.Expr, graph: FunctionGraph, role: str, why: Optional[
     """Walk ``e`` back through views, head repeats, scalar scales and rotations; the furthest 4-D (then 3-D)
     tensor that reaches ``e`` as ``role`` requires, with its layout, or None (``why`` collects a reason when a
     candidate was close: heads repeated in tile order)."""
+    return next(operand_candidates(e, graph, role, why), None)
+
+
+def operand_candidates(e: relax.Expr, graph: FunctionGraph, role: str,
+                       why: Optional[list] = None) -> Iterator[Operand]:
+    """Every reading :func:`trace_operand` would accept, furthest first. Size-1 axes carry no meaning of their
+    own, so a far tensor can read consistently yet wrongly: Falcon's V, ``[1 (its one head), B, S, D]`` sliced
+    from the heads-first QKV view and permuted to ``[B, 1, S, D]``, also reads as B = 1 with B heads. The
+    caller picks the first reading that agrees with the other operands."""
     chain = []  # ops from the operand back towards its source
     tensors = [e]  # tensors[i+1] --chain[i]--> tensors[i]
     cur = e
@@ -278,11 +287,11 @@ def trace_operand(e: relax.Expr, graph: FunctionGraph, role: str, why: Optional[
                 if ndim == 4:
                     b, x1, x2, d = shape
                     bhsd = (b, x1, x2, d) if layout == "BHSD" else (b, x2, x1, d)
-                    return Operand(tensors[k], layout, bhsd, scale, group, rope)
+                    yield Operand(tensors[k], layout, bhsd, scale, group, rope)
+                    continue
                 if group != 1 or rope is not None:
                     continue  # a 3-D [B·H, S, D] base is read as B = 1: no room for grouped heads
-                return Operand(tensors[k], "BHSD", (1, *shape), scale)
-    return None
+                yield Operand(tensors[k], "BHSD", (1, *shape), scale)
 
 
 def out_layout(mm_dims, chain) -> Optional[str]:

@@ -11,6 +11,7 @@ import tvm
 
 from .canonical.attention_scale import MergeSplitAttentionScale
 from .canonical.bool_mask import BoolMaskToAdditive
+from .canonical.gather_nd_slice import GatherNDToSlice
 from .canonical.gelu_erf import ErfGeluToGelu
 from .canonical.identity_cast import DropIdentityCast
 from .canonical.gelu_tanh import TanhGeluToGeluTanh
@@ -21,6 +22,7 @@ from .rule import apply_rules
 
 CANONICAL_RULES = (
     DropIdentityCast,
+    GatherNDToSlice,
     ErfGeluToGelu,
     TanhGeluToGeluTanh,
     SigmoidMulToSilu,
