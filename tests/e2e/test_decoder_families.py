@@ -41,6 +41,10 @@ def test_family_fuses_builds_and_matches_torch(export_dir, kind, rmsnorms):
     assert report.fused["dense"] >= 3 * LAYERS, report.fused
     assert not [s for s in tensor_shapes(fused) if len(s) >= 2 and s[-2:] == [SEQ, SEQ]], \
         "an S x S tensor is left in the fused graph"
+    # a causal model with padding is not packed (issue #11 leaves decoders padded): refused, with its reason
+    _, packed = fuse(mod, remove_padding=True)
+    assert packed.padding_removed == 0 and [e for e in packed.refused if e.rule == "RemovePadding"], \
+        packed.summary()
 
     module, config = hf_model(kind)
     feeds = {k: v for k, v in hf_example_inputs(config, seq=SEQ, seed=1).items() if k in hf_input_names(kind)}
