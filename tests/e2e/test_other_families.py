@@ -3,9 +3,9 @@ tiny random-weight exports (torch's dynamo exporter, batch 2, rows of different 
 must fuse what their meaning allows, build, and match torch within 1e-4 at the valid positions.
 
 What must not fuse, and does not: Gemma2's soft-capped logits (``cap · tanh(s / cap)`` before the softmax) are
-not plain attention; DeBERTa-v2's disentangled scores depend on q (no mask); BLOOM's ALiBi scores come from one
-``baddbmm``. Falcon's multi-query attention is not matched yet (its K/V come as one head, not a head split of
-their projection), so its count is left out rather than asserted as a miss. The legacy LLaMA export's identity
+not plain attention; DeBERTa-v2's disentangled scores depend on q (no mask). BLOOM's ALiBi bias is added to
+``[B·H, S, T]`` scores (one ``baddbmm``) before they are viewed as ``[B, H, S, T]``: it reaches the operator as a
+``[B, H, 1, T]`` mask. Falcon's multi-query attention (one K/V head broadcast by the matmul) fuses. The legacy LLaMA export's identity
 fp32 casts (the residual reads the cast) are looked through: all five RMSNorms fuse. Legacy exports of
 Phi-3 and GPT-NeoX compute their chunk bounds from sizes: they import (the bounds fold) and fuse."""
 
@@ -41,7 +41,8 @@ CASES = [
     ("phi", "dynamo", "sdpa", dict(attention=2, rope=4, layernorm=3, qkv=2, dense=6)),  # partial rotary
     # multi-query: K and V picked by gather_nd (canonicalised to slices), one K/V head broadcast by the matmul
     ("falcon", "dynamo", "sdpa", dict(attention=2, rope=4, layernorm=3, qkv=2, dense=6)),
-    ("bloom", "dynamo", "eager", dict(attention=0, layernorm=6, dense=8)),
+    ("bloom", "dynamo", "eager", dict(attention=2, layernorm=6, dense=8)),  # ALiBi on [B·H, S, T] scores
+    ("bloom", "legacy", "eager", dict(attention=2, layernorm=6, dense=8)),  # + one-input K/V concats
     ("t5-encoder", "dynamo", "sdpa", dict(attention=2, rmsnorm=5, qkv=2, dense=8)),  # relative bias as the mask
     ("deberta-v2", "dynamo", "eager", dict(attention=0, layernorm=5, qkv=2, dense=8)),
 ]

@@ -214,8 +214,9 @@ def _attend(bb, q, kt, v, scores_fn):
     return bb.emit(relax.op.matmul(bb.emit(relax.op.nn.softmax(sc)), v))
 
 
-def test_mask_over_merged_batch_heads_is_refused():
-    # 4-D heads viewed as [B·H, S, D]: a mask with a B·H axis cannot be broadcast against (B, H, S, T)
+def test_mask_over_merged_batch_heads_fuses_as_a_per_head_mask():
+    # 4-D heads viewed as [B·H, S, D]: a mask with a B·H axis varies over batch and head; the operator reads it
+    # reshaped to [B, H, 1, T] (the same values in the same order)
     q, k, v, m = _var("q", (B, H, S, D)), _var("k", (B, H, T, D)), _var("v", (B, H, T, D)), _var("m", (B * H, 1, T))
 
     def build(bb):
@@ -223,7 +224,90 @@ def test_mask_over_merged_batch_heads_is_refused():
         kt = bb.emit(relax.op.permute_dims(k3, [0, 2, 1]))
         return _attend(bb, q3, kt, v3, lambda sc: bb.emit(relax.op.add(sc, m)))
 
-    assert_refused(build_module([q, k, v, m], build), ATTENTION, rule=RULE, reason="does not broadcast to (B, H, S, T)")
+    fused, _, (xq, xk, xv, xm), actual = _assert_fused(build_module([q, k, v, m], build))
+    assert [B, H, 1, T] in tensor_shapes(fused)  # the mask as the operator reads it
+    np.testing.assert_allclose(actual.reshape(B, H, S, D), _bhsd_attention(xq, xk, xv, xm.reshape(B, H, 1, T), scale=1.0),
+                               rtol=1e-4, atol=1e-5)
+
+
+def _bhsd_attention(q, k, v, mask, scale=D ** -0.5):
+    """Independent reference (float64): softmax(scale · q kᵀ + mask) v, all BHSD."""
+    sc = scale * (q.astype("float64") @ np.swapaxes(k.astype("float64"), -1, -2)) + mask
+    e = np.exp(sc - sc.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v.astype("float64")
+
+
+def _alibi_module(regroup_to):
+    """BLOOM's attention as its dynamo export writes it: ALiBi bias [B·H, 1, T] added to [B·H, S, T] scores
+    (``baddbmm``), the scores viewed as ``regroup_to``, the key-padding mask [B, 1, 1, T] added there."""
+    q, k, v = _var("q", (B, S, H, D)), _var("k", (B, T, H, D)), _var("v", (B, H, T, D))
+    alibi, pad = _var("alibi", (B, H, T)), _var("pad", (B, 1, 1, T))
+
+    def build(bb):
+        q3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(q, [0, 2, 1, 3])), (B * H, S, D)))
+        k3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(k, [0, 2, 1, 3])), (B * H, T, D)))
+        kt = bb.emit(relax.op.permute_dims(k3, [0, 2, 1]))
+        sc = bb.emit(relax.op.multiply(bb.emit(relax.op.matmul(q3, kt)), relax.const(D ** -0.5, "float32")))
+        sc = bb.emit(relax.op.add(sc, bb.emit(relax.op.reshape(alibi, (B * H, 1, T)))))
+        sc = bb.emit(relax.op.reshape(sc, regroup_to))
+        if len(regroup_to) == 4:
+            sc = bb.emit(relax.op.add(sc, pad))
+        p = bb.emit(relax.op.nn.softmax(sc))
+        p = p if len(regroup_to) == 4 else bb.emit(relax.op.reshape(p, (B, H, S, T)))
+        return bb.emit(relax.op.matmul(p, v))
+
+    return build_module([q, k, v, alibi, pad], build)
+
+
+def test_alibi_bias_on_merged_heads_then_padding_mask_fuses():
+    mod = _alibi_module((B, H, S, T))
+    fused, _, (xq, xk, xv, alibi, pad), actual = _assert_fused(mod)
+    (params,) = _attention_params(fused)
+    assert params["causal"] is False and params["q_layout"] == "BSHD"
+    ref = _bhsd_attention(xq.transpose(0, 2, 1, 3), xk.transpose(0, 2, 1, 3), xv, alibi.reshape(B, H, 1, T) + pad)
+    np.testing.assert_allclose(actual, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_alibi_as_the_legacy_exporter_writes_it_fuses_after_canonicalize():
+    # BLOOM's legacy export: K and V pass through a one-input Concat (the empty cache), the probabilities are
+    # viewed back as [B·H, S, T] for a 3-D matmul with V
+    q, k, v = _var("q", (B, S, H, D)), _var("k", (B, T, H, D)), _var("v", (B, T, H, D))
+    alibi, pad = _var("alibi", (B * H, 1, T)), _var("pad", (B, 1, 1, T))
+
+    def build(bb):
+        q4, k4, v4 = (bb.emit(relax.op.permute_dims(x, [0, 2, 1, 3])) for x in (q, k, v))
+        k4, v4 = (bb.emit(relax.op.concat([x], axis=-2)) for x in (k4, v4))
+        q3, k3, v3 = (bb.emit(relax.op.reshape(x, (B * H, n, D))) for x, n in ((q4, S), (k4, T), (v4, T)))
+        sc = bb.emit(relax.op.matmul(q3, bb.emit(relax.op.permute_dims(k3, [0, 2, 1]))))
+        sc = bb.emit(relax.op.add(bb.emit(relax.op.multiply(sc, relax.const(D ** -0.5, "float32"))), alibi))
+        sc = bb.emit(relax.op.add(bb.emit(relax.op.reshape(sc, (B, H, S, T))), pad))
+        p = bb.emit(relax.op.reshape(bb.emit(relax.op.nn.softmax(sc)), (B * H, S, T)))
+        o = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(p, v3)), (B, H, S, D)))
+        return bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(o, [0, 2, 1, 3])), (B, S, H * D)))
+
+    mod = build_module([q, k, v, alibi, pad], build)
+    fused, report, (xq, xk, xv, xa, xp), actual = _assert_fused(mod, canonicalize=True)
+    assert report.canonicalized.get("DropSingleConcat") == 2, report.canonicalized
+    (params,) = _attention_params(fused)
+    assert params["q_layout"] == params["k_layout"] == params["v_layout"] == params["out_layout"] == "BSHD"
+    ref = _bhsd_attention(*(x.transpose(0, 2, 1, 3) for x in (xq, xk, xv)), xa.reshape(B, H, 1, T) + xp)
+    np.testing.assert_allclose(actual, ref.transpose(0, 2, 1, 3).reshape(B, S, H * D), rtol=1e-4, atol=1e-5)
+
+
+def test_concat_of_two_tensors_is_no_identity():
+    x, y = _var("x", (B, H, T, D)), _var("y", (B, H, T, D))
+    mod = build_module([x, y], lambda bb: bb.emit(relax.op.concat([x, y], axis=-2)))
+    _, report = fuse(mod, Canonicalize())
+    assert "DropSingleConcat" not in report.canonicalized
+
+
+def test_scores_reshaped_across_the_key_axis_are_not_attention():
+    # [B·H, S, T] viewed as [B·H, T, S]: the softmax then mixes keys of different queries; nothing may fuse
+    assert S != T
+    mod = _alibi_module((B * H, T, S))
+    fused, report = fuse(mod, *_steps(False))
+    assert report.fused["attention"] == 0
+    assert fused_calls(fused).get("fused_attention", 0) == 0
 
 
 def test_mask_over_merged_batch_heads_without_batch_axis_fuses():

@@ -3,7 +3,9 @@
 Pattern (matched by meaning, not by listing spellings: :class:`AttentionMatcher`)
     ``matmul(P, v)`` where ``P`` is ``softmax(X, axis=-1)`` or the SDPA NaN guard around it
     (``where(isnan(p), 0, p)``), optionally followed by permute/reshape ops (the head merge), and
-    ``X`` is ``matmul(q, k)`` under any mix of scalar scales (multiply/divide, either side) and additive masks.
+    ``X`` is ``matmul(q, k)`` under any mix of scalar scales (multiply/divide, either side), additive masks and
+    reshapes that regroup the scores' (B, H, S, T) axes (BLOOM adds its ALiBi bias to ``[B·H, S, T]`` scores, then
+    views them as ``[B, H, S, T]`` for the padding mask).
     ``q``, ``k`` and ``v`` are walked back through permute_dims / reshape / scalar-scale ops to the tensor each
     came from (``attention_operands``); a walk succeeds at the furthest 4-D tensor whose axes, read as BSHD or
     BHSD, reach the matmul operand as (B, H | S, D) for q, (B, H | D, T) for k, (B, H | T, D) for v, without
@@ -59,13 +61,23 @@ class _Plan:
     k: Optional[Operand] = None
     v: Optional[Operand] = None
     scale: float = 1.0
-    masks: List[Tuple[relax.Expr, float]] = field(default_factory=list)  # (mask, factor it is scaled by)
+    masks: List["_Mask"] = field(default_factory=list)
     #: masks given as a boolean ``keep`` whose causal part was split off: index in ``masks`` -> additive value
     #: of a hidden key
     keep_masks: Dict[int, float] = field(default_factory=dict)
     causal: bool = False
     out_layout: str = "BHSD"
     guard: bool = False
+
+
+@dataclass
+class _Mask:
+    """An additive mask found under the softmax."""
+
+    expr: relax.Expr
+    factor: float                      # the scale applied to the scores after it was added
+    scores: Optional[list] = None      # shape of the scores it is added to (a grouping of (B, H, S, T))
+    view: Optional[list] = None        # [B|1, H|1, S|1, T|1] when the operator must see it reshaped, else None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -96,6 +108,7 @@ class AttentionMatcher(Matcher):
         p_expr = mm.args[0]
         p = graph.value(p_expr)
         covered += graph.chain(p_expr)
+        p = _through_reshapes(p, graph, covered)  # the legacy export's [B, H, S, T] -> [B·H, S, T] (checked later)
         guard = False
         if op_name(p) == "relax.where" and op_name(graph.value(p.args[0])) == "relax.isnan":
             isnan = graph.value(p.args[0])
@@ -104,7 +117,7 @@ class AttentionMatcher(Matcher):
             if zero != 0.0 or not graph.value(isnan.args[0]).same_as(sm):
                 return None
             covered += graph.chain(p.args[0]) + graph.chain(p.args[2])
-            p, guard = sm, True
+            p, guard = _through_reshapes(sm, graph, covered), True
         if op_name(p) != "relax.nn.softmax":
             return None
         plan = _Plan(guard=guard)
@@ -115,9 +128,18 @@ class AttentionMatcher(Matcher):
         if plan.reason is not None and out_chain:
             return None  # refuse once, at the matmul itself, not at every binding of the head merge
         exprs = {"mm": mm, "plan": plan}
-        exprs.update({f"mask{i}": mask for i, (mask, _) in enumerate(plan.masks)})
+        exprs.update({f"mask{i}": mask.expr for i, mask in enumerate(plan.masks)})
         exprs.update({name: op.base for name, op in (("q", plan.q), ("k", plan.k), ("v", plan.v)) if op is not None})
         return Found(exprs, covered)
+
+
+def _through_reshapes(value, graph: FunctionGraph, covered: list):
+    """The value under any reshapes of the probabilities; whether each regroups (B, H, S, T) with the keys last
+    is checked once the operands say what B, H, S and T are."""
+    while op_name(value) == "relax.reshape":
+        covered += graph.chain(value.args[0])
+        value = graph.value(value.args[0])
+    return value
 
 
 #: elementwise functions that can sit between q·kᵀ and the softmax but are no scale or mask: Gemma2's logit
@@ -131,7 +153,7 @@ def _leads_to_matmul(e, graph: FunctionGraph, depth=0) -> bool:
     op = op_name(v)
     if op == "relax.matmul":
         return True
-    if depth < 8 and op in ("relax.add", *SCALE_OPS, *_SCORE_NONLINEAR):
+    if depth < 8 and op in ("relax.add", "relax.reshape", *SCALE_OPS, *_SCORE_NONLINEAR):
         return any(_leads_to_matmul(a, graph, depth + 1) for a in v.args)
     return False
 
@@ -155,7 +177,12 @@ def _walk_scores(x, graph: FunctionGraph, plan: _Plan, covered: list) -> Optiona
                 cur, mask = b, a
             else:
                 return None
-            plan.masks.append((mask, factor))
+            plan.masks.append(_Mask(mask, factor, shape_dims(val)))
+            continue
+        if op == "relax.reshape" and _leads_to_matmul(val.args[0], graph):
+            # a regrouping of the scores' axes (checked in _analyse_masks / _analyse): masks below it are added
+            # to the scores in the shape they have there
+            cur = val.args[0]
             continue
         if op in SCALE_OPS:
             so = scalar_operand(val)
@@ -204,14 +231,17 @@ def _agreeing(candidates, q):
 
 
 def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Optional[str]:
-    scores_shape = shape_dims(qk)
-    if scores_shape is None or shape_dims(mm) is None:
+    # q·kᵀ, the softmax's input and the second matmul's left operand have one shape unless reshapes regroup
+    # (B, H, S, T) between them (BLOOM's exports: [B·H, S, T] and [B, H, S, T])
+    scores_shape, softmax_shape, probs_shape = shape_dims(qk), shape_dims(sm.args[0]), shape_dims(mm.args[0])
+    if scores_shape is None or softmax_shape is None or probs_shape is None or shape_dims(mm) is None:
         return "shapes are unknown (rank only)"
     axis = int(sm.attrs.axis)
-    if axis not in (-1, len(scores_shape) - 1):
+    if axis not in (-1, len(softmax_shape) - 1):
         return f"softmax is over axis {axis}, not the key axis (last)"
-    if len(scores_shape) not in (3, 4):
-        return f"scores have rank {len(scores_shape)} (expected 3 or 4)"
+    for shape in (scores_shape, softmax_shape, probs_shape):
+        if len(shape) not in (3, 4):
+            return f"scores have rank {len(shape)} (expected 3 or 4)"
     for mmc in (qk, mm):
         out_dtype = explicit_out_dtype(mmc)
         if out_dtype not in (None, str(mmc.args[0].ty.dtype)):
@@ -238,24 +268,28 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
                f"v {format_dims([bv, hv * gv])}"
     if hk != hv:
         return f"k has {hk} heads before its repeat, v has {hv}: the operator reads K and V with one head count"
-    if not same_dims(scores_shape[-2:], [s, t]) or not same_dim(dims_product(scores_shape),
-                                                                 dims_product([bq, hq, s, t])):
-        return (f"scores shape {format_dims(scores_shape)} is not (B, H, S, T) = {format_dims([bq, hq, s, t])} "
-                "(broadcast batch dims)")
+    for shape in (scores_shape, softmax_shape, probs_shape):
+        if not same_dims(shape[-2:], [s, t]) or not same_dim(dims_product(shape), dims_product([bq, hq, s, t])):
+            return (f"scores shape {format_dims(shape)} is not (B, H, S, T) = {format_dims([bq, hq, s, t])} "
+                    "(broadcast batch dims)")
     dtypes = {str(o.base.ty.dtype) for o in (plan.q, plan.k, plan.v)}
     if len(dtypes) != 1:
         return f"q/k/v dtypes differ: {sorted(dtypes)}"
     plan.scale *= plan.q.scale * plan.k.scale
     if not math.isfinite(plan.scale):
         return "scale is not finite"
-    reason = _analyse_masks(plan, scores_shape, (bq, hq, s, t), str(qk.ty.dtype), graph)
+    reason = _analyse_masks(plan, (bq, hq, s, t), str(qk.ty.dtype), graph)
     if reason:
         return reason
     # output: the matmul's axes, then whatever permute/reshape the graph applied after it
     # (matmul batch axes are the operands' (b then h), however the scores group them)
     scores_dims = regroup(atoms((bq, hq, s, t), ("b", "h", "s", "t")), scores_shape)
-    if scores_dims is None:
-        return f"scores shape {format_dims(scores_shape)} does not group (B, H, S, T) = {format_dims([bq, hq, s, t])}"
+    softmax_dims = regroup(atoms((bq, hq, s, t), ("b", "h", "s", "t")), softmax_shape)
+    probs_dims = regroup(atoms((bq, hq, s, t), ("b", "h", "s", "t")), probs_shape)
+    for shape, dims in ((scores_shape, scores_dims), (softmax_shape, softmax_dims), (probs_shape, probs_dims)):
+        if dims is None:
+            return f"scores shape {format_dims(shape)} does not group (B, H, S, T) = {format_dims([bq, hq, s, t])}"
+    scores_dims = probs_dims  # what the second matmul multiplies
     mm_dims = scores_dims[:-1] + [[("d", dq)] if dq != 1 else []]
     layout = out_layout(mm_dims, list(reversed(out_chain)))
     if layout is None:
@@ -264,39 +298,58 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
     return None
 
 
-def _analyse_masks(plan: _Plan, scores_shape, bhst, dtype, graph: FunctionGraph) -> Optional[str]:
+def _analyse_masks(plan: _Plan, bhst, dtype, graph: FunctionGraph) -> Optional[str]:
     b, h, s, t = bhst
-    kept = []
-    for mask, factor in plan.masks:
-        ms = shape_dims(mask)
-        if ms is None:
+    kept: List[_Mask] = []
+    for mask in plan.masks:
+        ms = shape_dims(mask.expr)
+        if ms is None or mask.scores is None:
             return "mask shape is unknown (rank only)"
-        if str(mask.ty.dtype) != dtype:
-            return f"mask is not additive (dtype {mask.ty.dtype}, scores {dtype})"
-        if len(ms) > len(scores_shape) or len(ms) > 4:
+        if str(mask.expr.ty.dtype) != dtype:
+            return f"mask is not additive (dtype {mask.expr.ty.dtype}, scores {dtype})"
+        if len(ms) > len(mask.scores) or len(ms) > 4:
             return f"mask of rank {len(ms)} does not broadcast to (B, H, S, T)"
-        # right-aligned: graph broadcasting against the scores and the op's against (B, H, S, T) must agree
-        op_shape = (b, h, s, t)
-        for i in range(1, len(ms) + 1):
-            m_i, g_i, o_i = ms[-i], scores_shape[-i], op_shape[-i]
-            if not (isinstance(m_i, int) and m_i == 1) and (not same_dim(m_i, g_i) or not same_dim(m_i, o_i)):
-                return f"mask of shape {format_dims(ms)} does not broadcast to (B, H, S, T) = {format_dims(op_shape)}"
-        static = isinstance(s, int) and isinstance(t, int)
-        value = const_eval(mask, graph) if static else None
+        reason = _mask_view(mask, ms, bhst)
+        if reason:
+            return reason
+        static = isinstance(s, int) and isinstance(t, int) and mask.view is None
+        value = const_eval(mask.expr, graph) if static else None
+        factor = mask.factor
         if value is not None and factor > 0 and is_causal_mask(value * factor if factor != 1 else value, s, t):
             plan.causal = True
             continue
-        split = split_causal(mask, graph, s, t) if static and value is None and factor > 0 else None
+        split = split_causal(mask.expr, graph, s, t) if static and value is None and factor > 0 else None
         if split is not None:
             plan.causal = True
             keep, neg = split
             plan.keep_masks[len(kept)] = neg
-            kept.append((keep, factor))
+            kept.append(_Mask(keep, factor, mask.scores))
             continue
-        kept.append((mask, factor))
+        kept.append(mask)
     if len(kept) > _MAX_MASKS:
         return f"{len(kept)} additive masks (at most {_MAX_MASKS} are read)"
     plan.masks = kept
+    return None
+
+
+def _mask_view(mask: _Mask, ms, bhst) -> Optional[str]:
+    """Which of (B, H, S, T) the mask varies over, read through the scores it is added to (broadcast right-aligned
+    there: each of its axes is 1 or the whole scores axis, which may hold several of B, H, S, T). Sets
+    ``mask.view`` when the operator, broadcasting the mask right-aligned against (B, H, S, T), would read it
+    otherwise (a ``[B·H, 1, T]`` bias: ``[B, H, 1, T]``)."""
+    groups = regroup(atoms(bhst, ("b", "h", "s", "t")), mask.scores)
+    if groups is None:
+        return f"a mask is added to scores of shape {format_dims(mask.scores)}, not a grouping of (B, H, S, T)"
+    padded = [1] * (len(mask.scores) - len(ms)) + list(ms)
+    sizes = {"b": 1, "h": 1, "s": 1, "t": 1}
+    for m_i, g_i, group in zip(padded, mask.scores, groups):
+        if isinstance(m_i, int) and m_i == 1:
+            continue
+        if not same_dim(m_i, g_i):
+            return f"mask of shape {format_dims(ms)} does not broadcast to scores {format_dims(mask.scores)}"
+        sizes.update(group)
+    view = [sizes[label] for label in ("b", "h", "s", "t")]
+    mask.view = None if same_dims([1] * (4 - len(ms)) + list(ms), view) else view
     return None
 
 
@@ -343,9 +396,12 @@ class MultiHeadAttentionRule(FusionRule):
                 x = bb.emit(relax.op.reshape(x, op.bhsd))
             inputs[name] = x
         mask = None
-        for i, (_, factor) in enumerate(p.masks):
-            # the op broadcasts its mask: pass it at the size it varies over (no S×T tensor left)
-            mi = compact_mask(m[f"mask{i}"], m.graph, m.remap, bb)
+        for i, mk in enumerate(p.masks):
+            factor = mk.factor
+            if mk.view is not None:  # added to regrouped scores (BLOOM's [B·H, 1, T] ALiBi): the same values
+                mi = bb.emit(relax.op.reshape(m.arg(f"mask{i}"), mk.view))
+            else:  # the op broadcasts its mask: pass it at the size it varies over (no S×T tensor left)
+                mi = compact_mask(m[f"mask{i}"], m.graph, m.remap, bb)
             if i in p.keep_masks:  # the key-padding part of a causal mask: back to additive, at its own size
                 dtype = str(m["mm"].ty.dtype)
                 zero, hidden = relax.const(0.0, dtype), relax.const(p.keep_masks[i], dtype)

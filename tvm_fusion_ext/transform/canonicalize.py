@@ -17,11 +17,13 @@ from .canonical.identity_cast import DropIdentityCast
 from .canonical.gelu_tanh import TanhGeluToGeluTanh
 from .canonical.layernorm_decomposed import DecomposedLayerNormToLayerNorm
 from .canonical.silu import SigmoidMulToSilu
+from .canonical.single_concat import DropSingleConcat
 from .canonical.softmax_nan_guard import DropSoftmaxNanGuard
 from .rule import apply_rules
 
 CANONICAL_RULES = (
     DropIdentityCast,
+    DropSingleConcat,
     GatherNDToSlice,
     ErfGeluToGelu,
     TanhGeluToGeluTanh,
