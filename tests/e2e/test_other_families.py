@@ -3,7 +3,9 @@ tiny random-weight exports (torch's dynamo exporter, batch 2, rows of different 
 must fuse what their meaning allows, build, and match torch within 1e-4 at the valid positions.
 
 What must not fuse, and does not: Gemma2's soft-capped logits (``cap · tanh(s / cap)`` before the softmax) are
-not plain attention; DeBERTa-v2's disentangled scores depend on q (no mask). BLOOM's ALiBi bias is added to
+not plain attention. DeBERTa-v3's disentangled terms (q against relative-position keys, relative-position queries
+against k, each gathered by relative distance) are tensors added to the scaled q·kᵀ: they reach the operator as
+additive masks (correct; the S×T terms exist either way). BLOOM's ALiBi bias is added to
 ``[B·H, S, T]`` scores (one ``baddbmm``) before they are viewed as ``[B, H, S, T]``: it reaches the operator as a
 ``[B, H, 1, T]`` mask. Falcon's multi-query attention (one K/V head broadcast by the matmul) fuses. The legacy LLaMA export's identity
 fp32 casts (the residual reads the cast) are looked through: all five RMSNorms fuse. Legacy exports of
@@ -44,7 +46,9 @@ CASES = [
     ("bloom", "dynamo", "eager", dict(attention=2, layernorm=6, dense=8)),  # ALiBi on [B·H, S, T] scores
     ("bloom", "legacy", "eager", dict(attention=2, layernorm=6, dense=8)),  # + one-input K/V concats
     ("t5-encoder", "dynamo", "sdpa", dict(attention=2, rmsnorm=5, qkv=2, dense=8)),  # relative bias as the mask
-    ("deberta-v2", "dynamo", "eager", dict(attention=0, layernorm=5, qkv=2, dense=8)),
+    # disentangled scores (c2p and p2c terms, gathered by relative position) are added to q·kᵀ: additive masks
+    ("deberta-v2", "dynamo", "eager", dict(attention=2, layernorm=6, qkv=3, dense=9)),
+    ("deberta-v2", "legacy", "eager", dict(attention=2, layernorm=6, qkv=4, dense=10)),
 ]
 
 

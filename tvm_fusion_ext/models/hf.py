@@ -69,7 +69,11 @@ OTHER_FAMILIES = {
                                                       vocab_size=1000)),
     "deberta-v2": ("DebertaV2Config", "DebertaV2Model",
                    dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=160,
-                        vocab_size=1000, max_position_embeddings=160, type_vocab_size=0)),
+                        vocab_size=1000, max_position_embeddings=160, type_vocab_size=0,
+                        # DeBERTa-v3's disentangled attention (the config's default is plain attention)
+                        relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=32,
+                        max_relative_positions=-1, norm_rel_ebd="layer_norm", share_att_key=True,
+                        position_biased_input=False)),
 }
 MODEL_FAMILIES = {**ENCODER_FAMILIES, **DECODER_FAMILIES, **OTHER_FAMILIES}
 HF_KINDS = ("minilm", "bert-base", *MODEL_FAMILIES)
