@@ -190,8 +190,9 @@ def _bounds(mod: tvm.IRModule) -> dict:
 
 
 def _records_entry(compiled: Compiled) -> dict:
+    transfer = {"transferred": compiled.transferred, **compiled.transfer_refusals}
     if compiled.records is None:
-        return {"dir": None, "note": compiled.records_note}
+        return {"dir": None, "note": compiled.records_note, **transfer}
     from ..records import MANIFEST_FILE as RECORDS_MANIFEST, read_manifest
 
     directory = os.path.abspath(compiled.records)
@@ -200,7 +201,7 @@ def _records_entry(compiled: Compiled) -> dict:
     return {"dir": directory, "note": compiled.records_note,
             "manifest_sha256": sha256_of_file(manifest_file) if os.path.isfile(manifest_file) else None,
             "model_hash": manifest.get("model_hash"), "target": manifest.get("target"),
-            "trials": manifest.get("trials")}
+            "trials": manifest.get("trials"), **transfer}
 
 
 # ----------------------------------------------------------------------------------------------- files

@@ -1,0 +1,297 @@
+"""Tuning records reach symbolic kernels (issue #10): a template-space record of a static kernel gives its knobs to
+the symbolic kernel of the same signature when the symbolic model is compiled with ``logs``.
+
+Records are written directly (the template applied with chosen, non-default knobs and its trace committed to a
+JSONDatabase, as the tuner commits one), so what must transfer is known; one test goes through the real tuner."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir
+
+K, N = 32, 64
+#: non-default knobs (symbolic defaults: mr 4, k [1, 32], unroll index 1): the static row split [ip, i0, mr]
+#: gives mr 2
+DENSE_KNOBS = {"k": [2, 16], "i": [1, 8, 2], "unroll": 2}
+DENSE_TRANSFERRED = {"k": [2, 16], "unroll": 2, "mr": 2}
+LAYERNORM_KNOBS = {"unroll": 2}
+STATIC = {"x": [1, 16, K]}
+_erf = np.vectorize(math.erf)
+
+
+def _weights(k=K, n=N):
+    rng = np.random.default_rng(0)
+    return {"W1": (rng.standard_normal((k, n)) / math.sqrt(k)).astype("float32"),
+            "b1": rng.standard_normal(n).astype("float32"),
+            "W2": (rng.standard_normal((n, k)) / math.sqrt(n)).astype("float32"),
+            "b2": rng.standard_normal(k).astype("float32"),
+            "g": rng.standard_normal(k).astype("float32"), "be": rng.standard_normal(k).astype("float32")}
+
+
+def _onnx(path, k=K, n=N, act="Gelu"):
+    """``y = LayerNorm(act(x W1 + b1) W2 + b2 + x)`` for ``x: float32[batch, seq, k]``: a dense + activation, a
+    plain dense and a residual LayerNorm, each a template kernel."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(v, name) for name, v in _weights(k, n).items()]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node(act, ["hb"], ["a"]), helper.make_node("MatMul", ["a", "W2"], ["h2"]),
+             helper.make_node("Add", ["h2", "b2"], ["h2b"]), helper.make_node("Add", ["h2b", "x"], ["r"]),
+             helper.make_node("LayerNormalization", ["r", "g", "be"], ["y"], axis=-1, epsilon=1e-5)]
+    graph = helper.make_graph(nodes, "knobs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", k])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9), str(path))
+    return str(path)
+
+
+def _reference(x):
+    w = {name: v.astype("float64") for name, v in _weights().items()}
+    h = x.astype("float64") @ w["W1"] + w["b1"]
+    h = 0.5 * h * (1 + _erf(h / math.sqrt(2)))
+    r = h @ w["W2"] + w["b2"] + x
+    mu = r.mean(-1, keepdims=True)
+    return (r - mu) / np.sqrt(((r - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w["g"] + w["be"]
+
+
+def _kernels(lowered, rule):
+    from tvm_fusion_ext.schedules.rule import block_rule_of
+
+    return {gv.name_hint: f for gv, f in lowered.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and block_rule_of(f) == rule}
+
+
+def _gelu_dense(lowered):
+    (func,) = [f for f in _kernels(lowered, "tfx.dense").values() if '"gelu"' in str(f.attrs["tfx.params"])]
+    return func
+
+
+def _record_dir(root, name="static"):
+    from tvm_fusion_ext.records import target_label
+    from tvm_fusion_ext.targets import resolve_target
+
+    return os.path.join(str(root), f"{name}-{target_label(resolve_target('llvm'))}")
+
+
+def _commit(directory, func, trace, secs=1e-5, manifest=None):
+    """One tuning record of ``func`` with ``trace``, as the tuner commits one."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_fusion_ext.records import open_database, target_label, write_manifest
+    from tvm_fusion_ext.targets import resolve_target
+
+    target = resolve_target("llvm")
+    db = open_database(directory, create=True)
+    workload = db.commit_workload(tvm.IRModule({"main": func}))
+    db.commit_tuning_record(ms.database.TuningRecord(trace, workload, [secs], target, None))
+    write_manifest(directory, {"target": target_label(target), "model_hash": "0" * 16, "trials": 1,
+                               **(manifest or {})})
+
+
+def _template_trace(func, rule, knobs, extra_sample=False):
+    from tvm_fusion_ext.schedules.registry import get_template
+    from tvm_fusion_ext.targets import resolve_target
+
+    target = resolve_target("llvm")
+    template = get_template(rule, target)
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
+    template(sch, template.find_block(sch), target, knobs)
+    if extra_sample:  # a knob the template does not read: the names cannot be zipped with the decisions
+        sch.sample_categorical([0, 1], [0.5, 0.5], decision=1)
+    return sch.trace
+
+
+def _auto_trace(func):
+    """What an auto-space trace starts with (the driver's custom rule removes our annotation), then a sample."""
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
+    from tvm_fusion_ext.schedules.rule import root_blocks
+
+    for block in root_blocks(sch):
+        if "schedule_rule" in sch.get(block).annotations:
+            sch.unannotate(block, "schedule_rule")
+    sch.sample_categorical([0, 16, 64], [1 / 3] * 3, decision=2)
+    return sch.trace
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return _onnx(tmp_path_factory.mktemp("knobs") / "model.onnx")
+
+
+@pytest.fixture(scope="module")
+def static_lowered(model):
+    from tvm_fusion_ext.compile import prepare
+    from tvm_fusion_ext.frontend import load_onnx
+
+    return prepare(load_onnx(model, shapes=STATIC), "llvm")[0]
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory, static_lowered):
+    """A record directory of the static model: the GELU dense and the LayerNorm tuned to non-default knobs."""
+    root = tmp_path_factory.mktemp("logs")
+    directory = _record_dir(root)
+    _commit(directory, _gelu_dense(static_lowered), _template_trace(_gelu_dense(static_lowered), "tfx.dense",
+                                                                    DENSE_KNOBS))
+    (ln,) = _kernels(static_lowered, "tfx.layernorm").values()
+    _commit(directory, ln, _template_trace(ln, "tfx.layernorm", LAYERNORM_KNOBS))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def symbolic(model):
+    from tvm_fusion_ext.frontend import load_onnx
+
+    return load_onnx(model)
+
+
+def test_signature_is_shared_by_static_and_symbolic_kernels_only(model, static_lowered, tmp_path):
+    from tvm_fusion_ext.compile import prepare
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.schedules.kernel_knobs import kernel_signature
+
+    def signatures(path, shapes=None):
+        lowered = prepare(load_onnx(path, shapes=shapes), "llvm")[0]
+        return {rule: sorted(kernel_signature(f) for f in _kernels(lowered, rule).values())
+                for rule in ("tfx.dense", "tfx.layernorm")}
+
+    static = {rule: sorted(kernel_signature(f) for f in _kernels(static_lowered, rule).values())
+              for rule in ("tfx.dense", "tfx.layernorm")}
+    assert len(set(static["tfx.dense"])) == 2  # the GELU dense (K 32 → N 64) and the plain one (64 → 32)
+    assert signatures(model) == static  # symbolic rows, row_block: the same signatures
+    assert signatures(model, {"x": [3, 5, K]}) == static  # other static rows
+    relu = signatures(_onnx(tmp_path / "relu.onnx", act="Relu"))
+    assert relu["tfx.layernorm"] == static["tfx.layernorm"]
+    assert not set(relu["tfx.dense"]) & {s for s in static["tfx.dense"] if "gelu" in s}
+    wider = signatures(_onnx(tmp_path / "wider.onnx", n=48))
+    assert not set(wider["tfx.dense"]) & set(static["tfx.dense"])
+    deeper = signatures(_onnx(tmp_path / "deeper.onnx", k=48))
+    assert not set(deeper["tfx.dense"]) & set(static["tfx.dense"])
+    assert not set(deeper["tfx.layernorm"]) & set(static["tfx.layernorm"])
+
+
+def test_symbolic_kernels_take_the_records_knobs(symbolic, logs):
+    from tvm_fusion_ext.compile import prepare
+    from tvm_fusion_ext.compile.record_knobs import collect
+    from tvm_fusion_ext.schedules.registry import get_template
+    from tvm_fusion_ext.targets import resolve_target
+
+    target = resolve_target("llvm")
+    transfer = collect(logs, target)
+    assert sorted(e.rule for e in transfer.table.by_signature.values()) == ["tfx.dense", "tfx.layernorm"]
+    assert transfer.summary()["not_transferred"] == 0
+    lowered = prepare(symbolic, target, kernel_knobs=transfer.table)[0]
+    dense = _gelu_dense(lowered)
+    # prepare time: the register tile's rows pad the run-time rows
+    assert json.loads(str(dense.attrs["tfx.params"]))["row_block"] == DENSE_TRANSFERRED["mr"]
+    plain = [f for f in _kernels(lowered, "tfx.dense").values() if '"gelu"' not in str(f.attrs["tfx.params"])]
+    assert [json.loads(str(f.attrs["tfx.params"]))["row_block"] for f in plain] == [4]  # no record: default
+
+    # schedule time: the template's samples take the record's decisions
+    def decisions(func, rule, table):
+        sch = get_template(rule, target).with_knobs(None, table).apply(func, target, False)
+        return [(i.kind.name, tvm_value(sch.trace.decisions[i])) for i in sch.trace.insts
+                if i.kind.name.startswith("Sample")]
+
+    def tvm_value(v):
+        try:
+            return [int(x) for x in v]  # a perfect tile
+        except TypeError:
+            return int(v)  # a categorical index
+
+    assert decisions(dense, "tfx.dense", transfer.table) == [("SamplePerfectTile", [2, 16]),
+                                                             ("SampleCategorical", 2)]
+    assert decisions(dense, "tfx.dense", None) == [("SamplePerfectTile", [1, 32]), ("SampleCategorical", 1)]
+    (ln,) = _kernels(lowered, "tfx.layernorm").values()
+    assert decisions(ln, "tfx.layernorm", transfer.table) == [("SampleCategorical", 2)]
+
+
+def test_compile_lists_transferred_knobs_and_matches_untuned_and_numpy(model, symbolic, logs, tmp_path):
+    from tvm_fusion_ext.compile import compile_artifact
+    from tvm_fusion_ext.deploy import load
+
+    manifest = compile_artifact(model, str(tmp_path / "tuned"), logs=logs)
+    records = manifest["records"]
+    assert records["dir"] is None and "tuned knobs on 2 kernels" in records["note"]
+    assert records["not_transferred"] == 0
+    by_rule = {e["rule"]: e for e in records["transferred"]}
+    assert set(by_rule) == {"tfx.dense", "tfx.layernorm"}
+    assert by_rule["tfx.dense"]["knobs"] == DENSE_TRANSFERRED and '"gelu"' in by_rule["tfx.dense"]["signature"]
+    assert by_rule["tfx.layernorm"]["knobs"] == LAYERNORM_KNOBS
+    assert all(e["from"] == _record_dir(logs) and e["kernels"] == 1 for e in records["transferred"])
+    compile_artifact(model, str(tmp_path / "untuned"))
+    tuned, untuned = load(str(tmp_path / "tuned")), load(str(tmp_path / "untuned"))
+    assert "transferred" not in untuned.manifest["records"] or not untuned.manifest["records"]["transferred"]
+    for batch, seq in ((1, 1), (2, 7), (3, 16)):
+        x = np.random.default_rng(seq).standard_normal((batch, seq, K)).astype("float32")
+        got = tuned.run({"x": x})["y"]
+        np.testing.assert_allclose(got, untuned.run({"x": x})["y"], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got, _reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_records_of_another_signature_do_not_transfer(symbolic, tmp_path):
+    """Records of a ReLU dense and of a wider model: same rules, other signatures; nothing reaches the kernels."""
+    from tvm_fusion_ext.compile import compile_model, prepare
+    from tvm_fusion_ext.frontend import load_onnx
+
+    root = tmp_path / "logs"
+    for name, path in (("relu", _onnx(tmp_path / "relu.onnx", act="Relu")),
+                       ("wider", _onnx(tmp_path / "wider.onnx", n=48, k=48))):
+        lowered = prepare(load_onnx(path, shapes={"x": [1, 16, 48 if name == "wider" else K]}), "llvm")[0]
+        for func in _kernels(lowered, "tfx.dense").values():
+            if name == "wider" or '"relu"' in str(func.attrs["tfx.params"]):
+                _commit(_record_dir(root, name), func, _template_trace(func, "tfx.dense", {"unroll": 3}))
+    compiled = compile_model(symbolic, "llvm", logs=str(root))
+    assert compiled.transferred == []
+    assert "tuned knobs on 0 kernels" in compiled.records_note and "building untuned" in compiled.records_note
+
+
+def test_auto_space_and_stale_records_are_counted_not_guessed(symbolic, static_lowered, tmp_path):
+    """An auto-space record (no knobs) and records whose trace has a sample the template does not make are
+    counted with their reasons, never read as knobs; the fastest record that names cleanly gives the kernel's
+    knobs (the GELU dense), a kernel without one keeps the defaults (the LayerNorm), and the build is correct."""
+    from tvm_fusion_ext.compile import compile_model
+
+    directory = _record_dir(tmp_path / "logs")
+    dense = _gelu_dense(static_lowered)
+    (ln,) = _kernels(static_lowered, "tfx.layernorm").values()
+    _commit(directory, dense, _auto_trace(dense), secs=1e-6)                       # fastest, but auto space
+    _commit(directory, dense, _template_trace(dense, "tfx.dense", DENSE_KNOBS, extra_sample=True), secs=2e-6)
+    _commit(directory, dense, _template_trace(dense, "tfx.dense", {"unroll": 3}), secs=3e-6)  # transfers
+    _commit(directory, ln, _template_trace(ln, "tfx.layernorm", LAYERNORM_KNOBS, extra_sample=True))
+    compiled = compile_model(symbolic, "llvm", logs=str(tmp_path / "logs"))
+    reasons = compiled.transfer_refusals["not_transferred_reasons"]
+    assert compiled.transfer_refusals["not_transferred"] == 3
+    assert reasons.get("auto space (no template knobs)") == 1
+    assert sum(n for r, n in reasons.items() if "samples where the template makes" in r) == 2
+    # a trace records every decision: the knobs not given are the static defaults (k [1, 32], mr 4 at 16 rows)
+    assert [(e["rule"], e["knobs"]) for e in compiled.transferred] == [("tfx.dense", {"k": [1, 32], "unroll": 3,
+                                                                                      "mr": 4})]
+    x = np.random.default_rng(1).standard_normal((2, 5, K)).astype("float32")
+    vm = tvm.relax.VirtualMachine(compiled.executable, tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(got, _reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_real_tuner_records_transfer(model, symbolic, tmp_path):
+    """Through MetaSchedule: the static model tuned for a few trials in the template space, then the symbolic
+    model compiled with those logs: every template kernel takes the best record's knobs, none is refused."""
+    from tvm_fusion_ext.compile import compile_model
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.tune.driver import TuneOptions, tune
+
+    tune(load_onnx(model, shapes=STATIC), "llvm", logs=str(tmp_path), workload="static",
+         options=TuneOptions(trials=6, progress=None, per_iter=2, population=16, space="template"))
+    compiled = compile_model(symbolic, "llvm", logs=str(tmp_path))
+    assert compiled.transfer_refusals["not_transferred_reasons"].keys() <= {"kernel without a template"}
+    assert sorted(e["rule"] for e in compiled.transferred) == ["tfx.dense", "tfx.dense", "tfx.layernorm"]
+    assert all(set(e["knobs"]) == {"k", "unroll", "mr"} for e in compiled.transferred if e["rule"] == "tfx.dense")
+    x = np.random.default_rng(2).standard_normal((2, 9, K)).astype("float32")
+    vm = tvm.relax.VirtualMachine(compiled.executable, tvm.cpu())
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), _reference(x), rtol=1e-4, atol=1e-4)
