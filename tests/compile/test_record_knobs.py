@@ -295,3 +295,95 @@ def test_real_tuner_records_transfer(model, symbolic, tmp_path):
     x = np.random.default_rng(2).standard_normal((2, 9, K)).astype("float32")
     vm = tvm.relax.VirtualMachine(compiled.executable, tvm.cpu())
     np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), _reference(x), rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------- attention
+
+HEADS, HEAD_DIM = 4, 32
+#: non-default attention knobs (defaults: query_tile 32 → index 5, qk/pv rows 4 → index 2, unroll 16 → index 1)
+ATTENTION_KNOBS = {"query_tile": 3, "qk_rows": 1, "pv_rows": 0, "unroll": 2}
+
+
+def _attention_module(batch, seq):
+    """``fused_attention`` of q/k/v ``[batch, seq, 4, 32]`` with a key-padding mask; ``None`` dims symbolic."""
+    from tvm import relax
+
+    from tvm_fusion_ext.ops import call_op
+    from tvm_fusion_ext.testing import build_module
+
+    b = batch if batch is not None else tvm.tirx.Var("batch", "int64")
+    s = seq if seq is not None else tvm.tirx.Var("seq", "int64")
+    args = [relax.Var(n, relax.TensorType([b, s, HEADS, HEAD_DIM], "float32")) for n in ("q", "k", "v")]
+    args.append(relax.Var("mask", relax.TensorType([b, 1, 1, s], "float32")))
+    return build_module(args, lambda bb: call_op(bb, "fused_attention", dict(zip(("q", "k", "v", "mask"), args)),
+                                                 {"scale": 0.125}))
+
+
+def _attention_reference(q, k, v, mask):
+    scores = np.einsum("bshd,bthd->bhst", q.astype("float64"), k) * 0.125 + mask
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("bhst,bthd->bshd", p / p.sum(-1, keepdims=True), v)
+
+
+def test_attention_takes_every_knob_but_the_query_tile(tmp_path):
+    """Static keys ≥ 128 use the symbolic kernel's 128-key block: the same signature. The micro-kernel knobs
+    transfer; the query tile (symbolic rows are padded to it) keeps the symbolic default."""
+    from tvm_fusion_ext.compile import compile_model, prepare
+    from tvm_fusion_ext.compile.record_knobs import collect
+    from tvm_fusion_ext.schedules.cpu.attention import QUERY_TILES, SYMBOLIC_QUERY_TILE
+    from tvm_fusion_ext.schedules.kernel_knobs import kernel_signature
+    from tvm_fusion_ext.schedules.registry import get_template
+    from tvm_fusion_ext.targets import resolve_target
+
+    target = resolve_target("llvm")
+    (static,) = _kernels(prepare(_attention_module(1, 128), target, fuse_graph=False)[0], "tfx.attention").values()
+    (short,) = _kernels(prepare(_attention_module(1, 16), target, fuse_graph=False)[0], "tfx.attention").values()
+    _commit(_record_dir(tmp_path), static, _template_trace(static, "tfx.attention", ATTENTION_KNOBS))
+    table = collect(str(tmp_path), target).table
+    (entry,) = table.by_signature.values()
+    assert "query_tile" not in entry.knobs and {k: entry.knobs[k] for k in ("qk_rows", "pv_rows", "unroll")} == \
+        {"qk_rows": 1, "pv_rows": 0, "unroll": 2}
+    assert kernel_signature(short) != entry.signature  # 16 keys: a 16-key block, other vector splits
+
+    symbolic = _attention_module(None, None)
+    (kernel,) = _kernels(prepare(symbolic, target, fuse_graph=False, kernel_knobs=table)[0],
+                         "tfx.attention").values()
+    assert json.loads(str(kernel.attrs["tfx.params"]))["query_block"] == SYMBOLIC_QUERY_TILE
+    sch = get_template("tfx.attention", target).with_knobs(None, table).apply(kernel, target, False)
+    categorical = [int(sch.trace.decisions[i]) for i in sch.trace.insts if i.kind.name == "SampleCategorical"]
+    # query_tile, qk_rows, pv_rows, unroll, in the order the template samples them
+    assert categorical == [QUERY_TILES.index(SYMBOLIC_QUERY_TILE), 1, 0, 2]
+
+    compiled = compile_model(symbolic, target, fuse_graph=False, logs=str(tmp_path))
+    assert [e["rule"] for e in compiled.transferred] == ["tfx.attention"]
+    vm = tvm.relax.VirtualMachine(compiled.executable, tvm.cpu())
+    for batch, seq in ((1, 5), (2, 37)):
+        rng = np.random.default_rng(seq)
+        q, k, v = (rng.standard_normal((batch, seq, HEADS, HEAD_DIM)).astype("float32") for _ in range(3))
+        mask = np.where(rng.random((batch, 1, 1, seq)) < 0.25, -1e4, 0.0).astype("float32")
+        mask[..., 0] = 0.0
+        got = vm["main"](*[tvm.runtime.tensor(a) for a in (q, k, v, mask)]).numpy()
+        np.testing.assert_allclose(got, _attention_reference(q, k, v, mask), rtol=1e-4, atol=1e-4)
+
+
+def test_knobs_that_fail_on_the_symbolic_kernel_fall_back_to_its_defaults(symbolic):
+    """Knobs that cannot schedule the kernel (an unroll index past the template's candidates, as a database from
+    another template version could hold; MetaSchedule's own loader refuses such a trace, so the table is made by
+    hand): the template warns, schedules the kernel with its defaults, and nothing claims the knobs."""
+    from tvm_fusion_ext.compile import finalize, prepare, schedule
+    from tvm_fusion_ext.schedules.kernel_knobs import KernelKnobs, TransferredKnobs, kernel_signature
+    from tvm_fusion_ext.targets import resolve_target
+
+    target = resolve_target("llvm")
+    lowered = prepare(symbolic, target)[0]
+    (ln,) = _kernels(lowered, "tfx.layernorm").values()
+    table = KernelKnobs()
+    table.add(TransferredKnobs("tfx.layernorm", kernel_signature(ln), {"unroll": 9}, "by hand"))
+    with pytest.warns(UserWarning, match="knobs transferred from tuning records; using its default knobs"):
+        scheduled = schedule(lowered, target, kernel_knobs=table)
+    assert table.kernels == 0 and table.applied() == []
+    (ln,) = _kernels(scheduled, "tfx.layernorm").values()
+    assert "pragma_auto_unroll_max_step" in ln.script()  # the template's schedule, not the fallback's
+    x = np.random.default_rng(3).standard_normal((1, 3, K)).astype("float32")
+    vm = tvm.relax.VirtualMachine(finalize(scheduled, target), tvm.cpu())
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), _reference(x), rtol=1e-4, atol=1e-4)

@@ -64,9 +64,11 @@ def PrepareOperatorsForTemplates(target: tvm.target.Target, knobs: Optional[dict
     run-time rows here)."""
     from ..schedules.registry import template_rules
 
+    templates = template_rules(target, knobs, kernel_knobs)  # here: a bad knob is a one-line error, not a TVM one
+
     @tvm.transform.module_pass(opt_level=0, name="tfx.PrepareOperatorsForTemplates")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mutator = _PrepareOperators(mod, template_rules(target, knobs, kernel_knobs), target)
+        mutator = _PrepareOperators(mod, templates, target)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 mutator.builder_.update_func(gv, mutator.visit_expr(func))
