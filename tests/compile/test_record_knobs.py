@@ -387,3 +387,56 @@ def test_knobs_that_fail_on_the_symbolic_kernel_fall_back_to_its_defaults(symbol
     x = np.random.default_rng(3).standard_normal((1, 3, K)).astype("float32")
     vm = tvm.relax.VirtualMachine(finalize(scheduled, target), tvm.cpu())
     np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), _reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_compile_command_says_how_many_kernels_took_tuned_knobs(model, logs, tmp_path, capsys):
+    from tvm_fusion_ext.cli import main
+
+    assert main(["compile", model, "-o", str(tmp_path / "art"), "--logs", logs]) == 0
+    out = capsys.readouterr().out
+    assert "tuned knobs: 2 kernels took knobs transferred from records of the same signature" in out
+    assert main(["compile", model, "-o", str(tmp_path / "plain")]) == 0
+    assert "tuned knobs" not in capsys.readouterr().out  # no --logs: nothing to say
+
+
+def test_gated_dense_takes_k_unroll_and_the_register_tile_rows(tmp_path):
+    """The gated dense samples its row split first (static rows only), then k and unroll: named by the template,
+    not by position."""
+    from tvm import relax
+
+    from tvm_fusion_ext.compile import compile_model, prepare
+    from tvm_fusion_ext.compile.record_knobs import collect
+    from tvm_fusion_ext.ops import call_op
+    from tvm_fusion_ext.schedules.registry import get_template
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.testing import build_module
+
+    target = resolve_target("llvm")
+    w = np.random.default_rng(4).standard_normal((K, 24, 2)).astype("float32") / math.sqrt(K)
+
+    def module(batch, seq):
+        b = batch if batch is not None else tvm.tirx.Var("batch", "int64")
+        s = seq if seq is not None else tvm.tirx.Var("seq", "int64")
+        x = relax.Var("x", relax.TensorType([b, s, K], "float32"))
+        return build_module([x], lambda bb: call_op(bb, "fused_gated_dense", {"x": x, "w": relax.const(w)},
+                                                    {"act": "silu"}))
+
+    (static,) = _kernels(prepare(module(1, 16), target, fuse_graph=False)[0], "tfx.gated_dense").values()
+    _commit(_record_dir(tmp_path), static, _template_trace(static, "tfx.gated_dense", DENSE_KNOBS))
+    table = collect(str(tmp_path), target).table
+    assert [e.knobs for e in table.by_signature.values()] == [DENSE_TRANSFERRED]
+    symbolic = module(None, None)
+    (kernel,) = _kernels(prepare(symbolic, target, fuse_graph=False, kernel_knobs=table)[0],
+                         "tfx.gated_dense").values()
+    assert json.loads(str(kernel.attrs["tfx.params"]))["row_block"] == DENSE_TRANSFERRED["mr"]
+    sch = get_template("tfx.gated_dense", target).with_knobs(None, table).apply(kernel, target, False)
+    samples = [sch.trace.decisions[i] for i in sch.trace.insts if i.kind.name.startswith("Sample")]
+    assert [int(v) for v in samples[0]] == [2, 16] and int(samples[1]) == 2
+
+    compiled = compile_model(symbolic, target, fuse_graph=False, logs=str(tmp_path))
+    assert [e["rule"] for e in compiled.transferred] == ["tfx.gated_dense"]
+    x = np.random.default_rng(5).standard_normal((2, 7, K)).astype("float32")
+    gate, up = x.astype("float64") @ w[..., 0], x.astype("float64") @ w[..., 1]
+    want = gate / (1 + np.exp(-gate)) * up
+    vm = tvm.relax.VirtualMachine(compiled.executable, tvm.cpu())
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), want, rtol=1e-4, atol=1e-4)

@@ -105,7 +105,7 @@ def _records_by_workload(directory: str):
 
 def _take_best(workload: tvm.IRModule, records: list, directory: str, target, stats: TransferStats) -> None:
     from ..schedules.registry import get_template
-    from ..schedules.rule import block_rule_of
+    from ..schedules.rule import TemplateRule, block_rule_of
 
     func = workload["main"]
     rule = block_rule_of(func)
@@ -114,7 +114,13 @@ def _take_best(workload: tvm.IRModule, records: list, directory: str, target, st
     if template is None or sig is None:
         stats.not_transferred["kernel without a template"] += len(records)
         return
+    if type(template).transferable_knobs is TemplateRule.transferable_knobs:
+        stats.not_transferred[f"{rule} ({template.family}) transfers no knobs"] += len(records)
+        return
     names, kinds = _knob_names(template, func, target)
+    if names is None:
+        stats.not_transferred[f"{rule} template fails on the record's workload"] += len(records)
+        return
     for record in records:
         knobs, reason = _named_decisions(record.trace, names, kinds)
         if knobs is None:
@@ -126,16 +132,17 @@ def _take_best(workload: tvm.IRModule, records: list, directory: str, target, st
         return  # the fastest template-space record decides; slower ones are neither used nor refused
 
 
-def _knob_names(template, func, target) -> Tuple[List[str], List[str]]:
-    """The knob names the template reads on ``func``, in order, and the kinds of the samples it makes."""
+def _knob_names(template, func, target) -> Tuple[Optional[List[str]], List[str]]:
+    """The knob names the template reads on ``func``, in order, and the kinds of the samples it makes
+    (``(None, [])`` when the template cannot schedule it with its defaults)."""
     sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
     block = template.find_block(sch)
     recorder = _RecordingKnobs()
     try:
         with target:
             template.schedule(sch, block, target, recorder)
-    except Exception:  # noqa: BLE001  (the template declines this kernel with defaults: nothing can be named)
-        return [], []
+    except Exception:  # noqa: BLE001  (a workload from another version of the operator: nothing can be named)
+        return None, []
     return recorder.names, [i.kind.name for i in sch.trace.insts if i.kind.name in _SAMPLES]
 
 
