@@ -3,8 +3,9 @@
 A record tuned in the **template** space is the template's trace with MetaSchedule's decisions: every
 ``sample_perfect_tile`` / ``sample_categorical`` of it is one knob, in the order the template reads its knobs.
 To name them, the template is run once more on the record's workload with its defaults while the knob names it
-reads are recorded; the record's sample instructions must then be exactly as many, of the same kinds, else the
-record does not transfer (its reason is kept). Records from the **auto** space (MetaSchedule's own sketches:
+reads are recorded; the record's sample instructions must then be as many, each of the same shape (a perfect
+tile of as many factors, a categorical over the same candidates), else the record does not transfer (its reason
+is kept: a record of an older template version, say). Records from the **auto** space (MetaSchedule's own sketches:
 their trace first removes our ``schedule_rule`` annotation) carry no knobs and are counted, never guessed at.
 
 Of each tuned kernel, the fastest template-space record that names cleanly gives the knobs; its template keeps
@@ -117,12 +118,12 @@ def _take_best(workload: tvm.IRModule, records: list, directory: str, target, st
     if type(template).transferable_knobs is TemplateRule.transferable_knobs:
         stats.not_transferred[f"{rule} ({template.family}) transfers no knobs"] += len(records)
         return
-    names, kinds = _knob_names(template, func, target)
+    names, shapes = _knob_names(template, func, target)
     if names is None:
         stats.not_transferred[f"{rule} template fails on the record's workload"] += len(records)
         return
     for record in records:
-        knobs, reason = _named_decisions(record.trace, names, kinds)
+        knobs, reason = _named_decisions(record.trace, names, shapes)
         if knobs is None:
             stats.not_transferred[reason] += 1
             continue
@@ -133,7 +134,7 @@ def _take_best(workload: tvm.IRModule, records: list, directory: str, target, st
 
 
 def _knob_names(template, func, target) -> Tuple[Optional[List[str]], List[str]]:
-    """The knob names the template reads on ``func``, in order, and the kinds of the samples it makes
+    """The knob names the template reads on ``func``, in order, and the shapes of the samples it makes
     (``(None, [])`` when the template cannot schedule it with its defaults)."""
     sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
     block = template.find_block(sch)
@@ -143,19 +144,32 @@ def _knob_names(template, func, target) -> Tuple[Optional[List[str]], List[str]]
             template.schedule(sch, block, target, recorder)
     except Exception:  # noqa: BLE001  (a workload from another version of the operator: nothing can be named)
         return None, []
-    return recorder.names, [i.kind.name for i in sch.trace.insts if i.kind.name in _SAMPLES]
+    return recorder.names, [_sample_shape(i) for i in sch.trace.insts if i.kind.name in _SAMPLES]
 
 
-def _named_decisions(trace, names: List[str], kinds: List[str]) -> Tuple[Optional[dict], str]:
+def _sample_shape(inst) -> str:
+    """What a sample instruction is, decisions aside: a perfect tile's factor count, a categorical's candidates
+    (a tile's ``max_innermost_factor`` follows the decision in our templates, so it is left out)."""
+    if inst.kind.name == "SamplePerfectTile":
+        return f"tile of {int(inst.attrs[0])}"
+    return f"one of {[int(c) for c in inst.attrs[0]]}"
+
+
+def _named_decisions(trace, names: List[str], wanted: List[str]) -> Tuple[Optional[dict], str]:
     """``({knob: decision}, "")``, or ``(None, why the trace does not name)``."""
     insts = list(trace.insts)
     if any(i.kind.name == "Unannotate" and "schedule_rule" in [str(a) for a in i.attrs] for i in insts):
         return None, "auto space (no template knobs)"
     samples = [i for i in insts if i.kind.name in _SAMPLES]
-    if not names or len(names) != len(kinds):
+    if not names or len(names) != len(wanted):
         return None, "template reads its knobs out of step with its samples"
-    if len(samples) != len(names) or [i.kind.name for i in samples] != kinds:
+    if len(samples) != len(names):
         return None, f"trace has {len(samples)} samples where the template makes {len(names)} (stale or foreign)"
+    shapes = [_sample_shape(i) for i in samples]
+    if shapes != wanted:
+        first = next(n for n, (a, b) in enumerate(zip(shapes, wanted)) if a != b)
+        return None, (f"trace's sample {first + 1} is a {shapes[first]} where the template's '{names[first]}' is a "
+                      f"{wanted[first]} (stale or foreign)")
     decisions = trace.decisions
     out = {}
     for name, inst in zip(names, samples):
