@@ -226,6 +226,7 @@ def test_compile_lists_transferred_knobs_and_matches_untuned_and_numpy(model, sy
     manifest = compile_artifact(model, str(tmp_path / "tuned"), logs=logs)
     records = manifest["records"]
     assert records["dir"] is None and "tuned knobs on 2 kernels" in records["note"]
+    assert records["logs"] == os.path.abspath(logs)  # what `bench`'s in-process peers compile with
     assert records["not_transferred"] == 0
     by_rule = {e["rule"]: e for e in records["transferred"]}
     assert set(by_rule) == {"tfx.dense", "tfx.layernorm"}

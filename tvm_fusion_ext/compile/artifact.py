@@ -191,8 +191,8 @@ def _bounds(mod: tvm.IRModule) -> dict:
 
 def _records_entry(compiled: Compiled) -> dict:
     # with --logs: the knobs that reached kernels no record matched, and what could not transfer
-    transfer = {"transferred": compiled.transferred, **compiled.transfer_refusals} if compiled.transfer_refusals \
-        else {}
+    transfer = {"logs": os.path.abspath(compiled.logs), "transferred": compiled.transferred,
+                **compiled.transfer_refusals} if compiled.transfer_refusals else {}
     if compiled.records is None:
         return {"dir": None, "note": compiled.records_note, **transfer}
     from ..records import MANIFEST_FILE as RECORDS_MANIFEST, read_manifest

@@ -37,6 +37,7 @@ class Compiled:
     transferred: List[dict] = field(default_factory=list)
     #: records under ``logs`` whose knobs could not transfer: ``{"not_transferred": N, "..._reasons": {...}}``
     transfer_refusals: dict = field(default_factory=dict)
+    logs: Optional[str] = None               # the ``logs`` given (a record directory or a root of them)
 
 
 def fuse(mod: tvm.IRModule, remove_padding: bool = False) -> Tuple[tvm.IRModule, FusionReport]:
@@ -102,7 +103,7 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
     executable = finalize(scheduled, target)
     return Compiled(executable, target, report, records, note, weights,
                     transferred=table.applied() if table is not None else [],
-                    transfer_refusals=transfer.summary() if transfer is not None else {})
+                    transfer_refusals=transfer.summary() if transfer is not None else {}, logs=logs)
 
 
 def transfer_note(transfer) -> str:

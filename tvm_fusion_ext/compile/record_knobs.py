@@ -37,7 +37,7 @@ class TransferStats:
 
     table: KernelKnobs = field(default_factory=KernelKnobs)
     directories: List[str] = field(default_factory=list)
-    #: records that could not transfer, by reason ("auto space", "3 samples in the trace, 4 knobs read", ...)
+    #: records that could not transfer, by reason ("auto space (no template knobs)", a stale trace, ...)
     not_transferred: Counter = field(default_factory=Counter)
 
     def summary(self) -> dict:

@@ -23,8 +23,8 @@ import tvm
 ROW_ONLY_PARAMS = ("row_block", "query_block")
 
 #: per operator: which axes of which input are row axes (batch, sequence), by input name. ``"leading"``: every
-#: axis but the last; a tuple: those axes; ``"all"``: every axis (the input is per-token bookkeeping). Inputs not
-#: listed have no row axis (weights, biases, LayerNorm scales).
+#: axis but the last; ``"all"``: every axis (a mask, per-token bookkeeping). Inputs not listed have no row axis
+#: (weights, biases, LayerNorm scales). An operator not listed has no signature: it takes no transferred knobs.
 _ROW_AXES = {
     "fused_dense": {"x": "leading"},
     "fused_gated_dense": {"x": "leading"},
