@@ -72,21 +72,21 @@ def _gelu_dense(lowered):
     return func
 
 
-def _record_dir(root, name="static"):
+def _record_dir(root, name="static", target="llvm"):
     from tvm_fusion_ext.records import target_label
     from tvm_fusion_ext.targets import resolve_target
 
-    return os.path.join(str(root), f"{name}-{target_label(resolve_target('llvm'))}")
+    return os.path.join(str(root), f"{name}-{target_label(resolve_target(target))}")
 
 
-def _commit(directory, func, trace, secs=1e-5, manifest=None):
+def _commit(directory, func, trace, secs=1e-5, manifest=None, target="llvm"):
     """One tuning record of ``func`` with ``trace``, as the tuner commits one."""
     from tvm.s_tir import meta_schedule as ms
 
     from tvm_fusion_ext.records import open_database, target_label, write_manifest
     from tvm_fusion_ext.targets import resolve_target
 
-    target = resolve_target("llvm")
+    target = resolve_target(target)
     db = open_database(directory, create=True)
     workload = db.commit_workload(tvm.IRModule({"main": func}))
     db.commit_tuning_record(ms.database.TuningRecord(trace, workload, [secs], target, None))
@@ -94,11 +94,11 @@ def _commit(directory, func, trace, secs=1e-5, manifest=None):
                                **(manifest or {})})
 
 
-def _template_trace(func, rule, knobs, extra_sample=False):
+def _template_trace(func, rule, knobs, extra_sample=False, target="llvm"):
     from tvm_fusion_ext.schedules.registry import get_template
     from tvm_fusion_ext.targets import resolve_target
 
-    target = resolve_target("llvm")
+    target = resolve_target(target)
     template = get_template(rule, target)
     sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
     template(sch, template.find_block(sch), target, knobs)
@@ -450,3 +450,41 @@ def test_gated_dense_takes_k_unroll_and_the_register_tile_rows(tmp_path):
     want = gate / (1 + np.exp(-gate)) * up
     vm = tvm.relax.VirtualMachine(compiled.executable, tvm.cpu())
     np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_cuda_layernorm_takes_threads_and_unroll(tmp_path, monkeypatch):
+    """CUDA (compiled with nvcc, not run): the LayerNorm's thread count follows the row width, so a record's
+    ``threads`` and ``unroll`` reach the symbolic kernel; no other CUDA template transfers yet. Rows of 256:
+    64 float4 vectors, 32 or 64 threads (default 64, index 1)."""
+    from tvm_fusion_ext.compile import compile_model, prepare
+    from tvm_fusion_ext.compile.record_knobs import collect
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.schedules.registry import get_template
+    from tvm_fusion_ext.targets import resolve_target
+
+    monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", os.environ.get("TVM_CUDA_COMPILE_MODE", "nvcc"))
+    target = resolve_target("cuda:sm_90")
+    model = _onnx(tmp_path / "wide.onnx", k=256)
+    static = prepare(load_onnx(model, shapes={"x": [1, 16, 256]}), target)[0]
+    (ln,) = _kernels(static, "tfx.layernorm").values()
+    directory = _record_dir(tmp_path / "logs", target="cuda:sm_90")
+    _commit(directory, ln, _template_trace(ln, "tfx.layernorm", {"threads": 0, "unroll": 2}, target="cuda:sm_90"),
+            target="cuda:sm_90")
+    dense = _gelu_dense(static)
+    _commit(directory, dense, _template_trace(dense, "tfx.dense", {}, target="cuda:sm_90"), target="cuda:sm_90")
+    transfer = collect(str(tmp_path / "logs"), target)
+    assert [(e.rule, e.knobs) for e in transfer.table.by_signature.values()] == \
+        [("tfx.layernorm", {"threads": 0, "unroll": 2})]
+    assert transfer.summary()["not_transferred_reasons"] == {"tfx.dense (cuda) transfers no knobs": 1}
+    assert collect(str(tmp_path / "logs"), resolve_target("llvm")).directories == []  # records of another target
+
+    symbolic = load_onnx(model)
+    (kernel,) = _kernels(prepare(symbolic, target)[0], "tfx.layernorm").values()
+
+    def decisions(table):
+        sch = get_template("tfx.layernorm", target).with_knobs(None, table).apply(kernel, target, False)
+        return [int(sch.trace.decisions[i]) for i in sch.trace.insts if i.kind.name == "SampleCategorical"]
+
+    assert decisions(transfer.table) == [0, 2] and decisions(None) == [1, 1]
+    compiled = compile_model(symbolic, target, logs=str(tmp_path / "logs"))
+    assert [(e["rule"], e["kernels"]) for e in compiled.transferred] == [("tfx.layernorm", 1)]
