@@ -45,8 +45,9 @@ def _onnx(path, k=K, n=N, act="Gelu"):
              helper.make_node(act, ["hb"], ["a"]), helper.make_node("MatMul", ["a", "W2"], ["h2"]),
              helper.make_node("Add", ["h2", "b2"], ["h2b"]), helper.make_node("Add", ["h2b", "x"], ["r"]),
              helper.make_node("LayerNormalization", ["r", "g", "be"], ["y"], axis=-1, epsilon=1e-5)]
-    graph = helper.make_graph(nodes, "knobs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", k])], inits)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", k])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", k])
+    graph = helper.make_graph(nodes, "knobs", [x], [y], inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9), str(path))
     return str(path)
 
@@ -262,8 +263,9 @@ def test_records_of_another_signature_do_not_transfer(symbolic, tmp_path):
 
 def test_auto_space_and_stale_records_are_counted_not_guessed(symbolic, static_lowered, tmp_path):
     """An auto-space record (no knobs), a record with a sample the template does not make and one of another
-    template version (a sample of another shape) are counted with their reasons, never read as knobs; the fastest record that names cleanly gives the kernel's
-    knobs (the GELU dense), a kernel without one keeps the defaults (the LayerNorm), and the build is correct."""
+    template version (a sample of another shape) are counted with their reasons, never read as knobs; the
+    fastest record that names cleanly gives the kernel's knobs (the GELU dense), a kernel without one keeps the
+    defaults (the LayerNorm), and the build is correct."""
     from tvm_fusion_ext.compile import compile_model
 
     directory = _record_dir(tmp_path / "logs")
