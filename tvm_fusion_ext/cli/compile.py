@@ -38,7 +38,14 @@ def describe(manifest: dict, out: str, seconds: float) -> str:
                                 else "nothing (--no-fusion)"))
     if fusion and fusion.get("padding_removed"):
         lines.append("  padding removed: token-wise operators run on the valid tokens of attention_mask only")
-    lines.append(f"  tuning records: {manifest['records']['note']}")
+    records = manifest["records"]
+    lines.append(f"  tuning records: {records['note']}")
+    if "not_transferred" in records:  # --logs given
+        kernels = sum(int(t.get("kernels", 1)) for t in records["transferred"])
+        lines.append(f"  tuned knobs: {kernels} kernel{'s' if kernels != 1 else ''} took knobs transferred from "
+                     f"records of the same signature"
+                     + (f" ({records['not_transferred']} records could not transfer)"
+                        if records.get("not_transferred") else ""))
     checked = manifest["target"]["cpu"]["checked_features"]
     lines.append(f"  needs CPU features: {', '.join(checked) if checked else 'none beyond the architecture'}")
     return "\n".join(lines)

@@ -4,6 +4,7 @@
 ``pipeline``       :func:`compile_model` (the entry point), :func:`build`, :func:`prepare`, :func:`fuse`
 ``lower``          Relax → unscheduled TIR, the lowering the tuner and the build share
 ``schedule``       tuning records, then templates, then the fallback
+``record_knobs``   template knobs read back from records, per kernel signature (for kernels no record matches)
 ``finalize``       the backend's finalisation passes and ``tvm.compile``
 ``weights``        large constants lifted out of ``main`` into parameters (for artifacts)
 ``artifact``       ``tvm-fusion compile``: a model → an artifact directory (:func:`compile_artifact`)

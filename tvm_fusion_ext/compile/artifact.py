@@ -190,8 +190,11 @@ def _bounds(mod: tvm.IRModule) -> dict:
 
 
 def _records_entry(compiled: Compiled) -> dict:
+    # with --logs: the knobs that reached kernels no record matched, and what could not transfer
+    transfer = {"logs": os.path.abspath(compiled.logs), "transferred": compiled.transferred,
+                **compiled.transfer_refusals} if compiled.transfer_refusals else {}
     if compiled.records is None:
-        return {"dir": None, "note": compiled.records_note}
+        return {"dir": None, "note": compiled.records_note, **transfer}
     from ..records import MANIFEST_FILE as RECORDS_MANIFEST, read_manifest
 
     directory = os.path.abspath(compiled.records)
@@ -200,7 +203,7 @@ def _records_entry(compiled: Compiled) -> dict:
     return {"dir": directory, "note": compiled.records_note,
             "manifest_sha256": sha256_of_file(manifest_file) if os.path.isfile(manifest_file) else None,
             "model_hash": manifest.get("model_hash"), "target": manifest.get("target"),
-            "trials": manifest.get("trials")}
+            "trials": manifest.get("trials"), **transfer}
 
 
 # ----------------------------------------------------------------------------------------------- files

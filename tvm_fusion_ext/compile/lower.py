@@ -10,6 +10,8 @@ tuning tasks).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import tvm
 from tvm import relax
 
@@ -47,21 +49,26 @@ class _PrepareOperators(relax.PyExprMutator):
         constants = {n: v for n, v in ((n, self._constant(e)) for n, e in inputs.items()) if v is not None}
         original = OperatorCall(op, inputs, params_of(func), constants)
         for template in self.templates:
-            wanted = template.prepare_operator(original, self.target)
+            wanted = template.prepare(original, self.target)
             if wanted is not None:
                 self.changed += 1
                 return call_op(self.builder_, op, wanted.inputs, wanted.params)
         return call
 
 
-def PrepareOperatorsForTemplates(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: N802
+def PrepareOperatorsForTemplates(target: tvm.target.Target, knobs: Optional[dict] = None,  # noqa: N802
+                                 kernel_knobs=None) -> tvm.transform.Pass:
     """Re-derive fused-operator calls with the parameters the target's templates ask for (pre-packed CPU dense
-    weights, the tensor-core attention's key block): see ``TemplateRule.prepare_operator``."""
+    weights, the tensor-core attention's key block): see ``TemplateRule.prepare_operator``. ``knobs`` and
+    ``kernel_knobs`` as in :func:`~tvm_fusion_ext.schedules.registry.template_rules` (a row tile knob pads
+    run-time rows here)."""
     from ..schedules.registry import template_rules
+
+    templates = template_rules(target, knobs, kernel_knobs)  # here: a bad knob is a one-line error, not a TVM one
 
     @tvm.transform.module_pass(opt_level=0, name="tfx.PrepareOperatorsForTemplates")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mutator = _PrepareOperators(mod, template_rules(target), target)
+        mutator = _PrepareOperators(mod, templates, target)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 mutator.builder_.update_func(gv, mutator.visit_expr(func))
@@ -160,8 +167,11 @@ def _definitions_first(block, known):
     return relax.DataflowBlock([bindings[i] for i in order], block.span)
 
 
-def lower(mod: tvm.IRModule, target: TargetSpec = None) -> tvm.IRModule:
-    """Relax (fused by SemanticFusion or not) -> Relax calling unscheduled TIR PrimFuncs, for ``target``."""
+def lower(mod: tvm.IRModule, target: TargetSpec = None, knobs: Optional[dict] = None,
+          kernel_knobs=None) -> tvm.IRModule:
+    """Relax (fused by SemanticFusion or not) -> Relax calling unscheduled TIR PrimFuncs, for ``target``.
+    ``knobs`` / ``kernel_knobs``: the template knobs the build will schedule with, for the operator parameters
+    they decide (see :func:`PrepareOperatorsForTemplates`); the tuner lowers with neither."""
     from ..transform.safe_gather import ClampGatherIndices
     from ..transform.shape_computations import ResolveShapeComputations
 
@@ -171,7 +181,7 @@ def lower(mod: tvm.IRModule, target: TargetSpec = None) -> tvm.IRModule:
         ClampGatherIndices(),  # a bad token id must not read past the embedding table
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
-        PrepareOperatorsForTemplates(target),
+        PrepareOperatorsForTemplates(target, knobs, kernel_knobs),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

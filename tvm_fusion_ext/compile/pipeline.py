@@ -33,6 +33,11 @@ class Compiled:
     records_note: str = ""                   # which records were used, or why none
     #: with ``lift_weights``: ``[(parameter name, value)]`` to pass after the inputs, in parameter order
     weights: List[Tuple[str, object]] = field(default_factory=list)
+    #: tuned knobs that reached kernels no record matched (``KernelKnobs.applied``): rule, signature, knobs, from
+    transferred: List[dict] = field(default_factory=list)
+    #: records under ``logs`` whose knobs could not transfer: ``{"not_transferred": N, "..._reasons": {...}}``
+    transfer_refusals: dict = field(default_factory=dict)
+    logs: Optional[str] = None               # the ``logs`` given (a record directory or a root of them)
 
 
 def fuse(mod: tvm.IRModule, remove_padding: bool = False) -> Tuple[tvm.IRModule, FusionReport]:
@@ -44,15 +49,15 @@ def fuse(mod: tvm.IRModule, remove_padding: bool = False) -> Tuple[tvm.IRModule,
     return fused, report
 
 
-def prepare(mod: tvm.IRModule, target: TargetSpec = None,
-            fuse_graph: bool = True, remove_padding: bool = False) -> Tuple[tvm.IRModule, Optional[FusionReport]]:
+def prepare(mod: tvm.IRModule, target: TargetSpec = None, fuse_graph: bool = True, remove_padding: bool = False,
+            knobs: Optional[dict] = None, kernel_knobs=None) -> Tuple[tvm.IRModule, Optional[FusionReport]]:
     """Fuse (optionally; ``remove_padding`` as in :func:`SemanticFusion`) and lower: the unscheduled module every
-    later step starts from."""
+    later step starts from (``knobs`` / ``kernel_knobs``: as the build will schedule, see :func:`lower`)."""
     target = resolve_target(target)
     report = None
     if fuse_graph:
         mod, report = fuse(mod, remove_padding)
-    return lower(mod, target), report
+    return lower(mod, target, knobs, kernel_knobs), report
 
 
 def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Target) -> Tuple[Optional[str], str]:
@@ -69,22 +74,46 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
     """Fuse, lower, schedule (records from ``logs``, templates, fallback) and build ``mod`` for ``target``.
 
     ``logs`` is a record directory or a root of them (the one whose manifest matches this model and target is
-    used; none matching builds untuned, and :attr:`Compiled.records_note` says so). ``knobs`` maps a block
-    rule (``"tfx.dense"``) to template knobs, for kernels no record covers. ``lift_weights``: the scheduled
+    used; none matching builds untuned, and :attr:`Compiled.records_note` says so). Kernels no record matches
+    (a symbolic build's, always) take the template knobs of template-space records of the same signature under
+    ``logs`` for this target (:mod:`.record_knobs`; :attr:`Compiled.transferred`). ``knobs`` maps a block
+    rule (``"tfx.dense"``) to template knobs, for kernels neither covers. ``lift_weights``: the scheduled
     module's large constants become trailing parameters of ``main`` (:attr:`Compiled.weights`), so that an
     artifact can store them beside the library (:mod:`.weights`)."""
     target = resolve_target(target)
     records, note = select_records(logs, mod, target)
+    transfer = None
+    if logs is not None:
+        from .record_knobs import collect
+
+        transfer = collect(logs, target)
+    table = transfer.table if transfer is not None else None
+    lowered, report = prepare(mod, target, fuse_graph, remove_padding, knobs=knobs, kernel_knobs=table)
+    scheduled = schedule(lowered, target, records=records, knobs=knobs, kernel_knobs=table)
+    if transfer is not None:
+        if transfer.table.kernels and records is None:
+            note = note.replace("; building untuned", "")
+        note += "; " + transfer_note(transfer)
     logger.info(note)
-    lowered, report = prepare(mod, target, fuse_graph, remove_padding)
-    scheduled = schedule(lowered, target, records=records, knobs=knobs)
     weights = []
     if lift_weights:
         from .weights import lift_weights as lift
 
         scheduled, weights = lift(scheduled)
     executable = finalize(scheduled, target)
-    return Compiled(executable, target, report, records, note, weights)
+    return Compiled(executable, target, report, records, note, weights,
+                    transferred=table.applied() if table is not None else [],
+                    transfer_refusals=transfer.summary() if transfer is not None else {}, logs=logs)
+
+
+def transfer_note(transfer) -> str:
+    """One clause: how many kernels took tuned knobs, from how many directories, and what did not transfer."""
+    table = transfer.table
+    text = (f"tuned knobs on {table.kernels} kernel{'s' if table.kernels != 1 else ''} no record matches "
+            f"({len(table.scheduled)} of {len(table)} signatures from {len(transfer.directories)} "
+            f"record director{'ies' if len(transfer.directories) != 1 else 'y'})")
+    refused = transfer.summary()["not_transferred"]
+    return text + (f", {refused} records could not transfer" if refused else "")
 
 
 def build(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse: bool = True,

@@ -14,16 +14,18 @@ from ..targets import TargetSpec, resolve_target
 
 
 def ApplyTemplates(target: TargetSpec = None, knobs: Optional[dict] = None,  # noqa: N802
-                   fallback: bool = True) -> tvm.transform.Pass:
+                   fallback: bool = True, kernel_knobs=None) -> tvm.transform.Pass:
     """Schedule every not-yet-scheduled PrimFunc with the first rule that takes it: the target's templates
-    (``knobs`` maps a block rule such as ``"tfx.dense"`` to its knobs), then, with ``fallback``, the generic
-    rules. Marks what it scheduled; never changes the caller's module."""
+    (``knobs`` maps a block rule such as ``"tfx.dense"`` to its knobs; ``kernel_knobs``, a
+    :class:`~tvm_fusion_ext.schedules.kernel_knobs.KernelKnobs`, gives tuned knobs per kernel signature over
+    them), then, with ``fallback``, the generic rules. Marks what it scheduled; never changes the caller's
+    module."""
     from tvm.s_tir import dlight as dl
 
     from ..schedules.registry import fallback_rules, template_rules
 
     target = resolve_target(target)
-    rules = template_rules(target, knobs) + (fallback_rules(target) if fallback else [])
+    rules = template_rules(target, knobs, kernel_knobs) + (fallback_rules(target) if fallback else [])
     apply = dl.ApplyDefaultSchedule(*rules)
 
     @tvm.transform.module_pass(opt_level=0, name="tfx.ApplyTemplates")
@@ -54,12 +56,13 @@ def apply_records(mod: tvm.IRModule, target: tvm.target.Target, record_dir: str)
 
 
 def schedule(mod: tvm.IRModule, target: TargetSpec = None, records: Optional[str] = None,
-             knobs: Optional[dict] = None) -> tvm.IRModule:
-    """Schedule a lowered module: ``records`` (a record directory) first, then templates, then the fallback;
-    then bound causal attention's key-block loops by their query tiles (whichever schedule made them)."""
+             knobs: Optional[dict] = None, kernel_knobs=None) -> tvm.IRModule:
+    """Schedule a lowered module: ``records`` (a record directory) first, then templates (with ``knobs`` and
+    the per-kernel ``kernel_knobs`` transferred from records), then the fallback; then bound causal attention's
+    key-block loops by their query tiles (whichever schedule made them)."""
     from .causal_skip import SkipMaskedKeyBlocks
 
     target = resolve_target(target)
     if records is not None:
         mod = apply_records(mod, target, records)
-    return SkipMaskedKeyBlocks()(ApplyTemplates(target, knobs)(mod))
+    return SkipMaskedKeyBlocks()(ApplyTemplates(target, knobs, kernel_knobs=kernel_knobs)(mod))

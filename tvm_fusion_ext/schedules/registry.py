@@ -35,11 +35,12 @@ def registered() -> Dict[Tuple[str, str], TemplateRule]:
     return {(t.block_rule, t.family): t for t in _all_templates()}
 
 
-def template_rules(target: tvm.target.Target, knobs: Optional[dict] = None) -> List[TemplateRule]:
-    """The templates for ``target``'s family; ``knobs`` maps a block rule ("tfx.dense") to its knobs."""
+def template_rules(target: tvm.target.Target, knobs: Optional[dict] = None, kernel_knobs=None) -> List[TemplateRule]:
+    """The templates for ``target``'s family; ``knobs`` maps a block rule ("tfx.dense") to its knobs;
+    ``kernel_knobs`` (a :class:`~.kernel_knobs.KernelKnobs`) gives knobs per kernel signature over those."""
     family = TargetInfo.of(target).family
     knobs = knobs or {}
-    return [t.with_knobs(knobs.get(t.block_rule)) for t in _all_templates() if t.family == family]
+    return [t.with_knobs(knobs.get(t.block_rule), kernel_knobs) for t in _all_templates() if t.family == family]
 
 
 def get_template(block_rule: str, target: tvm.target.Target) -> Optional[TemplateRule]:

@@ -72,12 +72,39 @@ class TemplateRule(ScheduleRule):
     #: the typed knob set
     Knobs: ClassVar[type] = Knobs
 
-    def __init__(self, knobs=None):
+    def __init__(self, knobs=None, kernel_knobs=None):
         self.knobs = self.Knobs.of(knobs)
+        #: a :class:`~.kernel_knobs.KernelKnobs`: tuned knobs per kernel signature, over ``knobs``
+        self.kernel_knobs = kernel_knobs
 
-    def with_knobs(self, knobs) -> "TemplateRule":
-        """The same template with these knobs as its decisions (None: expert defaults)."""
-        return type(self)(knobs)
+    def with_knobs(self, knobs, kernel_knobs=None) -> "TemplateRule":
+        """The same template with these knobs as its decisions (None: expert defaults), and ``kernel_knobs``
+        (per-kernel knobs transferred from tuning records) over them where a kernel's signature has some."""
+        return type(self)(knobs, kernel_knobs)
+
+    def transferable_knobs(self, static: dict) -> dict:
+        """The knobs of a tuned static kernel (``{name: decision}``, from its record) that keep their meaning
+        on a kernel of the same signature with other or run-time rows, renamed as that kernel's path reads them.
+        The default transfers nothing: a template says which of its knobs do not depend on the rows."""
+        return {}
+
+    def _knobs_for(self, sig: Optional[str]) -> "Knobs":
+        extra = self.kernel_knobs.lookup(self.block_rule, sig) if self.kernel_knobs is not None else None
+        if not extra:
+            return self.knobs
+        given = {f.name: getattr(self.knobs, f.name) for f in dataclasses.fields(self.knobs)}
+        return self.Knobs.of({**{k: v for k, v in given.items() if v is not None}, **extra})
+
+    def prepare(self, call, target: tvm.target.Target):
+        """:meth:`prepare_operator` with the knobs transferred to this call's kernel, if any (the compile path's
+        entry point; a row-padding knob such as the dense ``mr`` acts here)."""
+        wanted = self.prepare_operator(call, target)
+        if self.kernel_knobs is None:
+            return wanted
+        from .kernel_knobs import call_signature
+
+        knobs = self._knobs_for(call_signature(wanted or call))
+        return wanted if knobs is self.knobs else type(self)(knobs).prepare_operator(call, target)
 
     # -- what a subclass provides -----------------------------------------------------------------
     def decline(self, sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
@@ -109,14 +136,34 @@ class TemplateRule(ScheduleRule):
         if reason is not None:
             logger.info("%s declines %s: %s", type(self).__name__, _name(func), reason)
             return None
+        knobs, sig = self.knobs, None
+        if self.kernel_knobs is not None:
+            from .kernel_knobs import kernel_signature
+
+            sig = kernel_signature(func)
+            knobs = self._knobs_for(sig)
+        if knobs is not self.knobs:
+            tuned = self._try_schedule(sch, block, target, knobs, func, "knobs transferred from tuning records")
+            if tuned is not None:
+                self.kernel_knobs.mark_scheduled(sig)
+                return tuned
+            sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)  # the failed attempt left it half done
+            block = self.find_block(sch)
+        return self._try_schedule(sch, block, target, self.knobs, func, None)
+
+    def _try_schedule(self, sch, block, target, knobs, func, transferred: Optional[str]):
         try:
-            self.schedule(sch, block, target, self.knobs)
+            self.schedule(sch, block, target, knobs)
         except FusionExtError:
-            raise  # bad knobs given by the user: say so instead of silently falling back
+            if transferred is None:
+                raise  # bad knobs given by the user: say so instead of silently falling back
+            return None
         except Exception as err:  # noqa: BLE001  (a template bug must not break the build: the fallback runs)
             text = str(err).strip().splitlines()
-            warnings.warn(f"template '{self.block_rule}' ({self.family}) failed on {_name(func)}; using the fallback "
-                          f"schedule: {text[-1] if text else type(err).__name__}")
+            instead = "its default knobs" if transferred else "the fallback schedule"
+            warnings.warn(f"template '{self.block_rule}' ({self.family}) failed on {_name(func)}"
+                          f"{' with ' + transferred if transferred else ''}; using {instead}: "
+                          f"{text[-1] if text else type(err).__name__}")
             return None
         return sch
 

@@ -191,6 +191,13 @@ class AttentionCPU(TemplateRule):
     def decline(self, sch, block, target):
         return symbolic_rows_reason(sch, block)
 
+    def transferable_knobs(self, static):
+        """Everything but ``query_tile``: the micro-kernels' row steps and vector splits tile the key block and
+        head dim (both in the signature), ``unroll`` is per task. A query tile tuned at one static length is
+        not known good for run-time lengths: symbolic rows are padded to it, so its cost depends on the
+        request; the symbolic default (:data:`SYMBOLIC_QUERY_TILE`) stays."""
+        return {k: v for k, v in static.items() if k != "query_tile"}
+
     def schedule(self, sch, block, target, knobs=None):
         attention_cpu(sch, block, target, knobs)
 

@@ -263,6 +263,14 @@ def _finish(sch: s_tir.Schedule, block, par, i1, j1, k0, knobs, write_back) -> N
     sch.annotate(par, "pragma_unroll_explicit", 1)
 
 
+def _row_independent_knobs(static: dict, names) -> dict:
+    """The knobs ``names`` of a static record, plus its register-tile row count as ``mr``."""
+    out = {name: static[name] for name in names if name in static}
+    if static.get("i"):
+        out["mr"] = int(static["i"][-1])
+    return out
+
+
 def _decision(given: Optional[Sequence[int]], default: List[int]) -> List[int]:
     return [int(v) for v in given] if given is not None else default
 
@@ -290,6 +298,11 @@ class DenseCPU(TemplateRule):
 
     def schedule(self, sch, block, target, knobs=None):
         dense_cpu(sch, block, target, knobs)
+
+    def transferable_knobs(self, static):
+        """``k`` (K static in both), ``j`` (N), ``unroll``; a static row split's register tile ``i[-1]`` is the
+        symbolic path's ``mr``. The row split itself (``ip``, ``i0``) is a tiling of the tuned row count."""
+        return _row_independent_knobs(static, ("j", "k", "unroll"))
 
     def prepare_operator(self, call, target):
         """Constant weights pre-packed into the (N/nr, K, nr) panels the micro-kernel streams; rows known only

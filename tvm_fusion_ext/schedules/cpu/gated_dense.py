@@ -32,8 +32,8 @@ from ...ops.gated_dense import pack_gated_weight
 from ...targets import TargetInfo
 from ..common import flatten_rows_map, has_symbolic_rows, op_params, static_extents_reason
 from ..rule import Knobs, TemplateRule
-from .dense import (KC_MAX, MR_MAX, SYMBOLIC_MR, UNROLL_STEPS, _decision, _extent, copy_padded_rows, default_ip,
-                    default_kc, default_mr, panel_group)
+from .dense import (KC_MAX, MR_MAX, SYMBOLIC_MR, UNROLL_STEPS, _decision, _extent, _row_independent_knobs,
+                    copy_padded_rows, default_ip, default_kc, default_mr, panel_group)
 
 #: columns per panel: 2·nr accumulators per row, so mr=4 rows of 8 columns keep 8 AVX2 (4 AVX-512) registers
 #: of accumulators with room for the weight panel and the broadcast
@@ -147,6 +147,10 @@ class GatedDenseCPU(TemplateRule):
 
     def schedule(self, sch, block, target, knobs=None):
         gated_dense_cpu(sch, block, target, knobs)
+
+    def transferable_knobs(self, static):
+        """As the dense template: ``k``, ``unroll``, and ``i[-1]`` as ``mr`` (the panel width is the layout's)."""
+        return _row_independent_knobs(static, ("k", "unroll"))
 
     def prepare_operator(self, call, target):
         """Constant weights packed into (N/nr, K, nr, 2) panels; symbolic rows padded to the register tile."""

@@ -107,5 +107,9 @@ class LayerNormCPU(TemplateRule):
         width = sch.get(sch.get_loops(block)[-1]).extent
         return None if isinstance(width, tvm.tirx.IntImm) else f"row width {width} is symbolic"
 
+    def transferable_knobs(self, static):
+        """``unroll``: the schedule is per row whatever the row count."""
+        return {k: v for k, v in static.items() if k == "unroll"}
+
     def schedule(self, sch, block, target, knobs=None):
         layernorm_cpu(sch, block, target, knobs)

@@ -118,5 +118,10 @@ class LayerNormCUDA(TemplateRule):
         width = sch.get(sch.get_loops(block)[-1]).extent
         return None if isinstance(width, tvm.tirx.IntImm) else f"row width {width} is symbolic"
 
+    def transferable_knobs(self, static):
+        """``threads`` and ``unroll``: the thread candidates follow the row width, one block runs one row
+        whatever the row count."""
+        return {k: v for k, v in static.items() if k in ("threads", "unroll")}
+
     def schedule(self, sch, block, target, knobs=None):
         layernorm_cuda(sch, block, target, knobs)

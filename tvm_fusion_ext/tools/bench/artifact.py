@@ -198,7 +198,8 @@ def _inprocess_row(manifest: dict, onnx_path: Optional[str], onnx_note: str, fee
     from ...runtime import CompiledModel
 
     source = manifest.get("source") or {}
-    records = (manifest.get("records") or {}).get("dir")
+    # the record directory applied, else the logs whose knobs reached kernels (a symbolic artifact's)
+    records = (manifest.get("records") or {}).get("dir") or (manifest.get("records") or {}).get("logs")
     logs = records if records and os.path.isdir(records) else None
     kwargs = {"max_shapes": source["max_shapes"]} if source.get("max_shapes") and not static else {}
     shapes = {k: list(v.shape) for k, v in feeds.items()} if static else source.get("shapes")
