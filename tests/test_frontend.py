@@ -373,3 +373,50 @@ def test_slice_bounds_read_from_data_are_not_folded(run_llvm, run_ort):
         feeds = {"x": x, "n": np.array([n], np.int64)}
         (got,), (ref,) = run_llvm(load_onnx(m), feeds), run_ort(m, feeds)
         np.testing.assert_array_equal(got, ref)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sizes computed from dynamic dims (BLOOM's dynamic exports)
+# ---------------------------------------------------------------------------------------------------------------
+def _heads_times_batch_model(spelling):
+    """BLOOM's head split and merge with sizes computed from the dynamic batch. ``dynamo``: ``batch · 2`` as a
+    scalar (``Squeeze(Shape(x)[0:1]) * 2``) reshaped to one element and concatenated into the target shape;
+    ``legacy``: the merged ``[batch · 2, seq, 3]`` view's first dim divided back (``(batch · 2) / 2``). A dense
+    reads the merged result."""
+    c = {n: numpy_helper.from_array(np.array(v, np.int64), n)
+         for n, v in (("two", 2), ("m1", [-1]), ("three", [3]), ("six", [6]), ("zero", 0), ("axis0", [0]),
+                      ("split", [-1, 0, 3]))}
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((6, 5)).astype(np.float32), "w")
+    nodes = [helper.make_node("Shape", ["x"], ["b1"], start=0, end=1),
+             helper.make_node("Shape", ["x"], ["s1"], start=1, end=2)]
+    if spelling == "dynamo":
+        nodes += [helper.make_node("Squeeze", ["b1"], ["b"]),
+                  helper.make_node("Mul", ["b", "two"], ["bh"]),
+                  helper.make_node("Reshape", ["bh", "m1"], ["bh1"]),
+                  helper.make_node("Concat", ["bh1", "s1", "three"], ["split_shape"], axis=0),
+                  helper.make_node("Reshape", ["x", "split_shape"], ["heads"]),            # [batch·2, seq, 3]
+                  helper.make_node("Concat", ["b1", "s1", "six"], ["merge_shape"], axis=0)]
+    else:
+        nodes += [helper.make_node("Reshape", ["x", "split"], ["heads"]),                  # [batch·2, seq, 3]
+                  helper.make_node("Shape", ["heads"], ["hs"]),
+                  helper.make_node("Gather", ["hs", "zero"], ["bh"], axis=0),
+                  helper.make_node("Div", ["bh", "two"], ["b_again"]),                    # (batch·2) / 2
+                  helper.make_node("Unsqueeze", ["b_again", "axis0"], ["b_again1"]),
+                  helper.make_node("Concat", ["b_again1", "s1", "six"], ["merge_shape"], axis=0)]
+    nodes += [helper.make_node("Reshape", ["heads", "merge_shape"], ["merged"]),          # [batch, seq, 6]
+              helper.make_node("MatMul", ["merged", "w"], ["y"])]
+    return _model(nodes, [_vi("x", TP.FLOAT, ["batch", "seq", 6])], [_vi("y", TP.FLOAT, ["batch", "seq", 5])],
+                  inits=[*c.values(), w])
+
+
+@pytest.mark.parametrize("spelling", ["dynamo", "legacy"])
+def test_sizes_computed_from_dynamic_dims_import_and_build(run_ort, spelling):
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    m = _heads_times_batch_model(spelling)
+    # dynamo: the scalar batch·2 given to a Reshape was refused by TVM's importer; legacy: Div(batch·2, 2) as the
+    # dense's row dim failed to build (the kernel could not bind batch from it)
+    model = CompiledModel.from_module(load_onnx(m))
+    for batch, seq in ((1, 1), (3, 7)):
+        x = np.random.default_rng(batch).standard_normal((batch, seq, 6)).astype(np.float32)
+        np.testing.assert_allclose(model.run({"x": x})["y"], run_ort(m, {"x": x})[0], rtol=1e-5, atol=1e-5)

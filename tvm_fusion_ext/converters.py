@@ -414,5 +414,20 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
                     raise Unsupported(f"input {name} must be a constant (an initializer), not computed at run time")
             return stock(bb, inputs, attr, params)
 
+    class Reshape(_Fixed, of.Reshape):
+        """A size computed from input dims (the importer keeps ``Squeeze(Shape(x)[0:1]) * 4`` as a scalar
+        expression) reshaped to one element: read as the one-dim shape value it is, which the stock converter
+        handles like ``Shape``'s output (it refused scalars: BLOOM's dynamic dynamo export)."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            data = inputs[0]
+            ty = getattr(data, "ty", None)
+            if (not isinstance(data, relax.Var) and isinstance(ty, tvm.ir.PrimType)
+                    and str(ty.dtype).startswith(("int", "uint"))):
+                size = data if str(ty.dtype) == "int64" else tvm.tirx.Cast("int64", data)
+                inputs = [relax.ShapeExpr([size]), *list(inputs)[1:]]
+            return stock(bb, inputs, attr, params)
+
     return {cls.__name__: cls for cls in (Constant, IsInf, BitShift, Mod, Pow, SpaceToDepth, LayerNormalization,
-                                           RMSNormalization, Dropout, NonMaxSuppression)}
+                                           RMSNormalization, Dropout, NonMaxSuppression, Reshape)}

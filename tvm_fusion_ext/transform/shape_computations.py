@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Dict
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir.expr import Expr as PrimExpr
 
@@ -89,6 +90,35 @@ class _FoldUniform(relax.PyExprMutator):
         super().visit_var_binding_(binding)
 
 
+@relax.expr_functor.mutator
+class _SimplifyShapes(relax.PyExprMutator):
+    """Shape expressions the importer left unsimplified, simplified: BLOOM's legacy export divides a size back
+    (``batch · heads // heads``) and the importer writes ``T.Div(batch * 4, 4)`` as a dim. A kernel taking a
+    buffer of that dim cannot bind ``batch`` from it (only a bare variable dim defines one), so its loops over
+    ``batch`` fail to build; simplified, the dim is ``batch`` itself and agrees with every other tensor's."""
+
+    def __init__(self, mod, analyzer):
+        super().__init__(mod)
+        self.analyzer = analyzer
+        self.simplified = 0
+
+    def visit_shape_expr_(self, op):
+        values = [self.analyzer.simplify(v) for v in op.values]
+        if all(tvm_ffi.structural_equal(a, b) for a, b in zip(values, op.values)):
+            return op
+        self.simplified += 1
+        return relax.ShapeExpr(values)
+
+
+def _simplify_shapes(mod: tvm.IRModule, gv, func: relax.Function):
+    """``func`` with its shape expressions simplified, or None when none changes."""
+    from tvm import sym
+
+    mutator = _SimplifyShapes(mod, sym.Analyzer())
+    new_func = mutator.visit_expr(func)
+    return new_func if mutator.simplified else None
+
+
 def _resolve(mod: tvm.IRModule) -> tvm.IRModule:
     out = None
     for gv, func in list(mod.functions_items()):
@@ -101,8 +131,11 @@ def _resolve(mod: tvm.IRModule) -> tvm.IRModule:
                 break
             func = func.bind_symbolic_vars(subs)
             changed = True
-        ev = Evaluator.of_function(func)
         target = out if out is not None else mod.clone()
+        simpler = _simplify_shapes(target, gv, func)
+        if simpler is not None:
+            func, changed = simpler, True
+        ev = Evaluator.of_function(func)
         folder = _FoldUniform(target, ev)
         new_func = folder.visit_expr(func)
         if folder.folded:
