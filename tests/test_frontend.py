@@ -420,3 +420,66 @@ def test_sizes_computed_from_dynamic_dims_import_and_build(run_ort, spelling):
     for batch, seq in ((1, 1), (3, 7)):
         x = np.random.default_rng(batch).standard_normal((batch, seq, 6)).astype(np.float32)
         np.testing.assert_allclose(model.run({"x": x})["y"], run_ort(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def _flattened_rows_dense_model():
+    """GPT-2's Conv1D as exported: the rows flattened (``x.view(-1, K)``), ``addmm``, the rows restored."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 12)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(12).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array([-1, 8], np.int64), "flat"),
+             numpy_helper.from_array(np.array([12], np.int64), "n")]
+    nodes = [helper.make_node("Shape", ["x"], ["bs"], start=0, end=2),
+             helper.make_node("Reshape", ["x", "flat"], ["x2"]),                  # [batch · seq, 8]
+             helper.make_node("Gemm", ["x2", "w", "b"], ["y2"]),
+             helper.make_node("Concat", ["bs", "n"], ["out_shape"], axis=0),
+             helper.make_node("Reshape", ["y2", "out_shape"], ["y"])]
+    return _model(nodes, [_vi("x", TP.FLOAT, ["batch", "seq", 8])], [_vi("y", TP.FLOAT, ["batch", "seq", 12])],
+                  inits)
+
+
+def test_dense_over_flattened_symbolic_rows_builds(run_ort):
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    m = _flattened_rows_dense_model()
+    model = CompiledModel.from_module(load_onnx(m))
+    assert model.report.fused["dense"] == 1
+    # the kernel's buffers are [batch · seq, ·]: batch and seq reach it as scalar arguments (it failed to build)
+    for batch, seq in ((1, 1), (2, 9)):
+        x = np.random.default_rng(seq).standard_normal((batch, seq, 8)).astype(np.float32)
+        np.testing.assert_allclose(model.run({"x": x})["y"], run_ort(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dims", [["batch", "seq", 16], [2, 3, 16]])
+def test_empty_slice_builds(run_ort, dims):
+    # Phi-3's legacy export keeps the rotary "pass-through" slice even when it is empty (rotary dim = head dim)
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("s", [16]), ("e", [16]), ("ax", [2]))]
+    nodes = [helper.make_node("Slice", ["x", "s", "e", "ax"], ["empty"]),
+             helper.make_node("Concat", ["x", "empty"], ["y"], axis=2)]
+    m = _model(nodes, [_vi("x", TP.FLOAT, dims)], [_vi("y", TP.FLOAT, dims)], inits)
+    model = CompiledModel.from_module(load_onnx(m))
+    x = np.random.default_rng(0).standard_normal((2, 3, 16)).astype(np.float32)
+    np.testing.assert_array_equal(model.run({"x": x})["y"], run_ort(m, {"x": x})[0])
+
+
+def test_tile_by_a_size_feeds_its_consumers(run_ort):
+    # DeBERTa's dynamo export repeats its relative-position keys batch times (repeats from Shape), then permutes them;
+    # TVM's own converter made an opaque kernel with fresh output dims that FuseTIR could not tie to batch
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "one")]
+    nodes = [helper.make_node("Shape", ["x"], ["b"], start=0, end=1),
+             helper.make_node("Concat", ["b", "one", "one"], ["reps"], axis=0),
+             helper.make_node("Tile", ["keys", "reps"], ["tiled"]),                  # [batch · 4, 5, 3]
+             helper.make_node("Transpose", ["tiled"], ["y"], perm=[0, 2, 1])]
+    m = _model(nodes, [_vi("x", TP.FLOAT, ["batch", 2]), _vi("keys", TP.FLOAT, [4, 5, 3])],
+               [_vi("y", TP.FLOAT, None)], inits)
+    model = CompiledModel.from_module(load_onnx(m))
+    keys = np.random.default_rng(0).standard_normal((4, 5, 3)).astype(np.float32)
+    for batch in (1, 3):
+        feeds = {"x": np.zeros((batch, 2), np.float32), "keys": keys}
+        got, ref = model.run(feeds)["y"], run_ort(m, feeds)[0]
+        assert got.shape == ref.shape == (batch * 4, 3, 5)
+        np.testing.assert_array_equal(got, ref)

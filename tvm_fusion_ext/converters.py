@@ -429,5 +429,29 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
                 inputs = [relax.ShapeExpr([size]), *list(inputs)[1:]]
             return stock(bb, inputs, attr, params)
 
+    class Tile(_Fixed, of.Tile):
+        """Repeats given as sizes (DeBERTa's dynamo export repeats its relative-position keys ``batch`` times:
+        ``Concat(Shape(ids)[0:1], 1, 1)``). The stock converter makes them an opaque kernel whose output dims are
+        fresh variables, which FuseTIR then cannot reconcile with its consumers (``batch * 4``); written as a
+        broadcast and reshapes, the output shape is ``[r·d for each axis]`` and every later pass sees it."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            data, reps = inputs[0], inputs[1]
+            if isinstance(reps, relax.Call) and reps.op.same_as(tvm.ir.Op.get("relax.shape_to_tensor")):
+                reps = reps.args[0]  # the importer hands sizes to tensor-taking ops as a tensor of them
+            shape = getattr(getattr(data, "ty", None), "shape", None)
+            if not isinstance(reps, relax.ShapeExpr) or shape is None or not hasattr(shape, "values"):
+                return stock(bb, inputs, attr, params)
+            dims, r = list(shape.values), list(reps.values)
+            if len(r) < len(dims):
+                r = [1] * (len(dims) - len(r)) + r
+            if len(dims) < len(r):
+                dims = [1] * (len(r) - len(dims)) + dims
+            # out[t·d + a] = x[a] per axis, t outer: x viewed as [1, d0, 1, d1, …] and broadcast to [r0, d0, r1, d1, …]
+            spread = bb.normalize(relax.op.reshape(data, [v for d in dims for v in (1, d)]))
+            spread = bb.normalize(relax.op.broadcast_to(spread, [v for t, d in zip(r, dims) for v in (t, d)]))
+            return relax.op.reshape(spread, [t * d for t, d in zip(r, dims)])
+
     return {cls.__name__: cls for cls in (Constant, IsInf, BitShift, Mod, Pow, SpaceToDepth, LayerNormalization,
-                                           RMSNormalization, Dropout, NonMaxSuppression, Reshape)}
+                                           RMSNormalization, Dropout, NonMaxSuppression, Reshape, Tile)}

@@ -84,7 +84,8 @@ def _make(name: str, input_types: Dict[str, relax.TensorType], params: dict):
         shape = [d if symbolic else int(d) for d in ty.shape.values]
         placeholders[n] = te.placeholder(shape, str(ty.dtype), name=n)
     out = spec.compute(**placeholders, **params)
-    func = te.create_prim_func([placeholders[n] for n in present] + [out])
+    unbound = unbound_dims([placeholders[n] for n in present] + [out])
+    func = te.create_prim_func([placeholders[n] for n in present] + unbound + [out])
     attrs = {
         ATTR_OP: name,
         ATTR_PARAMS: json.dumps(params, sort_keys=True),
@@ -95,7 +96,21 @@ def _make(name: str, input_types: Dict[str, relax.TensorType], params: dict):
     for k, v in attrs.items():
         func = func.with_attr(k, v)
     out_ty = relax.TensorType([int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in out.shape], str(out.dtype))
-    return func, out_ty
+    return func, out_ty, unbound
+
+
+def unbound_dims(tensors) -> list:
+    """Size variables used in the tensors' shapes that no shape has as a dim of its own: a kernel reading
+    ``x [batch · seq, K]`` (GPT-2's Conv1D flattens its rows before the matmul) cannot bind ``batch`` and ``seq``
+    from its buffers, so they are passed as scalar parameters after the inputs, as Relax's ``call_te`` does."""
+    used, bound = {}, set()
+    for t in tensors:
+        for d in t.shape:
+            if isinstance(d, tvm.tirx.Var):
+                bound.add(d)
+            for v in tvm.tirx.analysis.undefined_vars(d):
+                used.setdefault(v, None)
+    return sorted((v for v in used if v not in bound), key=lambda v: v.name)
 
 
 def call_op(bb: relax.BlockBuilder, name: str, inputs: Dict[str, Optional[relax.Expr]], params: dict,
@@ -104,9 +119,9 @@ def call_op(bb: relax.BlockBuilder, name: str, inputs: Dict[str, Optional[relax.
     spec = get_op(name)
     args = [inputs[n] for n in spec.inputs if inputs.get(n) is not None]
     types = {n: inputs[n].ty for n in spec.inputs if inputs.get(n) is not None}
-    func, out_ty = _make(name, types, params)
+    func, out_ty, unbound = _make(name, types, params)
     gv = bb.add_func(func, name_hint or _hint(name, params))
-    return relax.call_tir(gv, args, out_ty)
+    return relax.call_tir(gv, args + unbound, out_ty)
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,7 @@ class Fallback(CPUScheduleRule):
                 pass
             elif extent % lanes == 0 and extent > lanes:
                 sch.vectorize(sch.split(inner, [None, lanes])[1])
-            elif extent <= lanes:
+            elif 1 < extent <= lanes:  # an empty loop (a zero-width slice: Phi-3's rotary pass-through) stays
                 sch.vectorize(inner)
             sch.parallel(outer)
             return None
@@ -204,7 +204,7 @@ class Fallback(CPUScheduleRule):
             if extent % lanes == 0 and extent > lanes:
                 outer, inner = sch.split(fused, [None, lanes])
                 sch.vectorize(inner)
-            elif extent <= lanes:
+            elif 1 < extent <= lanes:  # LLVM codegen refuses to vectorize an empty loop
                 sch.vectorize(fused)
                 outer = None
         if outer is not None and work >= MIN_PARALLEL_WORK and (extent is None or extent > 1):
