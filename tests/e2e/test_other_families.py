@@ -82,3 +82,35 @@ def test_family_fuses_builds_and_matches_torch(export_dir, kind, exporter, attn,
         ref = module(*(torch.from_numpy(feeds[k]) for k in names)).numpy()
     valid = feeds["attention_mask"].astype(bool)
     np.testing.assert_allclose(got[valid], ref[valid], rtol=1e-4, atol=1e-4)
+
+
+# Dynamic batch and sequence: exports whose size arithmetic once broke the build (GPT-2's flattened rows,
+# BLOOM's batch·heads scalar and its division back, DeBERTa's Tile by the batch, Phi-3's empty rotary slice).
+DYNAMIC_CASES = [("gpt2", "dynamo", "sdpa"), ("bloom", "dynamo", "eager"), ("bloom", "legacy", "eager"),
+                 ("deberta-v2", "dynamo", "eager"), ("phi3", "legacy", "sdpa")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,exporter,attn", DYNAMIC_CASES, ids=[f"{c[0]}-{c[1]}" for c in DYNAMIC_CASES])
+def test_dynamic_export_builds_once_and_matches_torch(export_dir, kind, exporter, attn):
+    import torch
+
+    from tvm_fusion_ext.models import export_hf_model, hf_example_inputs, hf_input_names, hf_model
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    path = export_hf_model(kind, export_dir / f"{kind}_{exporter}_dynamic.onnx", exporter=exporter, attn=attn,
+                           seq=SEQ, batch=BATCH, dynamic=True, max_seq=64)
+    model = CompiledModel.from_module(load_onnx(path))
+    assert model.report.fused["attention"] == 2, model.report.summary()
+    module, config = hf_model(kind, attn=attn)
+    names = hf_input_names(kind)
+    for batch, seq in ((1, 7), (3, 33)):
+        feeds = {k: v for k, v in hf_example_inputs(config, seq=seq, batch=batch, seed=2).items() if k in names}
+        mask = np.ones((batch, seq), np.int64)
+        mask[batch - 1, seq // 2:] = 0  # one row padded
+        feeds["attention_mask"] = mask
+        got = model.run(feeds)["last_hidden_state"]
+        with torch.no_grad():
+            ref = module(*(torch.from_numpy(feeds[k]) for k in names)).numpy()
+        valid = mask.astype(bool)
+        np.testing.assert_allclose(got[valid], ref[valid], rtol=1e-4, atol=1e-4)
