@@ -110,7 +110,7 @@ class _SimplifyShapes(relax.PyExprMutator):
         return relax.ShapeExpr(values)
 
 
-def _simplify_shapes(mod: tvm.IRModule, gv, func: relax.Function):
+def _simplify_shapes(mod: tvm.IRModule, func: relax.Function):
     """``func`` with its shape expressions simplified, or None when none changes."""
     from tvm import sym
 
@@ -132,7 +132,7 @@ def _resolve(mod: tvm.IRModule) -> tvm.IRModule:
             func = func.bind_symbolic_vars(subs)
             changed = True
         target = out if out is not None else mod.clone()
-        simpler = _simplify_shapes(target, gv, func)
+        simpler = _simplify_shapes(target, func)
         if simpler is not None:
             func, changed = simpler, True
         ev = Evaluator.of_function(func)
