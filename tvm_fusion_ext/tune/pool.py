@@ -469,6 +469,13 @@ def main(argv=None) -> int:
     k = sub.add_parser("pack", help="write a work directory as a compact pool file (tuning_pools/*.npz)")
     k.add_argument("work", help="a collection directory WORK/<task>-<space>")
     k.add_argument("--out", required=True)
+    r = sub.add_parser("remeasure", help="re-measure a pool file's candidates in one process, interleaved "
+                                         "(pool_remeasure.py)")
+    r.add_argument("pool", help="a pool file (tuning_pools/*.npz)")
+    r.add_argument("--out", help="write here instead of in place")
+    r.add_argument("--rounds", type=int, default=5)
+    r.add_argument("--min-repeat-ms", type=int, default=10)
+    r.add_argument("--threads", type=int, help="TVM threads while timing (default: one per core, as the tuner)")
     i = sub.add_parser("info", help="summarise a pool file or a collection directory")
     i.add_argument("path")
     args = p.parse_args(argv)
@@ -483,6 +490,11 @@ def main(argv=None) -> int:
             from .pool_file import pack
 
             print(pack(args.work, args.out))
+        elif args.cmd == "remeasure":
+            from .pool_remeasure import remeasure
+
+            print(remeasure(args.pool, args.out, rounds=args.rounds, min_repeat_ms=args.min_repeat_ms,
+                            threads=args.threads, say=lambda m: print(m, flush=True)))
         else:
             from .pool_file import describe
 

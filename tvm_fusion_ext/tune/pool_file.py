@@ -25,6 +25,7 @@ from ..errors import FusionExtError
 FORMAT_VERSION = 1
 ORIGINS = ("default", "random", "mutation")
 STATUS = ("measured", "build_error", "run_error")
+OPTIONAL_ARRAYS = ("first_latency_us", "rounds_us", "rounds_load")
 
 
 @dataclass
@@ -45,6 +46,10 @@ class Pool:
     expert_features: np.ndarray     # float32 [n, len(meta["expert_feature_names"])]
     traces: Optional[List] = None   # MetaSchedule trace JSON per candidate (loaded on demand)
     path: str = ""
+    # after ``pool remeasure`` (pool_remeasure.py): latency_us is the minimum of rounds_us
+    first_latency_us: Optional[np.ndarray] = None  # float64 [n], the collector's figure
+    rounds_us: Optional[np.ndarray] = None          # float32 [n, rounds]
+    rounds_load: Optional[np.ndarray] = None        # float32 [rounds, 4], load at the start of each round
 
     def __len__(self) -> int:
         return int(self.latency_us.shape[0])
@@ -101,30 +106,44 @@ def pack(work: str, out: str) -> str:
                                "l2_bytes": machine.l2_bytes, "register_bytes": machine.register_bytes},
                 errors={str(i): r.get("build_error") or r.get("run_error") for i, r in enumerate(records)
                         if r.get("build_error") or r.get("run_error")})
-    arrays = {
-        "meta": _blob(json.dumps(meta)),
-        "latency_us": np.array([latency_us(r) if latency_us(r) is not None else np.nan for r in records]),
-        "run_us": run_us,
-        "status": np.array([0 if r.get("run_secs") else (1 if r.get("build_error") else 2) for r in records],
-                           dtype=np.int8),
-        "expert_rule": np.array([0 if r["expert_rule"] is None else 1 + list(RULES).index(r["expert_rule"])
-                                 for r in records], dtype=np.int8),
-        "origin": np.array([ORIGINS.index(r["origin"]) for r in records], dtype=np.int8),
-        "parent": np.array([-1 if r["parent"] is None else r["parent"] for r in records], dtype=np.int32),
-        "load": np.array([[*(r.get("loadavg") or [np.nan] * 3), np.nan if r.get("runnable") is None
-                           else r["runnable"]] for r in records], dtype=np.float32),
-        "feature_rows": rows, "feature_index": index, "feature_offsets": offsets,
-        "expert_features": expert.astype(np.float32),
-        "traces": _blob(json.dumps([r["trace"] for r in records], separators=(",", ":")), level=9),
-    }
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    pool = Pool(
+        meta=meta,
+        latency_us=np.array([latency_us(r) if latency_us(r) is not None else np.nan for r in records]),
+        run_us=run_us,
+        status=np.array([0 if r.get("run_secs") else (1 if r.get("build_error") else 2) for r in records],
+                        dtype=np.int8),
+        expert_rule=np.array([0 if r["expert_rule"] is None else 1 + list(RULES).index(r["expert_rule"])
+                              for r in records], dtype=np.int8),
+        origin=np.array([ORIGINS.index(r["origin"]) for r in records], dtype=np.int8),
+        parent=np.array([-1 if r["parent"] is None else r["parent"] for r in records], dtype=np.int32),
+        load=np.array([[*(r.get("loadavg") or [np.nan] * 3), np.nan if r.get("runnable") is None
+                        else r["runnable"]] for r in records], dtype=np.float32),
+        feature_rows=rows, feature_index=index, feature_offsets=offsets,
+        expert_features=expert.astype(np.float32), traces=[r["trace"] for r in records])
+    save(pool, out)
+    return (f"{out}: {n} candidates ({int(pool.measured().sum())} measured, best "
+            f"{np.nanmin(pool.latency_us):.1f} us), {rows.shape[0]} distinct feature rows, "
+            f"{os.path.getsize(out) / 1024:.0f} KiB")
+
+
+def save(pool: Pool, out: str) -> None:
+    """Write ``pool`` (traces loaded) as a pool file, atomically."""
     from ..fileio import atomic_write
 
+    if pool.traces is None:
+        raise FusionExtError("saving a pool needs its traces (load(path, traces=True))")
+    arrays = {
+        "meta": _blob(json.dumps(pool.meta)), "latency_us": pool.latency_us, "run_us": pool.run_us,
+        "status": pool.status, "expert_rule": pool.expert_rule, "origin": pool.origin, "parent": pool.parent,
+        "load": pool.load, "feature_rows": pool.feature_rows, "feature_index": pool.feature_index,
+        "feature_offsets": pool.feature_offsets, "expert_features": pool.expert_features,
+        "traces": _blob(json.dumps(pool.traces, separators=(",", ":")), level=9),
+    }
+    for name in OPTIONAL_ARRAYS:
+        if getattr(pool, name) is not None:
+            arrays[name] = getattr(pool, name)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     atomic_write(out, lambda f: np.savez_compressed(f, **arrays), binary=True)
-    measured = np.isfinite(arrays["latency_us"])
-    return (f"{out}: {n} candidates ({int(measured.sum())} measured, best "
-            f"{np.nanmin(arrays['latency_us']):.1f} us), {rows.shape[0]} distinct feature rows, "
-            f"{os.path.getsize(out) / 1024:.0f} KiB")
 
 
 def _dedupe_rows(per_candidate):
@@ -172,7 +191,7 @@ def load(path: str, traces: bool = False) -> Pool:
                 parent=data["parent"], load=data["load"], feature_rows=data["feature_rows"],
                 feature_index=data["feature_index"], feature_offsets=data["feature_offsets"],
                 expert_features=data["expert_features"], traces=_unblob(data["traces"]) if traces else None,
-                path=path)
+                path=path, **{name: data[name] for name in OPTIONAL_ARRAYS if name in data})
 
 
 def load_dir(directory: str) -> List[Pool]:
@@ -202,4 +221,10 @@ def describe(path: str) -> str:
               + ", ".join(f"{o} {int((pool.origin == i).sum())}" for i, o in enumerate(ORIGINS)) + "\n")
     buf.write(f"  machine {m['machine']}, TVM {m['tvm']}, collected {m['started']} .. {m.get('finished', '?')}\n")
     buf.write(f"  load (1-min average) median {np.nanmedian(pool.load[:, 0]):.2f}, max {np.nanmax(pool.load[:, 0]):.2f}")
+    again = m.get("remeasured")
+    if again:
+        first = pool.first_latency_us[pool.measured()]
+        buf.write(f"\n  re-measured {again['started']} .. {again['finished']}: {again['protocol']}; collected best "
+                  f"{np.nanmin(first):.1f} us; load (1-min) at the rounds "
+                  + ", ".join(f"{v:.2f}" for v in pool.rounds_load[:, 0]))
     return buf.getvalue()

@@ -9,6 +9,8 @@ tune`` tunes for that model (packed constant weights, vectorisable math), not a 
 ``minilm-attention`` its attention at seq 128: 12 heads, head dim 32, BSHD q/k/v/out, additive [1,1,1,S]
                     mask, scale 1/√32 (as the legacy SDPA export gives it)
 ``bert-ffn``        BERT-base's FFN up-projection: dense 128×768×3072 + bias + erf-GELU
+``bert-attention``  BERT-base's attention at seq 128: 12 heads, head dim 64 (a transfer source for
+                    ``minilm-attention``: the same template at another model's shape)
 ``tiny-dense``      dense 8×16×32 + GELU: seconds per candidate, for tests
 ==================  =====================================================================================
 """
@@ -73,6 +75,8 @@ TASKS: Dict[str, PoolTask] = {t.name: t for t in (
     PoolTask("minilm-attention", "MiniLM attention, seq 128, 12 heads x 32, BSHD, additive mask",
              _attention(128, 12, 32, _SDPA_SCALE_D32), "tfx.attention"),
     PoolTask("bert-ffn", "BERT-base FFN dense 128x768x3072 + bias + GELU", _dense(128, 768, 3072), "tfx.dense"),
+    PoolTask("bert-attention", "BERT-base attention, seq 128, 12 heads x 64, BSHD, additive mask",
+             _attention(128, 12, 64, 0.125), "tfx.attention"),
     PoolTask("tiny-dense", "dense 8x16x32 + bias + GELU (tests)", _dense(8, 16, 32), "tfx.dense"),
 )}
 
