@@ -2,7 +2,7 @@
 
 import json
 
-from tvm_fusion_ext.tune.compare import format_rows, latencies_by_task, trials_to_within
+from tvm_fusion_ext.tune.compare import compare_histories, format_rows, latencies_by_task, trials_to_within
 
 
 def test_trials_to_within_counts_the_running_best():
@@ -23,9 +23,23 @@ def test_latencies_in_record_order_with_failures(tmp_path):
     assert latencies_by_task(str(tmp_path)) == {"fused_dense": [0.003, None, 0.001]}
 
 
+def test_histories_give_trials_to_randoms_final_best():
+    guided = [5.0, 4.0, None, 2.0, 1.5]
+    rand = [6.0, 3.0, 2.5, 2.6]
+    row = compare_histories(guided, rand, 1, "t", "rank")
+    assert row["guided_to_random_best"] == 4 and row["random_to_own_best"] == 3   # 2.0 <= 2.5 at trial 4
+    assert row["guided_at_least_random"] is True and row["guided_best_us"] == 1.5e6
+    never = compare_histories([9.0, 8.0], rand, 2, "t", "rank")
+    assert never["guided_to_random_best"] == 3 and never["guided_at_least_random"] is False   # budget + 1
+    failed = compare_histories([None, None], [None], 3, "t", "rank")
+    assert failed["guided_to_random_best"] is None and failed["guided_at_least_random"] is None
+
+
 def test_format_rows_gives_medians_and_ratio():
-    rows = [{"seed": s, "task": "t", "xgb_own": 10, "random_own": 30, "xgb_common": 10, "random_common": 40,
-             "xgb_best_us": 1.0, "random_best_us": 1.2} for s in (1, 2)]
+    rows = [dict(compare_histories([3.0] * 9 + [1.0], [3.0] * 29 + [1.2], s, "t", "rank"),
+                 guided_own=10, random_own=30, guided_common=10, random_common=40) for s in (1, 2)]
     text = format_rows(rows)
-    assert "median trials to 5% (own): xgb 10, random 30, ratio 0.33" in text
-    assert "median trials to 5% (common): xgb 10, random 40, ratio 0.25" in text
+    assert "median trials to random's best: rank 10, random 30, ratio 0.33" in text
+    assert "median trials to 5% (own): rank 10, random 30, ratio 0.33" in text
+    assert "median trials to 5% (common): rank 10, random 40, ratio 0.25" in text
+    assert "rank's final best at least as good as random's: 2 of 2" in text

@@ -132,3 +132,56 @@ def test_expert_features_see_parallelism_vectors_and_register_tiles():
     assert tuned["register_tile_ratio"] > plain["register_tile_ratio"] > 0
     assert tuned["threads_per_block_ratio"] == 0  # CPU
     json.dumps({k: float(v) for k, v in tuned.items()})
+
+
+def test_remeasure_times_every_candidate_in_rounds_and_keeps_the_collected_figure(collected, tmp_path, capsys):
+    """The re-measured latency is the minimum over interleaved rounds; the collector's figure is kept, also
+    when a pool is re-measured twice, and ``info`` says how the figures were taken."""
+    from tvm_fusion_ext.tune.pool import main
+    from tvm_fusion_ext.tune.pool_file import describe, load, pack
+    from tvm_fusion_ext.tune.pool_remeasure import remeasure
+
+    directory, _ = collected
+    packed = str(tmp_path / "tiny.npz")
+    pack(directory, packed)
+    collected_us = load(packed).latency_us
+    once, twice = str(tmp_path / "once.npz"), str(tmp_path / "twice.npz")
+    said = []
+    assert "6 of 6 candidates re-measured in 3 rounds" in remeasure(packed, once, rounds=3, threads=1,
+                                                                    say=said.append)
+    assert sum("round" in s for s in said) == 3
+    pool = load(once, traces=True)
+    assert pool.rounds_us.shape == (6, 3) and np.all(pool.rounds_us > 0)
+    np.testing.assert_allclose(pool.latency_us, pool.rounds_us.min(axis=1), rtol=1e-6)
+    np.testing.assert_array_equal(pool.first_latency_us, collected_us)
+    assert pool.rounds_load.shape == (3, 4)
+    assert pool.meta["remeasured"]["threads"] == 1 and "minimum over rounds" in pool.meta["remeasured"]["protocol"]
+    assert pool.traces == load(packed, traces=True).traces                  # everything else is carried over
+    np.testing.assert_array_equal(pool.expert_features, load(packed).expert_features)
+    assert main(["remeasure", once, "--out", twice, "--rounds", "1", "--threads", "1"]) == 0
+    again = load(twice)
+    np.testing.assert_array_equal(again.first_latency_us, collected_us)   # not the first re-measurement
+    assert again.rounds_us.shape == (6, 1)
+    assert "re-measured" in describe(twice) and "1 thread(s)" in describe(twice)
+    capsys.readouterr()
+    assert main(["remeasure", once, "--rounds", "0"]) == 2
+    assert "--rounds must be at least 1" in capsys.readouterr().err
+
+
+def test_knob_strategies_read_the_decisions_from_the_pool_file(collected, tmp_path):
+    """``rank-knobs`` reads each candidate's decisions from the stored traces (loaded on demand)."""
+    from tvm_fusion_ext.tune import replay as rp
+    from tvm_fusion_ext.tune.knob_features import knob_values
+    from tvm_fusion_ext.tune.pool_file import load, pack
+    from tvm_fusion_ext.tune.replay_models import candidate_rows
+
+    directory, _ = collected
+    out = str(tmp_path / "tiny.npz")
+    pack(directory, out)
+    pool = load(out)                                   # traces not loaded
+    rows = candidate_rows(pool, expert=True, store=False, knobs=True)
+    n_knobs = len(knob_values(load(out, traces=True).traces[0]))
+    assert n_knobs > 0 and rows.shape[0] == 6
+    assert np.isfinite(rows[:, pool.expert_features.shape[1]:][:, :n_knobs]).all()
+    result = rp.search(pool, rp.STRATEGIES["rank-knobs"], seed=1, budget=6, k=2)
+    assert sorted(result.order.tolist()) == list(range(6))

@@ -12,7 +12,7 @@ from tvm_fusion_ext.tune.pool_file import Pool
 N_FEATURES = 6
 
 
-def synthetic_pool(n=60, seed=0, rejected=(), failed=(), name="toy"):
+def synthetic_pool(n=60, seed=0, rejected=(), failed=(), name="toy", kernel="k"):
     """Latency is a smooth function of the first two feature columns (a model can learn it); each candidate
     has two store rows (like a GEMM and its epilogue)."""
     rng = np.random.default_rng(seed)
@@ -24,7 +24,7 @@ def synthetic_pool(n=60, seed=0, rejected=(), failed=(), name="toy"):
     expert_rule = np.zeros(n, np.int8)
     expert_rule[list(rejected)] = 5
     run = np.repeat(latency[:, None], 3, axis=1).astype(np.float32)
-    return Pool(meta={"task": name, "space": "auto", "kernel": "k"}, latency_us=latency, run_us=run,
+    return Pool(meta={"task": name, "space": "auto", "kernel": kernel}, latency_us=latency, run_us=run,
                 status=np.where(np.isfinite(latency), 0, 1).astype(np.int8), expert_rule=expert_rule,
                 origin=np.ones(n, np.int8), parent=-np.ones(n, np.int32), load=np.zeros((n, 4), np.float32),
                 feature_rows=rows, feature_index=index, feature_offsets=np.arange(0, 2 * n + 1, 2),
@@ -134,14 +134,19 @@ def test_a_learning_strategy_beats_random_on_a_learnable_pool():
     assert s["rank"]["trials_to_random_best_median"] < s["random"]["trials_to_random_best_median"]
 
 
-def test_transfer_pretrains_only_on_other_tasks():
+def test_transfer_pretrains_only_on_other_tasks_of_the_same_kernel():
     target = synthetic_pool(seed=1, name="a")
     same_task_other_space = synthetic_pool(seed=2, name="a")
     other_task = synthetic_pool(seed=3, name="b")
-    model = rp.make_model(rp.STRATEGIES["rank-expert-transfer"], target, [target, same_task_other_space, other_task])
+    other_kernel = synthetic_pool(seed=4, name="c", kernel="attention")
+    pools = [target, same_task_other_space, other_task, other_kernel]
+    assert rp.transfer_sources(target, pools) == [other_task]
+    model = rp.make_model(rp.STRATEGIES["rank-expert-transfer"], target, pools)
     assert model.base is not None and model.base.num_boosted_rounds() > 0
-    alone = rp.make_model(rp.STRATEGIES["rank-expert-transfer"], target, [target, same_task_other_space])
+    alone = rp.make_model(rp.STRATEGIES["rank-expert-transfer"], target, [target, same_task_other_space, other_kernel])
     assert alone.base is None
+    report = rp.evaluate(target, [rp.STRATEGIES["rank-expert-transfer"]], seeds=[1], budget=8, k=4, others=pools)
+    assert report["transfer_sources"] == ["b-auto"]
 
 
 def test_report_json_has_the_issue_fields_and_the_cli_refuses_bad_input(tmp_path, capsys):
@@ -154,3 +159,19 @@ def test_report_json_has_the_issue_fields_and_the_cli_refuses_bad_input(tmp_path
     assert "toy-auto" in rp.format_table(report)
     assert rp.main(["--pools", str(tmp_path / "missing")]) == 2
     assert "error: no pool files" in capsys.readouterr().err
+
+
+def test_knob_features_read_each_decision_of_a_trace():
+    from tvm_fusion_ext.tune.knob_features import WIDTH, knob_row, knob_values
+
+    trace = [[["GetSBlock", [], ["dense", "main"], ["b0"]],
+              ["SamplePerfectTile", ["l1"], [2, 16], ["v2", "v3"]],
+              ["SampleCategorical", [], [[0, 16, 64], [0.3, 0.3, 0.4]], ["v4"]],
+              ["SampleComputeLocation", ["b0"], [], ["l5"]],
+              ["SamplePerfectTile", ["l6"], [2, 64], ["v7", "v8"]]],   # no decision recorded: skipped
+             [[1, [4, 8]], [2, 2], [3, -1]]]
+    assert knob_values(trace) == [2.0, 3.0, 6.0, -1.0]
+    row = knob_row(trace)
+    assert row.shape == (WIDTH,) and row[:4].tolist() == [2.0, 3.0, 6.0, -1.0] and np.isnan(row[4:]).all()
+    # a categorical value of 0 (e.g. "no unrolling") stays 0, it is not log2'd
+    assert knob_values([trace[0], [[2, 0]]]) == [0.0]

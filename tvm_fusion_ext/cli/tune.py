@@ -79,11 +79,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--space", choices=("template", "auto"), default="template",
                    help="template: our templates' knobs; auto: MetaSchedule's sketches (template where they fail)")
     p.add_argument("--scheduler", choices=("gradient", "round-robin"), default="gradient", help="task scheduler")
-    p.add_argument("--cost-model", choices=("xgb", "random"), default="xgb",
-                   help="xgb: XGBoost-guided search (default); random: random scores (baseline for comparison)")
+    p.add_argument("--cost-model", choices=("xgb", "rank", "random"), default="xgb",
+                   help="xgb: MetaSchedule's XGBoost regression (default); rank: our pairwise-ranking XGBoost with "
+                        "expert features (tune/rank_model.py); random: random scores (baseline for comparison)")
     p.add_argument("--seed", type=int, default=1, help="random seed of the search")
     p.add_argument("--warm-start", action="append", metavar="DIR",
-                   help="pre-train the XGBoost cost model on the records in DIR (a record directory or a root of "
+                   help="pre-train the cost model on the records in DIR (a record directory or a root of "
                         "them, e.g. another model's logs for this target); repeatable. A resumed run always "
                         "pre-trains on its own records")
     p.add_argument("--rpc", metavar="HOST:PORT", help="measure through this TVM RPC tracker")

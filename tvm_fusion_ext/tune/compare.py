@@ -1,20 +1,23 @@
-"""XGBoost-guided search against random search on the same tasks and budget (a benchmark, not a test).
+"""Model-guided search against random search on the same tasks and budget (a benchmark, not a test).
 
-``python -m tvm_fusion_ext.tune.compare MODEL.onnx --space auto --trials 96 --seeds 1,2,3``, or
-``--dense 128x384x1536`` instead of a model: one FFN projection (MatMul + bias + GELU), a single heavy task.
+``python -m tvm_fusion_ext.tune.compare MODEL.onnx --space auto --trials 96 --seeds 1,2,3 [--cost-model rank]``,
+or ``--dense 128x384x1536`` instead of a model: one FFN projection (MatMul + bias + GELU), a single heavy task.
 
-For each seed it tunes the model twice from scratch, once with MetaSchedule's ``XGBModel`` and once with its
-``RandomModel`` (evolutionary search that picks candidates blindly), each into its own directory under
-``--logs``, then reads the measured latencies per task in measurement order from the JSON record files and
-prints, per task and seed:
+For each seed it tunes the model twice from scratch, once guided by a cost model (``--cost-model``: our
+``rank`` model or MetaSchedule's ``xgb``) and once with MetaSchedule's ``RandomModel`` (evolutionary search
+that picks candidates blindly), each into its own directory under ``--logs``, then reads the measured
+latencies per task in measurement order from the JSON record files and prints, per task and seed:
 
-* ``to 5% (own)``: trials until the running best is within 5 % of that run's final best (the issue's
-  measure; it rewards a run that stops improving early, good or bad);
-* ``to 5% (common)``: trials until a run is within 5 % of the better of the two final bests (a shared bar:
-  a run that never gets there counts as its budget + 1);
+* ``to random's best``: trials until the guided run's best is as fast as the random run's final best (the
+  replay benchmark's measure, ``tune/replay.py``; budget + 1 if never), and, for random, the trial at which
+  it found that best;
+* ``to 5% (own)``: trials until the running best is within 5 % of that run's final best (it rewards a run
+  that stops improving early, good or bad);
+* ``to 5% (common)``: trials until a run is within 5 % of the better of the two final bests (budget + 1 if
+  never);
 * the final bests.
 
-The last line gives the medians over seeds and their ratio (XGBoost / random).
+The last lines give the medians over seeds and their ratio (guided / random).
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ def _best(history: List[Optional[float]]) -> Optional[float]:
 
 
 def compare(model, space: str, trials: int, seeds: List[int], logs: str, target: str = "llvm",
-            per_iter: int = 8, say=print, warm_start: tuple = (), population: int = 64) -> List[dict]:
+            per_iter: int = 8, say=print, warm_start: tuple = (), population: int = 64,
+            cost_model: str = "rank") -> List[dict]:
     from ..frontend import load_onnx
     from .driver import TuneOptions, tune
 
@@ -72,45 +76,61 @@ def compare(model, space: str, trials: int, seeds: List[int], logs: str, target:
     rows = []
     for seed in seeds:
         runs = {}
-        for cost_model in ("xgb", "random"):
-            root = os.path.join(logs, f"{cost_model}-seed{seed}")
-            opts = TuneOptions(trials=trials, space=space, cost_model=cost_model, seed=seed, per_iter=per_iter,
-                               population=population, warm_start=warm_start if cost_model == "xgb" else ())
+        for kind, name in (("guided", cost_model), ("random", "random")):
+            root = os.path.join(logs, f"{name}-seed{seed}")
+            opts = TuneOptions(trials=trials, space=space, cost_model=name, seed=seed, per_iter=per_iter,
+                               population=population, warm_start=warm_start if kind == "guided" else ())
             manifest = tune(mod, target, logs=root, workload="compare", options=opts)
             (sub,) = [d for d in os.listdir(root) if d.startswith("compare-")]
-            runs[cost_model] = latencies_by_task(os.path.join(root, sub))
-            say(f"seed {seed} {cost_model}: {manifest['trials']} trials")
-        for task in sorted(runs["xgb"]):
-            hx, hr = runs["xgb"][task], runs["random"].get(task, [])
-            bx, br = _best(hx), _best(hr)
-            common = min(b for b in (bx, br) if b is not None) * 1.05
-            rows.append({
-                "seed": seed, "task": task,
-                "xgb_own": trials_to_within(hx, bx * 1.05) if bx else None,
-                "random_own": trials_to_within(hr, br * 1.05) if br else None,
-                "xgb_common": trials_to_within(hx, common) or len(hx) + 1,
-                "random_common": trials_to_within(hr, common) or len(hr) + 1,
-                "xgb_best_us": None if bx is None else bx * 1e6,
-                "random_best_us": None if br is None else br * 1e6,
-            })
+            runs[kind] = latencies_by_task(os.path.join(root, sub))
+            say(f"seed {seed} {name}: {manifest['trials']} trials")
+        for task in sorted(runs["guided"]):
+            rows.append(compare_histories(runs["guided"][task], runs["random"].get(task, []), seed, task,
+                                          cost_model))
     return rows
+
+
+def compare_histories(hx: List[Optional[float]], hr: List[Optional[float]], seed: int, task: str,
+                      cost_model: str) -> dict:
+    """One task and seed: the guided run's history ``hx`` against the random run's ``hr`` (seconds)."""
+    bx, br = _best(hx), _best(hr)
+    common = min(b for b in (bx, br) if b is not None) * 1.05 if (bx or br) else None
+    return {
+        "seed": seed, "task": task, "cost_model": cost_model,
+        "guided_to_random_best": (trials_to_within(hx, br) or len(hx) + 1) if br else None,
+        "random_to_own_best": trials_to_within(hr, br) if br else None,
+        "guided_own": trials_to_within(hx, bx * 1.05) if bx else None,
+        "random_own": trials_to_within(hr, br * 1.05) if br else None,
+        "guided_common": (trials_to_within(hx, common) or len(hx) + 1) if common else None,
+        "random_common": (trials_to_within(hr, common) or len(hr) + 1) if common else None,
+        "guided_best_us": None if bx is None else bx * 1e6,
+        "random_best_us": None if br is None else br * 1e6,
+        "guided_at_least_random": None if bx is None or br is None else bx <= br,
+    }
 
 
 def format_rows(rows: List[dict]) -> str:
     import numpy as np
 
-    lines = [f"{'seed':>4}  {'task':<28} {'to 5% own xgb/random':>22} {'to 5% common xgb/random':>25} "
-             f"{'best us xgb/random':>22}"]
+    name = rows[0].get("cost_model", "guided") if rows else "guided"
+    lines = [f"{'seed':>4}  {'task':<28} {'to random best ' + name + '/random':>28} {'to 5% own':>14} "
+             f"{'to 5% common':>14} {'best us ' + name + '/random':>24}"]
     for r in rows:
-        lines.append(f"{r['seed']:>4}  {r['task'][:28]:<28} {r['xgb_own']!s:>10} / {r['random_own']!s:<9} "
-                     f"{r['xgb_common']!s:>12} / {r['random_common']!s:<10} "
-                     f"{r['xgb_best_us'] or 0:>10.1f} / {r['random_best_us'] or 0:<9.1f}")
-    for key in ("own", "common"):
-        x = [r[f"xgb_{key}"] for r in rows if r[f"xgb_{key}"]]
-        y = [r[f"random_{key}"] for r in rows if r[f"random_{key}"]]
+        lines.append(f"{r['seed']:>4}  {r['task'][:28]:<28} {r['guided_to_random_best']!s:>16} / "
+                     f"{r['random_to_own_best']!s:<9} {r['guided_own']!s:>6} / {r['random_own']!s:<5} "
+                     f"{r['guided_common']!s:>6} / {r['random_common']!s:<5} "
+                     f"{r['guided_best_us'] or 0:>12.1f} / {r['random_best_us'] or 0:<9.1f}")
+    pairs = {"to random's best": ("guided_to_random_best", "random_to_own_best"),
+             "to 5% (own)": ("guided_own", "random_own"), "to 5% (common)": ("guided_common", "random_common")}
+    for label, (gk, rk) in pairs.items():
+        x = [r[gk] for r in rows if r[gk]]
+        y = [r[rk] for r in rows if r[rk]]
         if x and y:
             mx, my = float(np.median(x)), float(np.median(y))
-            lines.append(f"median trials to 5% ({key}): xgb {mx:g}, random {my:g}, ratio {mx / my:.2f}")
+            lines.append(f"median trials {label}: {name} {mx:g}, random {my:g}, ratio {mx / my:.2f}")
+    wins = [r["guided_at_least_random"] for r in rows if r["guided_at_least_random"] is not None]
+    if wins:
+        lines.append(f"{name}'s final best at least as good as random's: {sum(wins)} of {len(wins)}")
     return "\n".join(lines)
 
 
@@ -126,8 +146,9 @@ def main(argv=None) -> int:
     p.add_argument("--target", default="llvm")
     p.add_argument("--logs", default="compare_logs", help="a fresh directory for the runs' records")
     p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--cost-model", choices=("rank", "xgb"), default="rank", help="the guided run's cost model")
     p.add_argument("--warm-start", action="append", metavar="DIR",
-                   help="pre-train the XGBoost run's cost model on these records (random search cannot use them)")
+                   help="pre-train the guided run's cost model on these records (random search cannot use them)")
     args = p.parse_args(argv)
     if (args.model is None) == (args.dense is None):
         p.error("give a MODEL.onnx or --dense MxKxN")
@@ -143,7 +164,8 @@ def main(argv=None) -> int:
         model = load_onnx(build_dense_onnx(m, k, n))
     rows = compare(model, args.space, args.trials, [int(s) for s in args.seeds.split(",")], args.logs,
                    args.target, args.per_iter, say=lambda m: print(m, file=sys.stderr),
-                   warm_start=tuple(args.warm_start or ()), population=args.population)
+                   warm_start=tuple(args.warm_start or ()), population=args.population,
+                   cost_model=args.cost_model)
     print(format_rows(rows))
     if args.json:
         from ..fileio import atomic_write

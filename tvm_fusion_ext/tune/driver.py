@@ -40,7 +40,7 @@ from .task_logs import task_loggers
 
 SPACES = ("template", "auto")
 SCHEDULERS = ("gradient", "round-robin")
-COST_MODELS = ("xgb", "random")
+COST_MODELS = ("xgb", "rank", "random")
 # Below this many FLOPs a kernel costs less than a launch / the VM call around it: not worth a trial.
 DEFAULT_MIN_FLOPS = 1000.0
 
@@ -335,7 +335,7 @@ class TuneOptions:
     builder_timeout: float = 60.0
     runner: object = None                     # a MetaSchedule Runner; None: LocalRunner on this machine
     seed: int = 1
-    cost_model: str = "xgb"                   # "xgb": XGBModel guides the search; "random": RandomModel (baseline)
+    cost_model: str = "xgb"                   # "xgb": XGBModel; "rank": RankModel (rank_model.py); "random": baseline
     fast_import: Optional[bool] = None        # stub the tensor-intrinsic registry (default: llvm only)
     warm_start: Tuple[str, ...] = ()          # record dirs (or roots) whose records pre-train XGBModel
     progress: Optional[Callable[[str], None]] = print
@@ -350,8 +350,8 @@ def _check_options(opts: TuneOptions) -> None:
         raise FusionExtError(f"unknown cost model '{opts.cost_model}' (use {' or '.join(COST_MODELS)})")
     if opts.trials < 0:
         raise FusionExtError(f"--trials must be >= 0, got {opts.trials}")
-    if opts.warm_start and opts.cost_model != "xgb":
-        raise FusionExtError("--warm-start trains the XGBoost cost model: it needs --cost-model xgb")
+    if opts.warm_start and opts.cost_model == "random":
+        raise FusionExtError("--warm-start trains a cost model: it needs --cost-model xgb or rank")
 
 
 def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: str = "model",
@@ -415,7 +415,12 @@ def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fa
         cost_model = ms.cost_model.RandomModel(seed=opts.seed)
         progress.cost_model = None  # its scores are not predictions: no rank correlation
     else:
-        cost_model = ms.cost_model.XGBModel(num_warmup_samples=min(8, max(2, opts.per_iter)))
+        if opts.cost_model == "rank":
+            from .rank_model import RankModel
+
+            cost_model = RankModel(target, num_warmup_samples=min(8, max(2, opts.per_iter)), seed=opts.seed)
+        else:
+            cost_model = ms.cost_model.XGBModel(num_warmup_samples=min(8, max(2, opts.per_iter)))
         progress.cost_model = cost_model
         _warm_start(cost_model, out, done_before, warm_dirs, target, progress, say)
     with task_loggers(out, [t.name for t in tunable]) as loggers:

@@ -48,7 +48,7 @@ class Strategy:
     model: Optional[str] = None      # None: random; "xgbmodel": MetaSchedule's XGBModel; "rank": RankXGB
     expert_features: bool = False
     rules: bool = False              # never pick a candidate the expert rules reject
-    transfer: bool = False           # pre-train on the pools of the other tasks
+    transfer: bool = False           # pre-train on the pools of other tasks with the same kernel (transfer_sources)
     explore: float = 0.0             # share of each round's picks drawn at random among the unmeasured
     options: tuple = ()              # extra model keyword arguments, as (name, value) pairs
 
@@ -59,14 +59,23 @@ STRATEGIES: Dict[str, Strategy] = {s.name: s for s in (
              model="xgbmodel"),
     Strategy("xgb-expert", "XGBModel + expert rules (filter) + expert features appended to every store row",
              model="xgbmodel", expert_features=True, rules=True),
-    Strategy("xgb-transfer", "XGBModel pre-trained on the other tasks' pools (as --warm-start does)",
+    Strategy("xgb-transfer", "XGBModel pre-trained on other tasks' pools of the same kernel (as --warm-start does)",
              model="xgbmodel", transfer=True),
     Strategy("rank", "ours: pairwise-ranking XGBoost on per-candidate rows, retrained every round",
              model="rank", expert_features=False),
     Strategy("rank-expert", "ours + expert rules and expert features", model="rank", expert_features=True,
              rules=True),
-    Strategy("rank-expert-transfer", "ours + expert rules and features + pre-trained on the other tasks' pools",
+    Strategy("rank-expert-transfer", "ours + expert rules and features + pre-trained on other tasks' pools of the "
+             "same kernel",
              model="rank", expert_features=True, rules=True, transfer=True),
+    Strategy("rank-knobs", "ours on the trace's decisions and the expert features (no store features), trees of "
+             "depth 3, expert rules", model="rank", expert_features=True, rules=True,
+             options=(("store", False), ("knobs", True), ("params", (("max_depth", 3),)))),
+    Strategy("rank-knobs-transfer", "rank-knobs pre-trained on other tasks' pools of the same kernel",
+             model="rank", expert_features=True, rules=True, transfer=True,
+             options=(("store", False), ("knobs", True), ("params", (("max_depth", 3),)))),
+    Strategy("rank-all", "ours on store, expert and knob features, trees of depth 3, expert rules", model="rank",
+             expert_features=True, rules=True, options=(("knobs", True), ("params", (("max_depth", 3),)))),
 )}
 DEFAULT_STRATEGIES = ("random", "xgb", "xgb-expert", "xgb-transfer", "rank-expert-transfer")
 
@@ -101,8 +110,17 @@ def make_model(strategy: Strategy, pool: Pool, others: Sequence[Pool] = ()):
     else:
         raise FusionExtError(f"unknown cost model '{strategy.model}'")
     if strategy.transfer:
-        model.pretrain([o for o in others if o.meta["task"] != pool.meta["task"]])
+        model.pretrain(transfer_sources(pool, others))
     return model
+
+
+def transfer_sources(pool: Pool, others: Sequence[Pool]) -> List[Pool]:
+    """The pools a transferring strategy pre-trains on: other tasks (other model shapes) of the same kernel.
+
+    Another kernel's pool is not a source: the order of its schedules says little about this kernel's (the
+    FFN dense's pool pre-training the attention model made it need 94.5 trials instead of 53). The same
+    task's pool in another design space is not one either: that would be this task's own measurements."""
+    return [o for o in others if o.meta["task"] != pool.meta["task"] and o.meta["kernel"] == pool.meta["kernel"]]
 
 
 def search(pool: Pool, strategy: Strategy, seed: int, budget: int = 128, k: int = 8, model=None) -> SearchResult:
@@ -174,7 +192,9 @@ def evaluate(pool: Pool, strategies: Sequence[Strategy], seeds: Sequence[int], b
     best = float(np.nanmin(pool.latency_us))
     out = {"pool": os.path.basename(pool.path), "kernel": pool.meta.get("kernel"), "candidates": len(pool),
            "measured": int(pool.measured().sum()), "expert_rejected": int(pool.rejected().sum()),
-           "pool_best_us": best, "pool_median_us": float(np.nanmedian(pool.latency_us)), "strategies": {}}
+           "pool_best_us": best, "pool_median_us": float(np.nanmedian(pool.latency_us)),
+           "transfer_sources": [o.name for o in transfer_sources(pool, others)],
+           "remeasured": bool(pool.meta.get("remeasured")), "strategies": {}}
     for name, results in runs.items():
         if name != "random" and name not in {s.name for s in strategies}:
             continue

@@ -8,7 +8,7 @@ Two kinds, both fed from a pool file's stored features (no schedule is rebuilt):
   random scores before warm-up). Only its feature extractor is replaced by a lookup of the rows
   ``PerStoreFeature`` gave for the candidate when it was collected (optionally with the expert features
   appended to every row).
-* :class:`RankXGB` is ours: one row per candidate (per-store rows summed, as the pack-sum model does, and
+* :class:`RankXGB` is ours (the offline twin of the tuner's ``rank_model.RankModel``): one row per candidate (per-store rows summed, as the pack-sum model does, and
   their maximum, plus the expert features), XGBoost with a pairwise ranking objective (only the order of
   candidates matters, so tasks of different speed share a model), retrained after every round on
   everything the task measured; transfer = a booster trained on the other tasks' pools that the task's own
@@ -110,34 +110,52 @@ class MetaScheduleXGB:
 
 # ----------------------------------------------------------------------------------------------- ours
 
-def candidate_rows(pool: Pool, expert: bool = True) -> np.ndarray:
-    """One feature row per candidate: per-store rows summed and maxed (+ the expert features)."""
+def candidate_rows(pool: Pool, expert: bool = True, store: bool = True, knobs: bool = False) -> np.ndarray:
+    """One feature row per candidate: per-store rows summed and maxed (``store``), the expert features
+    (``expert``) and the trace's decisions (``knobs``, ``knob_features.py``)."""
     parts = []
-    sums = np.add.reduceat(pool.feature_rows[pool.feature_index], pool.feature_offsets[:-1], axis=0) \
-        if len(pool.feature_index) else np.zeros((len(pool), pool.feature_rows.shape[1]), np.float32)
-    maxes = np.maximum.reduceat(pool.feature_rows[pool.feature_index], pool.feature_offsets[:-1], axis=0) \
-        if len(pool.feature_index) else sums
-    empty = pool.feature_offsets[1:] == pool.feature_offsets[:-1]
-    sums[empty] = 0
-    maxes[empty] = 0
-    parts += [sums, maxes]
+    if store:
+        sums = np.add.reduceat(pool.feature_rows[pool.feature_index], pool.feature_offsets[:-1], axis=0) \
+            if len(pool.feature_index) else np.zeros((len(pool), pool.feature_rows.shape[1]), np.float32)
+        maxes = np.maximum.reduceat(pool.feature_rows[pool.feature_index], pool.feature_offsets[:-1], axis=0) \
+            if len(pool.feature_index) else sums
+        empty = pool.feature_offsets[1:] == pool.feature_offsets[:-1]
+        sums[empty] = 0
+        maxes[empty] = 0
+        parts += [sums, maxes]
     if expert:
         parts.append(pool.expert_features)
+    if knobs:
+        from .knob_features import knob_rows
+
+        parts.append(knob_rows(_traces(pool)))
+    if not parts:
+        return np.zeros((len(pool), 0), np.float32)
     return np.concatenate(parts, axis=1).astype(np.float32)
+
+
+def _traces(pool: Pool) -> list:
+    if pool.traces is None:
+        if not pool.path:
+            raise ValueError(f"pool {pool.name} has no traces to read knobs from")
+        from .pool_file import load
+
+        pool.traces = load(pool.path, traces=True).traces
+    return pool.traces
 
 
 class RankXGB:
     """Pairwise-ranking XGBoost on per-candidate rows, retrained on all of the task's data every round."""
 
-    PARAMS = {"objective": "rank:pairwise", "max_depth": 6, "eta": 0.2, "subsample": 1.0, "min_child_weight": 1,
-              "lambda": 1.0, "nthread": 1, "seed": 43, "tree_method": "hist"}
+    from .rank_model import PARAMS  # the tuner's RankModel learns with the same settings
 
     def __init__(self, pool: Pool, expert_features: bool = True, rounds: int = 60, pretrain_rounds: int = 200,
-                 params: tuple = ()):
+                 params: tuple = (), store: bool = True, knobs: bool = False):
         self.params = {**self.PARAMS, **dict(params)}
         self.pool = pool
         self.expert = expert_features
-        self.rows = candidate_rows(pool, expert_features)
+        self.columns = {"expert": expert_features, "store": store, "knobs": knobs}
+        self.rows = candidate_rows(pool, **self.columns)
         self.rounds, self.pretrain_rounds = rounds, pretrain_rounds
         self.base = None          # booster trained on other tasks' pools
         self.booster = None
@@ -151,7 +169,7 @@ class RankXGB:
             ok = np.flatnonzero(np.isfinite(other.latency_us))
             if len(ok) < 2:
                 continue
-            xs.append(candidate_rows(other, self.expert)[ok])
+            xs.append(candidate_rows(other, **self.columns)[ok])
             ys.append(_relevance(other.latency_us[ok]))
             groups.append(len(ok))
         if not xs:
@@ -163,7 +181,7 @@ class RankXGB:
     def clone_for(self, pool: Pool) -> "RankXGB":
         twin = RankXGB.__new__(RankXGB)
         twin.__dict__.update(self.__dict__)
-        twin.pool, twin.rows = pool, candidate_rows(pool, self.expert)
+        twin.pool, twin.rows = pool, candidate_rows(pool, **self.columns)
         twin.booster, twin.seen = None, []
         return twin
 
