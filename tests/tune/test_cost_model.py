@@ -228,3 +228,12 @@ def test_rank_cost_model_tunes_from_the_cli_and_warm_starts(tiny_path, random_lo
         manifest = json.load(f)
     assert manifest["cost_model"] == "rank" and manifest["trials"] == 4
     assert manifest["warm_start"]["records"] == 4
+
+
+def test_rank_scores_are_positive_and_keep_the_order():
+    """Evolutionary search clips scores below 0 and samples parents in proportion to the rest."""
+    from tvm_fusion_ext.tune.rank_model import positive_scores
+
+    scores = positive_scores([-3.0, 0.5, -7.0, 2.0])
+    assert np.all(scores > 0) and scores.max() == 1.0
+    assert np.argsort(scores).tolist() == [2, 0, 1, 3]

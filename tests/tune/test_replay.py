@@ -12,7 +12,7 @@ from tvm_fusion_ext.tune.pool_file import Pool
 N_FEATURES = 6
 
 
-def synthetic_pool(n=60, seed=0, rejected=(), failed=(), name="toy", kernel="k"):
+def synthetic_pool(n=60, seed=0, rejected=(), failed=(), name="toy", kernel="k", space="auto"):
     """Latency is a smooth function of the first two feature columns (a model can learn it); each candidate
     has two store rows (like a GEMM and its epilogue)."""
     rng = np.random.default_rng(seed)
@@ -24,7 +24,7 @@ def synthetic_pool(n=60, seed=0, rejected=(), failed=(), name="toy", kernel="k")
     expert_rule = np.zeros(n, np.int8)
     expert_rule[list(rejected)] = 5
     run = np.repeat(latency[:, None], 3, axis=1).astype(np.float32)
-    return Pool(meta={"task": name, "space": "auto", "kernel": kernel}, latency_us=latency, run_us=run,
+    return Pool(meta={"task": name, "space": space, "kernel": kernel}, latency_us=latency, run_us=run,
                 status=np.where(np.isfinite(latency), 0, 1).astype(np.int8), expert_rule=expert_rule,
                 origin=np.ones(n, np.int8), parent=-np.ones(n, np.int32), load=np.zeros((n, 4), np.float32),
                 feature_rows=rows, feature_index=index, feature_offsets=np.arange(0, 2 * n + 1, 2),
@@ -175,3 +175,18 @@ def test_knob_features_read_each_decision_of_a_trace():
     assert row.shape == (WIDTH,) and row[:4].tolist() == [2.0, 3.0, 6.0, -1.0] and np.isnan(row[4:]).all()
     # a categorical value of 0 (e.g. "no unrolling") stays 0, it is not log2'd
     assert knob_values([trace[0], [[2, 0]]]) == [0.0]
+
+
+def test_an_auto_pool_is_compared_with_its_tasks_template_pool():
+    auto = synthetic_pool(seed=1, name="a")
+    template = synthetic_pool(seed=2, name="a", space="template")
+    template.latency_us = template.latency_us * 0.5            # the template is twice as fast
+    report = rp.replay([auto], [rp.STRATEGIES["random"]], seeds=[1, 2], budget=16, k=4, all_pools=[auto, template])
+    entry = report["tasks"]["a-auto"]
+    assert entry["template_pool_best_us"] == pytest.approx(float(np.nanmin(template.latency_us)))
+    s = entry["strategies"]["random"]
+    assert s["throughput_vs_template_best_median"] == pytest.approx(entry["template_pool_best_us"]
+                                                                     / s["final_best_us_median"])
+    assert s["throughput_vs_template_best_median"] < 0.6 and s["seeds_at_least_0.9_of_template"] == 0.0
+    assert "template_pool_best_us" not in rp.replay([template], [rp.STRATEGIES["random"]], seeds=[1], budget=8,
+                                                    k=4, all_pools=[auto, template])["tasks"]["a-template"]

@@ -335,7 +335,8 @@ class TuneOptions:
     builder_timeout: float = 60.0
     runner: object = None                     # a MetaSchedule Runner; None: LocalRunner on this machine
     seed: int = 1
-    cost_model: str = "xgb"                   # "xgb": XGBModel; "rank": RankModel (rank_model.py); "random": baseline
+    cost_model: str = "rank"                  # "rank": RankModel (rank_model.py; the replay's winner); "xgb":
+    #                                           MetaSchedule's XGBModel; "random": RandomModel (baseline)
     fast_import: Optional[bool] = None        # stub the tensor-intrinsic registry (default: llvm only)
     warm_start: Tuple[str, ...] = ()          # record dirs (or roots) whose records pre-train XGBModel
     progress: Optional[Callable[[str], None]] = print
@@ -470,7 +471,7 @@ def _search(tunable, loggers, target, out, database, opts, fast, progress, cost_
 
 
 def _warm_start(cost_model, out, done_before, warm_dirs, target, progress, say) -> None:
-    """Pre-train XGBModel on this directory's records (a resumed run) and on ``--warm-start`` directories."""
+    """Pre-train the cost model on this directory's records (a resumed run) and on ``--warm-start`` directories."""
     from .warm_start import warm_start
 
     own = os.path.realpath(out)

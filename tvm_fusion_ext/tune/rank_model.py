@@ -63,6 +63,18 @@ def relevance(costs: np.ndarray) -> np.ndarray:
     return np.where(ok, best / np.where(ok, costs, 1.0), 0.0).astype(np.float32)
 
 
+def positive_scores(margins) -> np.ndarray:
+    """Ranking margins as scores in (0, 1], in the same order: the best candidate of the batch 1, the worst 1/n.
+
+    Evolutionary search clips every score below 0 to 0 and then samples the next generation's parents in
+    proportion to the scores; raw pairwise-ranking margins are often negative, which would leave it choosing
+    among zeros. Ranks keep the order (all that top-k selection reads) and give better candidates proportionally
+    more offspring, as XGBModel's normalised throughputs do."""
+    margins = np.asarray(margins, dtype=np.float64)
+    order = np.argsort(np.argsort(margins, kind="stable"), kind="stable")
+    return (order + 1.0) / max(1, len(margins))
+
+
 @derived_object
 class RankModel(PyCostModel):
     """Pairwise-ranking XGBoost over one row per candidate, one ranking group per kernel."""
@@ -166,4 +178,4 @@ class RankModel(PyCostModel):
         if self.booster is None or self.data_size < self.num_warmup_samples or not candidates:
             return self.rng.uniform(0, 1, len(candidates)).astype(np.float64)
         margins = self.booster.predict(xgb.DMatrix(self._rows(context, candidates)), output_margin=True)
-        return np.asarray(margins, dtype=np.float64)
+        return positive_scores(margins)

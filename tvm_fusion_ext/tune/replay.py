@@ -236,8 +236,24 @@ def replay(pools: Sequence[Pool], strategies: Sequence[Strategy], seeds: Sequenc
               "strategies": {s.name: s.describe for s in strategies}, "tasks": {}}
     for pool in pools:
         report["tasks"][pool.name] = evaluate(pool, strategies, seeds, budget, k, others, say)
+        _against_template(report["tasks"][pool.name], pool, others)
     report["machine"] = pools[0].meta.get("machine") if pools else None
     return report
+
+
+def _against_template(entry: dict, pool: Pool, others: Sequence[Pool]) -> None:
+    """For an ``auto`` pool whose task also has a ``template`` pool: each strategy's final best as a share of
+    the template's throughput (the template pool's best; > 1: the generic search found a faster schedule)."""
+    if pool.meta.get("space") != "auto":
+        return
+    template = [o for o in others if o.meta["task"] == pool.meta["task"] and o.meta.get("space") == "template"]
+    if not template:
+        return
+    best = float(np.nanmin(template[0].latency_us))
+    entry["template_pool_best_us"] = best
+    for s in entry["strategies"].values():
+        s["throughput_vs_template_best_median"] = best / s["final_best_us_median"]
+        s["seeds_at_least_0.9_of_template"] = float(np.mean([best / f >= 0.9 for f in s["final_best_us"]]))
 
 
 # ----------------------------------------------------------------------------------------------- output
@@ -256,6 +272,10 @@ def format_table(report: dict) -> str:
                          f"{'':>4} {s['final_best_us_median']:>14.1f} {100 * s['at_least_random_fraction']:>9.0f}%")
         lines.append(f"{'':<26} (pool: {entry['candidates']} candidates, best {entry['pool_best_us']:.1f} us, "
                      f"median {entry['pool_median_us']:.1f} us, {entry['expert_rejected']} rejected by the rules)")
+        if "template_pool_best_us" in entry:
+            lines.append(f"{'':<26} (against the template pool's best, {entry['template_pool_best_us']:.1f} us: "
+                         + ", ".join(f"{n} {s['throughput_vs_template_best_median']:.2f}x"
+                                     for n, s in entry["strategies"].items()) + ")")
     return "\n".join(lines)
 
 

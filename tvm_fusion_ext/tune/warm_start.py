@@ -48,7 +48,7 @@ def record_dirs(path: str) -> List[str]:
 
 
 def warm_start(cost_model, sources: Iterable[str], target) -> WarmStart:
-    """Train ``cost_model`` (an ``XGBModel``) on the records of ``sources`` measured on ``target``."""
+    """Train ``cost_model`` (``XGBModel`` or ``RankModel``) on the records of ``sources`` measured on ``target``."""
     import tvm_ffi
 
     label = records.target_label(target)
