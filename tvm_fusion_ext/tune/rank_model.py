@@ -63,6 +63,17 @@ def relevance(costs: np.ndarray) -> np.ndarray:
     return np.where(ok, best / np.where(ok, costs, 1.0), 0.0).astype(np.float32)
 
 
+def train_ranker(xs, ys, sizes, params: dict, rounds: int):
+    """A pairwise-ranking booster over groups of rows (one group per kernel); None without data."""
+    import xgboost as xgb
+
+    if not xs:
+        return None
+    d = xgb.DMatrix(np.concatenate(xs), label=np.concatenate(ys))
+    d.set_group(sizes)
+    return xgb.train(params, d, num_boost_round=rounds)
+
+
 def positive_scores(margins) -> np.ndarray:
     """Ranking margins as scores in (0, 1], in the same order: the best candidate of the batch 1, the worst 1/n.
 
@@ -157,8 +168,6 @@ class RankModel(PyCostModel):
         self._train()
 
     def _train(self) -> None:
-        import xgboost as xgb
-
         xs, ys, sizes = [], [], []
         for rows, costs in self.groups.values():
             if len(costs) < 2 or len(set(costs)) < 2:
@@ -166,11 +175,7 @@ class RankModel(PyCostModel):
             xs.append(np.stack(rows))
             ys.append(relevance(np.asarray(costs)))
             sizes.append(len(costs))
-        if not xs:
-            return
-        d = xgb.DMatrix(np.concatenate(xs), label=np.concatenate(ys))
-        d.set_group(sizes)
-        self.booster = xgb.train(self.params, d, num_boost_round=self.rounds)
+        self.booster = train_ranker(xs, ys, sizes, self.params, self.rounds) or self.booster
 
     def predict(self, context, candidates) -> np.ndarray:
         import xgboost as xgb

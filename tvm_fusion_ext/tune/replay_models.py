@@ -162,8 +162,6 @@ class RankXGB:
         self.seen: List[int] = []
 
     def pretrain(self, others: List[Pool]) -> None:
-        import xgboost as xgb
-
         xs, ys, groups = [], [], []
         for other in others:
             ok = np.flatnonzero(np.isfinite(other.latency_us))
@@ -172,11 +170,9 @@ class RankXGB:
             xs.append(candidate_rows(other, **self.columns)[ok])
             ys.append(_relevance(other.latency_us[ok]))
             groups.append(len(ok))
-        if not xs:
-            return
-        d = xgb.DMatrix(np.concatenate(xs), label=np.concatenate(ys))
-        d.set_group(groups)
-        self.base = xgb.train(self.params, d, num_boost_round=self.pretrain_rounds)
+        from .rank_model import train_ranker
+
+        self.base = train_ranker(xs, ys, groups, self.params, self.pretrain_rounds)
 
     def clone_for(self, pool: Pool) -> "RankXGB":
         twin = RankXGB.__new__(RankXGB)
