@@ -28,9 +28,9 @@ def _log2(v) -> float:
     return math.log2(v) if v > 0 else v
 
 
-def knob_values(trace_json: Sequence) -> List[float]:
+def knob_values(trace: Sequence) -> List[float]:
     """The decisions of a trace in MetaSchedule JSON form (``[instructions, decisions]``)."""
-    insts, decisions = trace_json[0], trace_json[1] if len(trace_json) > 1 else []
+    insts, decisions = trace[0], trace[1] if len(trace) > 1 else []
     chosen = {int(i): d for i, d in decisions}
     out: List[float] = []
     for i, inst in enumerate(insts):
@@ -48,9 +48,27 @@ def knob_values(trace_json: Sequence) -> List[float]:
     return out
 
 
-def knob_row(trace_json: Sequence) -> np.ndarray:
+def trace_json(trace) -> list:
+    """The trace as plain JSON (``Trace.as_json`` leaves IntImm/FloatImm attributes in it)."""
+    import tvm
+
+    def plain(obj):
+        if isinstance(obj, (list, tuple)):
+            return [plain(o) for o in obj]
+        if isinstance(obj, dict):
+            return {str(k): plain(v) for k, v in obj.items()}
+        if isinstance(obj, tvm.tirx.IntImm):
+            return int(obj.value)
+        if isinstance(obj, tvm.tirx.FloatImm):
+            return float(obj.value)
+        return obj
+
+    return plain(trace.as_json())
+
+
+def knob_row(trace: Sequence) -> np.ndarray:
     row = np.full(WIDTH, np.nan, np.float32)
-    values = knob_values(trace_json)[:WIDTH]
+    values = knob_values(trace)[:WIDTH]
     row[:len(values)] = values
     return row
 

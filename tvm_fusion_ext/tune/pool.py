@@ -39,6 +39,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..errors import FusionExtError
+from .knob_features import trace_json  # noqa: F401  (the collector writes traces with it)
 
 CANDIDATES_FILE = "candidates.jsonl"
 META_FILE = "meta.json"
@@ -201,24 +202,6 @@ class Sampler:
             return None
         self.seen.add(key)
         return sch, key
-
-
-def trace_json(trace) -> list:
-    """The trace as plain JSON (``Trace.as_json`` leaves IntImm/FloatImm attributes in it)."""
-    import tvm
-
-    def plain(obj):
-        if isinstance(obj, (list, tuple)):
-            return [plain(o) for o in obj]
-        if isinstance(obj, dict):
-            return {str(k): plain(v) for k, v in obj.items()}
-        if isinstance(obj, tvm.tirx.IntImm):
-            return int(obj.value)
-        if isinstance(obj, tvm.tirx.FloatImm):
-            return float(obj.value)
-        return obj
-
-    return plain(trace.as_json())
 
 
 def trace_of(record: dict, mod):

@@ -122,8 +122,7 @@ class RankModel(PyCostModel):
 
     @staticmethod
     def _knobs(candidate) -> np.ndarray:
-        from .knob_features import knob_row
-        from .pool import trace_json
+        from .knob_features import knob_row, trace_json
 
         return knob_row(trace_json(candidate.sch.trace))
 
