@@ -74,12 +74,10 @@ def remeasure(path: str, out: Optional[str] = None, rounds: int = 5, min_repeat_
             f" load {load_now['loadavg'][0]:.2f}")
 
     first = pool.first_latency_us if pool.first_latency_us is not None else pool.latency_us.copy()
-    latency = np.where(np.isfinite(rounds_us).any(axis=1), np.nanmin(np.where(np.isfinite(rounds_us), rounds_us,
-                                                                              np.inf), axis=1), np.nan)
-    latency[~np.isfinite(latency)] = np.nan
+    # every round times every rebuilt candidate: a row is all times or (not rebuilt) all NaN
+    latency = rounds_us.min(axis=1).astype(np.float64)
     status = pool.status.copy()
-    for i in failed:
-        status[i] = 1
+    status[failed] = 1
     meta = dict(pool.meta)
     meta["remeasured"] = {
         "protocol": (f"one process, candidates rebuilt from their traces; {rounds} rounds in a fresh random order, "
@@ -89,7 +87,7 @@ def remeasure(path: str, out: Optional[str] = None, rounds: int = 5, min_repeat_
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine_info(),
         "rebuild_failed": [int(i) for i in failed],
     }
-    pool.meta, pool.latency_us, pool.status = meta, latency.astype(np.float64), status
+    pool.meta, pool.latency_us, pool.status = meta, latency, status
     pool.first_latency_us, pool.rounds_us, pool.rounds_load = first, rounds_us, rounds_load
     target_path = out or path
     save(pool, target_path)
