@@ -483,3 +483,56 @@ def test_tile_by_a_size_feeds_its_consumers(run_ort):
         got, ref = model.run(feeds)["y"], run_ort(m, feeds)[0]
         assert got.shape == ref.shape == (batch * 4, 3, 5)
         np.testing.assert_array_equal(got, ref)
+
+
+def test_expand_of_symbolic_data_to_a_constant_shape(run_ort):
+    # GPT-J / CodeGen / GLM under dynamic axes: position_ids.unsqueeze(-1).repeat(1, 1, d) exports as an Expand of
+    # a [batch, seq, 1] tensor to the constant [1, 1, 8]; TVM's converter read every data dim as a number
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    inits = [numpy_helper.from_array(np.array([1, 1, 8], np.int64), "shape"),
+             numpy_helper.from_array(np.array([2, 1, 1, 1], np.int64), "shape4")]
+    nodes = [helper.make_node("Expand", ["x", "shape"], ["y"]),       # [batch, seq, 1] -> [batch, seq, 8]
+             helper.make_node("Expand", ["x", "shape4"], ["z"])]      # one more axis: [2, batch, seq, 1]
+    m = _model(nodes, [_vi("x", TP.FLOAT, ["batch", "seq", 1])],
+               [_vi("y", TP.FLOAT, None), _vi("z", TP.FLOAT, None)], inits)
+    model = CompiledModel.from_module(load_onnx(m), fuse=False)
+    for shape in ((1, 3, 1), (2, 5, 1)):
+        feeds = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+        got, ref = model.run(feeds), run_ort(m, feeds)
+        assert got["y"].shape == ref[0].shape == (*shape[:2], 8)
+        assert got["z"].shape == ref[1].shape == (2, *shape)
+        np.testing.assert_array_equal(got["y"], ref[0])
+        np.testing.assert_array_equal(got["z"], ref[1])
+
+
+def test_expand_refuses_incompatible_static_dims():
+    inits = [numpy_helper.from_array(np.array([1, 3, 8], np.int64), "shape")]
+    m = _model([helper.make_node("Expand", ["x", "shape"], ["y"], name="bad_expand")],
+               [_vi("x", TP.FLOAT, ["batch", 5, 1])], [_vi("y", TP.FLOAT, None)], inits)
+    _load_error(m, ["bad_expand", "Expand", "cannot broadcast data dim 5 to 3 at axis 1"])
+
+
+@pytest.mark.parametrize("op", ["Max", "Min", "Sum", "Mean"])
+def test_variadic_elementwise_folds_pairwise(run_ort, op):
+    # the stock converter stacked broadcast copies of every input and reduced the new axis (XGLM's score clamp
+    # became a [2, B, H, S, S] tensor); folded pairwise, the result is the same and no stack is left
+    import tvm
+    from tvm import relax
+
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    inits = [numpy_helper.from_array(np.array(-0.5, np.float32), "floor")]
+    m = _model([helper.make_node(op, ["a", "b", "floor"], ["y"])],
+               [_vi("a", TP.FLOAT, ["batch", 4, 6]), _vi("b", TP.FLOAT, [1, 1, 6])], [_vi("y", TP.FLOAT, None)],
+               inits)
+    mod = load_onnx(m)
+    ops = set()
+    tvm.relax.analysis.post_order_visit(mod["main"].body, lambda e: isinstance(e, relax.Call) and isinstance(
+        e.op, tvm.ir.Op) and ops.add(e.op.name))
+    assert "relax.stack" not in ops
+    model = CompiledModel.from_module(mod, fuse=False)
+    rng = np.random.default_rng(1)
+    feeds = {"a": rng.standard_normal((3, 4, 6)).astype(np.float32),
+             "b": rng.standard_normal((1, 1, 6)).astype(np.float32)}
+    np.testing.assert_allclose(model.run(feeds)["y"], run_ort(m, feeds)[0], rtol=1e-6, atol=1e-6)

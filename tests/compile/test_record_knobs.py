@@ -456,8 +456,8 @@ def test_gated_dense_takes_k_unroll_and_the_register_tile_rows(tmp_path):
 
 def test_cuda_layernorm_takes_threads_and_unroll(tmp_path, monkeypatch):
     """CUDA (compiled with nvcc, not run): the LayerNorm's thread count follows the row width, so a record's
-    ``threads`` and ``unroll`` reach the symbolic kernel; no other CUDA template transfers yet. Rows of 256:
-    64 float4 vectors, 32 or 64 threads (default 64, index 1)."""
+    ``threads`` and ``unroll`` reach the symbolic kernel. Rows of 256: 64 float4 vectors, 32 or 64 threads
+    (default 64, index 1)."""
     from tvm_fusion_ext.compile import compile_model, prepare
     from tvm_fusion_ext.compile.record_knobs import collect
     from tvm_fusion_ext.frontend import load_onnx
@@ -472,12 +472,9 @@ def test_cuda_layernorm_takes_threads_and_unroll(tmp_path, monkeypatch):
     directory = _record_dir(tmp_path / "logs", target="cuda:sm_90")
     _commit(directory, ln, _template_trace(ln, "tfx.layernorm", {"threads": 0, "unroll": 2}, target="cuda:sm_90"),
             target="cuda:sm_90")
-    dense = _gelu_dense(static)
-    _commit(directory, dense, _template_trace(dense, "tfx.dense", {}, target="cuda:sm_90"), target="cuda:sm_90")
     transfer = collect(str(tmp_path / "logs"), target)
     assert [(e.rule, e.knobs) for e in transfer.table.by_signature.values()] == \
         [("tfx.layernorm", {"threads": 0, "unroll": 2})]
-    assert transfer.summary()["not_transferred_reasons"] == {"tfx.dense (cuda) transfers no knobs": 1}
     assert collect(str(tmp_path / "logs"), resolve_target("llvm")).directories == []  # records of another target
 
     symbolic = load_onnx(model)
@@ -490,3 +487,54 @@ def test_cuda_layernorm_takes_threads_and_unroll(tmp_path, monkeypatch):
     assert decisions(transfer.table) == [0, 2] and decisions(None) == [1, 1]
     compiled = compile_model(symbolic, target, logs=str(tmp_path / "logs"))
     assert [(e["rule"], e["kernels"]) for e in compiled.transferred] == [("tfx.layernorm", 1)]
+
+
+def test_cuda_simt_dense_knobs_reach_symbolic_rows(tmp_path, monkeypatch):
+    """CUDA (nvcc, not run): a static fp32 dense is SIMT, as every symbolic dense is. Its column split, K split,
+    vector width and unroll transfer as they are; its thread-row tile ``ty × yi`` becomes the operator's
+    ``row_block``, so the padded rows split into whole tiles. A tensor-core record (fp16 in 16-multiples, tiles
+    counted in 16 elements) transfers nothing, with its reason."""
+    from tvm import relax
+
+    from tvm_fusion_ext.compile import compile_model, prepare
+    from tvm_fusion_ext.compile.record_knobs import collect
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.ops import call_op
+    from tvm_fusion_ext.schedules.registry import get_template
+    from tvm_fusion_ext.testing import build_module
+    from tvm_fusion_ext.targets import resolve_target
+
+    monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", os.environ.get("TVM_CUDA_COMPILE_MODE", "nvcc"))
+    target = resolve_target("cuda:sm_90")
+    model = _onnx(tmp_path / "m.onnx", k=256)
+    static = prepare(load_onnx(model, shapes={"x": [1, 64, 256]}), target)[0]
+    dense = _gelu_dense(static)  # 64 x 256 -> 64
+    knobs = {"i": [4, 4, 4], "j": [1, 16, 4], "k": [32, 8], "vec": 1, "unroll": 3}
+    directory = _record_dir(tmp_path / "logs", target="cuda:sm_90")
+    _commit(directory, dense, _template_trace(dense, "tfx.dense", knobs, target="cuda:sm_90"), target="cuda:sm_90")
+
+    # an fp16 dense in 16-multiples: the tensor-core path, another signature (dtype), nothing to transfer
+    w = np.random.default_rng(0).standard_normal((256, 64)).astype("float16")
+    x = relax.Var("x", relax.TensorType([1, 64, 256], "float16"))
+    half = prepare(build_module([x], lambda bb: call_op(bb, "fused_dense", {"x": x, "w": relax.const(w)},
+                                                        {"act": "none"})), target, fuse_graph=False)[0]
+    (mma,) = _kernels(half, "tfx.dense").values()
+    _commit(_record_dir(tmp_path / "logs", "half", target="cuda:sm_90"), mma,
+            _template_trace(mma, "tfx.dense", {}, target="cuda:sm_90"), target="cuda:sm_90")
+
+    transfer = collect(str(tmp_path / "logs"), target)
+    want = {"i": [1, 4, 4], "row_block": 16, "j": [1, 16, 4], "k": [32, 8], "vec": 1, "unroll": 3}
+    assert [(e.rule, e.knobs) for e in transfer.table.by_signature.values()] == [("tfx.dense", want)]
+    assert transfer.summary()["not_transferred_reasons"] == {
+        "tfx.dense (cuda): no knob of the record keeps its meaning on run-time rows": 1}
+
+    symbolic = load_onnx(model)
+    (kernel,) = [f for f in _kernels(prepare(symbolic, target, kernel_knobs=transfer.table)[0], "tfx.dense").values()
+                 if '"gelu"' in str(f.attrs["tfx.params"])]
+    assert json.loads(str(kernel.attrs["tfx.params"]))["row_block"] == 16
+    sch = get_template("tfx.dense", target).with_knobs(None, transfer.table).apply(kernel, target, False)
+    samples = [sch.trace.decisions[i] for i in sch.trace.insts if i.kind.name.startswith("Sample")]
+    assert [[int(v) for v in samples[0]], [int(v) for v in samples[1]], int(samples[2]), int(samples[3])] == \
+        [[1, 16, 4], [32, 8], 1, 3]
+    compiled = compile_model(symbolic, target, logs=str(tmp_path / "logs"))
+    assert [(e["rule"], e["kernels"]) for e in compiled.transferred] == [("tfx.dense", 1)]

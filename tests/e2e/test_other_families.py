@@ -9,7 +9,8 @@ additive masks (correct; the S×T terms exist either way). BLOOM's ALiBi bias is
 ``[B·H, S, T]`` scores (one ``baddbmm``) before they are viewed as ``[B, H, S, T]``: it reaches the operator as a
 ``[B, H, 1, T]`` mask. Falcon's multi-query attention (one K/V head broadcast by the matmul) fuses. The legacy LLaMA export's identity
 fp32 casts (the residual reads the cast) are looked through: all five RMSNorms fuse. Legacy exports of
-Phi-3 and GPT-NeoX compute their chunk bounds from sizes: they import (the bounds fold) and fuse."""
+Phi-3 and GPT-NeoX compute their chunk bounds from sizes: they import (the bounds fold) and fuse. XGLM clamps its
+masked scores at float's lowest value, the identity on finite scores: the clamp goes and the attention fuses."""
 
 import numpy as np
 import pytest
@@ -49,6 +50,13 @@ CASES = [
     # disentangled scores (c2p and p2c terms, gathered by relative position) are added to q·kᵀ: additive masks
     ("deberta-v2", "dynamo", "eager", dict(attention=2, layernorm=6, qkv=3, dense=9)),
     ("deberta-v2", "legacy", "eager", dict(attention=2, layernorm=6, qkv=4, dense=10)),
+    ("gptj", "dynamo", "eager", dict(attention=2, rope=4, layernorm=3, qkv=2, dense=6)),  # interleaved rotary
+    # scores clamped at float's lowest value (dropped: the identity on finite scores), 3-D [B·H, S, D] matmuls
+    ("xglm", "dynamo", "eager", dict(attention=2, layernorm=5, qkv=2, dense=8)),
+    ("helium", "dynamo", "sdpa", dict(_DECODER, rmsnorm=5, qkv=2)),  # RMSNorm without eps
+    # bias-free LayerNorm = RMSNorm of x - mean(x); parallel attention and MLP share one norm per layer
+    ("cohere", "dynamo", "sdpa", dict(_DECODER, rmsnorm=3, qkv=2)),
+    ("opt", "dynamo", "sdpa", dict(attention=2, layernorm=5, qkv=2, dense=8)),
 ]
 
 
@@ -87,7 +95,9 @@ def test_family_fuses_builds_and_matches_torch(export_dir, kind, exporter, attn,
 # Dynamic batch and sequence: exports whose size arithmetic once broke the build (GPT-2's flattened rows,
 # BLOOM's batch·heads scalar and its division back, DeBERTa's Tile by the batch, Phi-3's empty rotary slice).
 DYNAMIC_CASES = [("gpt2", "dynamo", "sdpa"), ("bloom", "dynamo", "eager"), ("bloom", "legacy", "eager"),
-                 ("deberta-v2", "dynamo", "eager"), ("phi3", "legacy", "sdpa")]
+                 ("deberta-v2", "dynamo", "eager"), ("phi3", "legacy", "sdpa"),
+                 # GPT-J's Expand of [batch, seq, 1] positions to a constant shape; XGLM's clamp and 3-D matmuls
+                 ("gptj", "dynamo", "eager"), ("xglm", "dynamo", "eager")]
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ def rmsnorm_module(square="pow", inverse="rsqrt", gamma="right", casts=False, re
         sq_of = bb.emit(relax.op.multiply(xf, _c(2.0))) if other_tensor else xf
         sq = bb.emit(relax.op.power(sq_of, _c(exponent)) if square == "pow" else relax.op.multiply(sq_of, sq_of))
         var = bb.emit(relax.op.mean(sq, axis=[axis], keepdims=True))
-        s = bb.emit(relax.op.add(var, _c(eps)))
+        s = var if eps is None else bb.emit(relax.op.add(var, _c(eps)))
         if inverse == "rsqrt":
             n = bb.emit(relax.op.multiply(xf, bb.emit(relax.op.rsqrt(s))))
         elif inverse == "reciprocal":  # ONNX Sqrt + Reciprocal
@@ -88,6 +88,14 @@ def test_reused_residual_sum_stays_and_the_norm_fuses():
     assert any(op_name(b.value) == "relax.add" for b in fused["main"].body.blocks[0].bindings)
 
 
+@pytest.mark.parametrize("eps", [0.0, None])
+def test_zero_or_absent_eps(eps):
+    # Helium's dynamo export normalises by sqrt(mean(x²)) with no eps at all: the same formula with eps = 0
+    mod = rmsnorm_module(eps=eps, inverse="reciprocal")
+    _assert_fused(mod)
+    assert fuse(mod, RULE)[1].applied[0].detail == "eps=0"
+
+
 def test_gamma_of_shape_1_1_n():
     _assert_fused(rmsnorm_module(gamma_shape=(1, 1, SHAPE[-1])))
 
@@ -96,7 +104,7 @@ def test_gamma_of_shape_1_1_n():
     ({"axis": 1}, "not only the last axis"),
     ({"other_tensor": True}, "square of another tensor"),
     ({"exponent": 3.0}, "exponent 3.0, not 2"),
-    ({"eps": 0.0}, "eps is 0, not positive"),
+    ({"eps": -1e-3}, "eps is -0.001, negative"),
 ])
 def test_near_misses_are_refused(kw, reason):
     assert_refused(rmsnorm_module(**kw), RULE, reason=reason)

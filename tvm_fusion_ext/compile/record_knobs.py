@@ -130,6 +130,9 @@ def _take_best(workload: tvm.IRModule, records: list, directory: str, target, st
         transferred = template.transferable_knobs(knobs)
         if transferred:
             stats.table.add(TransferredKnobs(rule, sig, transferred, directory))
+        else:
+            stats.not_transferred[f"{rule} ({template.family}): no knob of the record keeps its meaning on "
+                                  f"run-time rows"] += 1
         return  # the fastest template-space record decides; slower ones are neither used nor refused
 
 

@@ -48,7 +48,10 @@ DECODER_FAMILIES = {
 #: (1 + w) RMSNorm weight, tanh GeGLU and scaled embedding, Qwen3's per-head q/k RMSNorm before the rotation,
 #: Gemma2's soft-capped attention logits and post-norms, GPT-2's Conv1D and learned positions, GPT-NeoX's and
 #: Phi's partial rotary, OLMo2's post-norms with q/k norms, Falcon's multi-query attention, BLOOM's ALiBi, the
-#: T5 encoder's relative position bias, DeBERTa-v2's disentangled attention.
+#: T5 encoder's relative position bias, DeBERTa-v2's disentangled attention; GPT-J's interleaved (rotate-every-two)
+#: rotary from a repeated position table, Cohere's bias-free LayerNorm (an RMSNorm of the centred x) and parallel
+#: attention/MLP blocks, Helium's RMSNorm without eps, XGLM's scores clamped at float's lowest value on 3-D
+#: ``[B·H, S, D]`` batched matmuls, OPT's learned positions offset by 2.
 _TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 OTHER_FAMILIES = {
     "mistral": ("MistralConfig", "MistralModel", {**_TINY_DECODER, "sliding_window": 8}),
@@ -67,6 +70,15 @@ OTHER_FAMILIES = {
     "bloom": ("BloomConfig", "BloomModel", dict(n_layer=2, hidden_size=64, n_head=4, vocab_size=1000)),
     "t5-encoder": ("T5Config", "T5EncoderModel", dict(num_layers=2, d_model=64, d_kv=16, num_heads=4, d_ff=160,
                                                       vocab_size=1000)),
+    "gptj": ("GPTJConfig", "GPTJModel", dict(n_layer=2, n_embd=64, n_head=4, rotary_dim=8, vocab_size=1000,
+                                             n_positions=160, **_TOKENS)),
+    "cohere": ("CohereConfig", "CohereModel", {**_TINY_DECODER, **_TOKENS}),
+    "helium": ("HeliumConfig", "HeliumModel", {**_TINY_DECODER, "head_dim": 16, **_TOKENS}),
+    "xglm": ("XGLMConfig", "XGLMModel", dict(num_layers=2, d_model=64, attention_heads=4, ffn_dim=160, vocab_size=1000,
+                                            max_position_embeddings=160, **_TOKENS)),
+    "opt": ("OPTConfig", "OPTModel", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, ffn_dim=160,
+                                          vocab_size=1000, max_position_embeddings=160, word_embed_proj_dim=64,
+                                          **_TOKENS)),
     "deberta-v2": ("DebertaV2Config", "DebertaV2Model",
                    dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=160,
                         vocab_size=1000, max_position_embeddings=160, type_vocab_size=0,

@@ -16,6 +16,7 @@ from .canonical.gelu_erf import ErfGeluToGelu
 from .canonical.identity_cast import DropIdentityCast
 from .canonical.gelu_tanh import TanhGeluToGeluTanh
 from .canonical.layernorm_decomposed import DecomposedLayerNormToLayerNorm
+from .canonical.lowest_clamp import DropLowestClamp
 from .canonical.silu import SigmoidMulToSilu
 from .canonical.single_concat import DropSingleConcat
 from .canonical.softmax_nan_guard import DropSoftmaxNanGuard
@@ -30,6 +31,7 @@ CANONICAL_RULES = (
     SigmoidMulToSilu,
     DecomposedLayerNormToLayerNorm,
     DropSoftmaxNanGuard,
+    DropLowestClamp,
     BoolMaskToAdditive,
     MergeSplitAttentionScale,
 )

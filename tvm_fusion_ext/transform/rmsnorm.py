@@ -3,12 +3,12 @@
 Pattern (matched by meaning: :class:`RMSNormMatcher`, found at the last binding of the norm)
     ``[cast] (γ · [cast] n)`` or ``[cast] n`` (γ on either side), where the normalised value ``n`` is
     ``xf · r`` with ``r = rsqrt(s) | 1 / sqrt(s)`` (ONNX ``Reciprocal`` imports as ``1 / ·``), or ``xf / sqrt(s)``;
-    ``s = mean(xf², axis=-1, keepdims) + eps`` with ``xf² = xf ** 2 | xf · xf``; ``xf = [cast to fp32] x``, the
+    ``s = mean(xf², axis=-1, keepdims) [+ eps]`` with ``xf² = xf ** 2 | xf · xf``; ``xf = [cast to fp32] x``, the
     fp32 casts exporters emit around the statistics of a 16-bit model. With ``residual``: ``x = a + b`` as well
     (pre-norm blocks reuse that sum for the next residual: then the sum stays and the plain variant fuses).
 Check (a refusal names its reason)
     the mean reduces exactly the last axis and keeps it; the squared tensor is the normalised one (a mean over
-    a different tensor is another computation); the exponent is 2; eps a positive scalar constant; γ one value
+    a different tensor is another computation); the exponent is 2; eps a scalar constant ≥ 0 (absent: 0); γ one value
     per feature; a residual's operands have the result's shape (no broadcast) and dtype.
 Rewrite
     ``fused_rmsnorm(x [, residual], γ; eps, out_dtype)``: statistics in fp32, one rounding to the result type.
@@ -120,9 +120,13 @@ def _inverse_root(r, graph: FunctionGraph, covered: list):
 def _statistics(xf, s, graph: FunctionGraph, covered: list) -> Optional[RMSNormPlan]:
     """The plan when ``s`` is ``mean(xf², last axis) + eps``; None when it is no mean of squares at all."""
     sv = graph.value(s)
-    if op_name(sv) != "relax.add":
+    if op_name(sv) == "relax.add":
+        candidates = ((sv.args[0], sv.args[1]), (sv.args[1], sv.args[0]))
+    elif op_name(sv) == "relax.mean":
+        candidates = ((s, None),)  # no eps at all (Helium's dynamo export): eps = 0
+    else:
         return None
-    for var, eps in ((sv.args[0], sv.args[1]), (sv.args[1], sv.args[0])):
+    for var, eps in candidates:
         mean = graph.value(var)
         if op_name(mean) != "relax.mean":
             continue
@@ -134,13 +138,14 @@ def _statistics(xf, s, graph: FunctionGraph, covered: list) -> Optional[RMSNormP
             squared, exponent = square.args[0], 2.0
         if squared is None:
             continue
-        plan = RMSNormPlan(covered=covered + graph.chain(s) + graph.chain(var) + graph.chain(mean.args[0]))
+        plan = RMSNormPlan(covered=covered + graph.chain(s) + (graph.chain(var) if eps is not None else [])
+                           + graph.chain(mean.args[0]))
         x, cast = xf, graph.value(xf)
         if op_name(cast) == "relax.astype" and str(cast.attrs.dtype) == "float32":
             plan.covered += graph.chain(xf)
             x = cast.args[0]
         plan.x = x
-        plan.eps = scalar_value(graph.value(eps))
+        plan.eps = scalar_value(graph.value(eps)) if eps is not None else 0.0
         if not _same(squared, xf, graph):
             plan.reason = "the mean is over the square of another tensor than the one normalised"
         elif exponent != 2.0:
@@ -170,8 +175,8 @@ def _mean_axis_reason(mean, xf) -> Optional[str]:
 def _eps_reason(eps) -> Optional[str]:
     if eps is None:
         return "eps is not a scalar constant"
-    if not eps > 0.0:
-        return f"eps is {eps:g}, not positive"
+    if not eps >= 0.0:  # eps = 0 is the same formula (an all-zero row gives NaN either way)
+        return f"eps is {eps:g}, negative"
     return None
 
 

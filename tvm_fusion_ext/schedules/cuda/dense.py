@@ -190,6 +190,20 @@ class DenseCudaKnobs(Knobs):
     k: Optional[Sequence[int]] = None       # [ko, kc] (tensor cores: in 16-element tiles)
     vec: Optional[int] = None               # SIMT only: index into VECTOR_WIDTHS
     unroll: Optional[int] = None            # index into UNROLL_STEPS
+    row_block: Optional[int] = None         # symbolic rows: rows per padded tile (the operator's row_block)
+
+
+def simt_transferable_knobs(static: dict) -> dict:
+    """The knobs of a static SIMT record that keep their meaning on symbolic rows: the column split ``j``, the K
+    split ``k``, ``vec`` and ``unroll`` as they are, and the thread-row tile ``i[1:]`` (``ty × yi`` rows per
+    block), which becomes the operator's ``row_block`` so that the padded rows split into whole tiles. A
+    tensor-core record (no ``vec``: its tiles count 16 elements) transfers nothing: the symbolic path is SIMT."""
+    if "vec" not in static or not static.get("i"):
+        return {}
+    out = {name: static[name] for name in ("j", "k", "vec", "unroll") if name in static}
+    _, ty, yi = (int(v) for v in static["i"])
+    out.update(i=[1, ty, yi], row_block=ty * yi)
+    return out
 
 
 class DenseCUDA(TemplateRule):
@@ -212,6 +226,9 @@ class DenseCUDA(TemplateRule):
     def schedule(self, sch, block, target, knobs=None):
         dense_cuda(sch, block, target, knobs)
 
+    def transferable_knobs(self, static):
+        return simt_transferable_knobs(static)
+
     def prepare_operator(self, call, target):
         """Rows known only at run time padded to whole row tiles (``row_block``, see ops/dense.py)."""
-        return pad_symbolic_rows(call, "fused_dense", SYMBOLIC_ROW_BLOCK)
+        return pad_symbolic_rows(call, "fused_dense", self.knobs.row_block or SYMBOLIC_ROW_BLOCK)

@@ -15,7 +15,8 @@ sequence): the build pads the accumulator's rows to :data:`SYMBOLIC_ROW_BLOCK` (
 thread block's rows, and the epilogue writes the real rows; x and W are then read straight from global memory
 (through L1), as the staged tile of a gathered, clamped row index is not a rectangle TVM can bound.
 
-Knobs: as the fp32 dense template (``i``, ``j``, ``k``, ``vec``, ``unroll``), ``j`` counting output columns.
+Knobs: as the fp32 dense template (``i``, ``j``, ``k``, ``vec``, ``unroll``), ``j`` counting output columns; a
+static record's knobs reach symbolic kernels as the dense's do (:func:`.dense.simt_transferable_knobs`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ from tvm import s_tir
 from ...targets import TargetInfo
 from ..common import flatten_rows_map, op_params, pad_symbolic_rows, padded_rows_stage, static_extents_reason
 from ..rule import TemplateRule
-from .dense import UNROLL_STEPS, VECTOR_WIDTHS, DenseCudaKnobs, _decision, simt_defaults, stage_in_shared
+from .dense import (
+    UNROLL_STEPS,
+    VECTOR_WIDTHS,
+    DenseCudaKnobs,
+    _decision,
+    simt_defaults,
+    simt_transferable_knobs,
+    stage_in_shared,
+)
 
 #: rows of the padded accumulator per thread block when rows are symbolic (the operator's ``row_block``)
 SYMBOLIC_ROW_BLOCK = 32
@@ -56,6 +65,8 @@ def gated_dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target
     d = simt_defaults(M, N, K, lim)
     if symbolic:  # one thread block per padded row tile; the last one's epilogue is predicated
         ti = [None, *_decision(knobs.get("i"), d["i"])[1:]]
+        if M % (ti[1] * ti[2]):
+            raise ValueError(f"row tile {ti[1]}x{ti[2]} does not divide the row block {M}")
     else:
         ti = sch.sample_perfect_tile(rows, n=3, max_innermost_factor=8, decision=_decision(knobs.get("i"), d["i"]))
     tj = sch.sample_perfect_tile(cols, n=3, max_innermost_factor=8, decision=_decision(knobs.get("j"), d["j"]))
@@ -114,6 +125,10 @@ class GatedDenseCUDA(TemplateRule):
     def schedule(self, sch, block, target, knobs=None):
         gated_dense_cuda(sch, block, target, knobs)
 
+    def transferable_knobs(self, static):
+        """As the dense: the static and symbolic paths are both SIMT, whatever the dtype."""
+        return simt_transferable_knobs(static)
+
     def prepare_operator(self, call, target):
         """Rows known only at run time padded to one thread block's rows (see the module docstring)."""
-        return pad_symbolic_rows(call, "fused_gated_dense", SYMBOLIC_ROW_BLOCK)
+        return pad_symbolic_rows(call, "fused_gated_dense", self.knobs.row_block or SYMBOLIC_ROW_BLOCK)
