@@ -1,0 +1,65 @@
+"""Transformer encoders fed by something else than token ids: ViT (a Conv patch embedding of ``pixel_values``
+plus a class token) and Whisper's audio encoder (two 1-D convolutions over mel features). Tiny random weights,
+exported by hand (``export_hf_model`` builds text models only); the encoder layers must fuse as BERT's do and
+the whole model must match torch."""
+
+import contextlib
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def _vit():
+    import transformers
+
+    config = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                    image_size=32, patch_size=8, attn_implementation="sdpa")
+    return transformers.ViTModel(config, add_pooling_layer=False), "pixel_values", (2, 3, 32, 32)
+
+
+def _whisper():
+    import transformers
+
+    config = transformers.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
+                                        decoder_attention_heads=4, encoder_ffn_dim=128, num_mel_bins=16,
+                                        max_source_positions=32, attn_implementation="sdpa")
+    return transformers.WhisperModel(config).get_encoder(), "input_features", (1, 16, 64)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [_vit, _whisper], ids=["vit", "whisper-encoder"])
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_encoder_fuses_and_matches_torch(export_dir, make, exporter):
+    import torch
+
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    torch.manual_seed(0)
+    base, name, shape = make()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(**{name: x}).last_hidden_state
+
+    module = Encoder(base).eval()
+    x = torch.randn(*shape)
+    path = str(export_dir / f"{make.__name__}_{exporter}.onnx")
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), path, dynamo=exporter == "dynamo", opset_version=18 if exporter == "dynamo"
+                          else 17, input_names=[name], output_names=["out"])
+        ref = module(x).numpy()
+    model = CompiledModel.from_module(load_onnx(path))
+    counts = {k: model.report.fused[k] for k in ("attention", "layernorm", "qkv", "dense")}
+    assert counts == {"attention": 2, "layernorm": 5, "qkv": 2, "dense": 8}, model.report.summary()
+    np.testing.assert_allclose(model.run({name: x.numpy()})["out"], ref, rtol=1e-4, atol=1e-4)
