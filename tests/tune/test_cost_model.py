@@ -237,3 +237,39 @@ def test_rank_scores_are_positive_and_keep_the_order():
     scores = positive_scores([-3.0, 0.5, -7.0, 2.0])
     assert np.all(scores > 0) and scores.max() == 1.0
     assert np.argsort(scores).tolist() == [2, 0, 1, 3]
+
+
+def test_rank_model_warm_start_is_a_fixed_base_that_the_run_continues(tmp_path):
+    """Other tasks' records (``--warm-start``) become a base booster: it scores candidates before this run has
+    measured anything, and the run's own trees continue its margins instead of being trained among them."""
+    from scipy.stats import spearmanr
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_fusion_ext.tune.driver import _stub_tensor_intrin
+    from tvm_fusion_ext.tune.expert_features import FEATURE_NAMES, candidate_features
+    from tvm_fusion_ext.tune.rank_model import RankModel
+
+    with _stub_tensor_intrin(True):
+        target, task, cands = _tiny_dense_candidates(36)
+        feats = [dict(zip(FEATURE_NAMES, candidate_features(c.sch.mod, target))) for c in cands]
+        cost = np.array([1e-6 * (1 + 4 * (1 - f["vector_fraction"]) + 2 / (1 + f["register_tile_ratio"])
+                                 + f["unroll_log2"] / 8) for f in feats])
+        ctx = ms.TuneContext(mod=task.mod, target=target, task_name="rank", num_threads=1)
+        model = RankModel(target, num_warmup_samples=8, pretrain_rounds=40)
+        # the "other task": the first 24 candidates, as warm_start feeds them
+        model.update(ctx, cands[:24], [ms.runner.RunnerResult(run_secs=[float(c)], error_msg=None) for c in cost[:24]])
+        model.freeze_as_base()
+        assert model.base is not None and model.booster is None and model.data_size == 0 and not model.groups
+        cold = model.predict(ctx, cands[24:])
+        np.testing.assert_array_equal(cold, model.predict(ctx, cands[24:]))  # the base's, not random
+        assert spearmanr(cold, -cost[24:]).correlation > 0.5
+        # this run's own measurements: trees on top of the base's margins
+        model.update(ctx, cands[24:32], [ms.runner.RunnerResult(run_secs=[float(c)], error_msg=None)
+                                          for c in cost[24:32]])
+        assert model.booster is not None and model.data_size == 8
+        warm = model.predict(ctx, cands[32:])
+        assert spearmanr(warm, -cost[32:]).correlation > 0.3
+        model.save(str(tmp_path / "rank.pkl"))
+        twin = RankModel(target)
+        twin.load(str(tmp_path / "rank.pkl"))
+        np.testing.assert_array_equal(twin.predict(ctx, cands[32:]), warm)

@@ -190,3 +190,12 @@ def test_an_auto_pool_is_compared_with_its_tasks_template_pool():
     assert s["throughput_vs_template_best_median"] < 0.6 and s["seeds_at_least_0.9_of_template"] == 0.0
     assert "template_pool_best_us" not in rp.replay([template], [rp.STRATEGIES["random"]], seeds=[1], budget=8,
                                                     k=4, all_pools=[auto, template])["tasks"]["a-template"]
+
+
+def test_cli_seed_range_starts_at_first_seed(monkeypatch, capsys):
+    # --first-seed checks a choice made on seeds 1..50 against seeds it was not made on
+    monkeypatch.setattr(rp, "load_dir", lambda directory: [synthetic_pool()])
+    assert rp.main(["--strategies", "random", "--seeds", "3", "--first-seed", "51", "--budget", "8", "--k", "4",
+                    "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["seed_list"] == [51, 52, 53] and report["seeds"] == 3

@@ -32,7 +32,10 @@ from tvm.ir.utils import derived_object
 FAILED_COST = 1e10
 # the columns and tree depth of the replay's winning ranking strategy (README, "Replay"): rank-knobs
 STORE_FEATURES, KNOB_FEATURES, MAX_DEPTH = False, True, 3
-PARAMS = {"objective": "rank:pairwise", "max_depth": 6, "eta": 0.2, "subsample": 1.0, "min_child_weight": 1,
+# eta 0.1: a model retrained on at most a few hundred candidates, or continuing a booster pre-trained on another
+# task, overfits at 0.2 (replay, rank-knobs-transfer, trials to random's final best at 0.2 -> 0.1: BERT FFN
+# 51.5 -> 15, MiniLM FFN template 27 -> 17, MiniLM FFN auto 25 -> 12, MiniLM attention 2 -> 6)
+PARAMS = {"objective": "rank:pairwise", "max_depth": 6, "eta": 0.1, "subsample": 1.0, "min_child_weight": 1,
           "lambda": 1.0, "nthread": 1, "seed": 43, "tree_method": "hist"}
 
 
@@ -63,14 +66,18 @@ def relevance(costs: np.ndarray) -> np.ndarray:
     return np.where(ok, best / np.where(ok, costs, 1.0), 0.0).astype(np.float32)
 
 
-def train_ranker(xs, ys, sizes, params: dict, rounds: int):
-    """A pairwise-ranking booster over groups of rows (one group per kernel); None without data."""
+def train_ranker(xs, ys, sizes, params: dict, rounds: int, base=None):
+    """A pairwise-ranking booster over groups of rows (one group per kernel); None without data. With ``base``
+    (a booster trained on other tasks) the new trees continue its margins instead of starting from zero."""
     import xgboost as xgb
 
     if not xs:
         return None
-    d = xgb.DMatrix(np.concatenate(xs), label=np.concatenate(ys))
+    rows = np.concatenate(xs)
+    d = xgb.DMatrix(rows, label=np.concatenate(ys))
     d.set_group(sizes)
+    if base is not None:
+        d.set_base_margin(base.predict(xgb.DMatrix(rows), output_margin=True))
     return xgb.train(params, d, num_boost_round=rounds)
 
 
@@ -92,7 +99,7 @@ class RankModel(PyCostModel):
 
     def __init__(self, target=None, expert_features: bool = True, rounds: int = 60, num_warmup_samples: int = 8,
                  seed: int = 0, store_features: bool = STORE_FEATURES, knob_features: bool = KNOB_FEATURES,
-                 max_depth: int = MAX_DEPTH):
+                 max_depth: int = MAX_DEPTH, pretrain_rounds: int = 200):
         from tvm.s_tir import meta_schedule as ms
 
         super().__init__()
@@ -105,6 +112,10 @@ class RankModel(PyCostModel):
         self.extractor = ms.feature_extractor.PerStoreFeature()
         self.groups: Dict[int, tuple] = {}     # structural hash of the kernel -> (rows list, costs list)
         self.booster = None
+        #: a booster trained on other tasks' records (``--warm-start``, :meth:`freeze_as_base`): fixed; this
+        #: run's trees continue its margins, as the replay's ``-transfer`` strategies do
+        self.base = None
+        self.pretrain_rounds = pretrain_rounds
         self.data_size = 0
         self.last_train_size = 0               # warm_start.py sets it huge to defer training to the last kernel
         self.rng = np.random.default_rng(seed)
@@ -142,11 +153,23 @@ class RankModel(PyCostModel):
     # -------------------------------------------------------------------------------------------- PyCostModel
     def load(self, path: str) -> None:
         with open(path, "rb") as f:
-            self.groups, self.booster, self.data_size = pickle.load(f)
+            state = pickle.load(f)
+        self.groups, self.booster, self.data_size = state[:3]
+        self.base = state[3] if len(state) > 3 else None
 
     def save(self, path: str) -> None:
         with open(path, "wb") as f:
-            pickle.dump((self.groups, self.booster, self.data_size), f)
+            pickle.dump((self.groups, self.booster, self.data_size, self.base), f)
+
+    def freeze_as_base(self) -> None:
+        """What the model was fed so far (other tasks' records) becomes a fixed base booster; this run then
+        learns from its own measurements only, on top of the base's margins. Trained jointly instead, the other
+        tasks' hundreds of records outweigh the few of this task. The replay's ``rank-knobs-transfer`` continues
+        a base the same way (README, "Replay")."""
+        xs, ys, sizes = self._training_data()
+        self.base = train_ranker(xs, ys, sizes, self.params, self.pretrain_rounds) or self.base
+        self.groups, self.booster, self.data_size = {}, None, 0
+        self.last_train_size = 0
 
     def update(self, context, candidates, results) -> None:
         import tvm_ffi
@@ -166,7 +189,7 @@ class RankModel(PyCostModel):
         self.last_train_size = self.data_size
         self._train()
 
-    def _train(self) -> None:
+    def _training_data(self):
         xs, ys, sizes = [], [], []
         for rows, costs in self.groups.values():
             if len(costs) < 2 or len(set(costs)) < 2:
@@ -174,12 +197,22 @@ class RankModel(PyCostModel):
             xs.append(np.stack(rows))
             ys.append(relevance(np.asarray(costs)))
             sizes.append(len(costs))
-        self.booster = train_ranker(xs, ys, sizes, self.params, self.rounds) or self.booster
+        return xs, ys, sizes
+
+    def _train(self) -> None:
+        xs, ys, sizes = self._training_data()
+        self.booster = train_ranker(xs, ys, sizes, self.params, self.rounds, self.base) or self.booster
 
     def predict(self, context, candidates) -> np.ndarray:
         import xgboost as xgb
 
-        if self.booster is None or self.data_size < self.num_warmup_samples or not candidates:
+        own = self.booster is not None and self.data_size >= self.num_warmup_samples
+        if not candidates or (not own and self.base is None):
             return self.rng.uniform(0, 1, len(candidates)).astype(np.float64)
-        margins = self.booster.predict(xgb.DMatrix(self._rows(context, candidates)), output_margin=True)
+        d = xgb.DMatrix(self._rows(context, candidates))
+        margins = self.base.predict(d, output_margin=True) if self.base is not None else None
+        if own:
+            if margins is not None:
+                d.set_base_margin(margins)
+            margins = self.booster.predict(d, output_margin=True)
         return positive_scores(margins)

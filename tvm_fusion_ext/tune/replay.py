@@ -314,7 +314,9 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", help="comma-separated pool names (e.g. minilm-ffn-auto); default: all")
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                    help=f"comma-separated, from: {', '.join(STRATEGIES)}")
-    p.add_argument("--seeds", type=int, default=50, help="seeds 1..N")
+    p.add_argument("--seeds", type=int, default=50, help="N seeds, FIRST..FIRST+N-1")
+    p.add_argument("--first-seed", type=int, default=1,
+                   help="first seed (default 1; another range checks a choice made on these seeds)")
     p.add_argument("--budget", type=int, default=128)
     p.add_argument("--k", type=int, default=8, help="candidates per round")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="print the report as JSON (or write FILE)")
@@ -336,7 +338,8 @@ def main(argv=None) -> int:
         if args.budget < 1 or args.k < 1 or args.seeds < 1:
             raise FusionExtError("--budget, --k and --seeds must be >= 1")
         strategies = [STRATEGIES[s] for s in args.strategies.split(",")]
-        report = replay(chosen, strategies, list(range(1, args.seeds + 1)), args.budget, args.k, all_pools=pools,
+        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+        report = replay(chosen, strategies, seeds, args.budget, args.k, all_pools=pools,
                         say=lambda m: print(m, file=sys.stderr, flush=True))
     except FusionExtError as err:
         print(f"error: {err}", file=sys.stderr)

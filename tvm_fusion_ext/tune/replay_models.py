@@ -182,8 +182,6 @@ class RankXGB:
         return twin
 
     def observe(self, idx: Sequence[int]) -> None:
-        import xgboost as xgb
-
         self.seen.extend(int(i) for i in idx)
         seen = np.asarray(self.seen)
         lat = self.pool.latency_us[seen]
@@ -192,11 +190,10 @@ class RankXGB:
         lat = np.where(np.isfinite(lat), lat, worst)
         if len(seen) < 2 or np.ptp(lat) == 0:
             return
-        d = xgb.DMatrix(self.rows[seen], label=_relevance(lat))
-        d.set_group([len(seen)])
-        if self.base is not None:
-            d.set_base_margin(self.base.predict(xgb.DMatrix(self.rows[seen]), output_margin=True))
-        self.booster = xgb.train(self.params, d, num_boost_round=self.rounds)
+        from .rank_model import train_ranker
+
+        self.booster = train_ranker([self.rows[seen]], [_relevance(lat)], [len(seen)], self.params, self.rounds,
+                                    self.base)
 
     def score(self, idx: Sequence[int], seed: int) -> Optional[np.ndarray]:
         import xgboost as xgb

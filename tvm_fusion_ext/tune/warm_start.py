@@ -68,6 +68,8 @@ def warm_start(cost_model, sources: Iterable[str], target) -> WarmStart:
     for i, (context, candidates, results) in enumerate(prepared):
         cost_model.last_train_size = 0 if i == len(prepared) - 1 else sys.maxsize
         cost_model.update(context, candidates, results)
+    if prepared and hasattr(cost_model, "freeze_as_base"):
+        cost_model.freeze_as_base()  # RankModel: the other tasks become a fixed base (see its docstring)
     return stats
 
 
