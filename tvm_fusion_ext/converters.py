@@ -453,38 +453,6 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
             spread = bb.normalize(relax.op.broadcast_to(spread, [v for t, d in zip(r, dims) for v in (t, d)]))
             return relax.op.reshape(spread, [t * d for t, d in zip(r, dims)])
 
-    class Expand(_Fixed, of.Expand):
-        """A constant target shape over data with dims known only at run time (GPT-J, CodeGen, GLM, Cohere:
-        ``position_ids.unsqueeze(-1).repeat(1, 1, d)`` under dynamic axes): the stock converter reads every data
-        dim as a number and fails on a symbolic one. ONNX's rule per right-aligned axis: a target 1 keeps the
-        data's dim, a data dim 1 takes the target's, equal dims stay; a symbolic data dim against a target t > 1
-        must be 1 or t when it runs, and the result is t either way."""
-
-        @classmethod
-        def convert(cls, bb, inputs, attr, params, opset, stock):
-            data, shape = inputs[0], inputs[1]
-            dims = getattr(getattr(getattr(data, "ty", None), "shape", None), "values", None)
-            if (not isinstance(shape, tvm.ir.GenericConst) or dims is None
-                    or all(isinstance(d, tvm.tirx.IntImm) for d in dims)):
-                return stock(bb, inputs, attr, params)
-            target = [int(v) for v in shape.value.numpy().reshape(-1)]
-            rank = max(len(target), len(dims))
-            dims = [1] * (rank - len(dims)) + [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in dims]
-            target = [1] * (rank - len(target)) + target
-            out = []
-            for axis, (d, t) in enumerate(zip(dims, target)):
-                if t == 1:
-                    out.append(d)
-                elif not isinstance(d, int) or d == 1 or d == t:
-                    out.append(t)
-                else:
-                    raise Unsupported(f"cannot broadcast data dim {d} to {t} at axis {axis}")
-            if len(out) == len(dims) and all(o is d for o, d in zip(out, dims)) and rank == ndim_of(data):
-                return data
-            if rank > ndim_of(data):
-                data = relax.op.reshape(data, dims)
-            return relax.op.broadcast_to(data, out)
-
     class _Pairwise(_Fixed):
         """Variadic Max/Min/Sum/Mean over tensors folded pairwise with the broadcasting binary op. The stock
         converter broadcasts every input to the common shape, stacks them and reduces the new axis: for XGLM's
@@ -510,5 +478,5 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
         pass
 
     return {cls.__name__: cls for cls in (Constant, IsInf, BitShift, Mod, Pow, SpaceToDepth, LayerNormalization,
-                                           RMSNormalization, Dropout, NonMaxSuppression, Reshape, Tile, Expand,
-                                           Max, Min, Sum, Mean)}
+                                           RMSNormalization, Dropout, NonMaxSuppression, Reshape, Tile, Max, Min,
+                                           Sum, Mean)}

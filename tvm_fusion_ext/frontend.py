@@ -346,7 +346,9 @@ def _expand_class():
     The stock converter decides whether the expansion is a no-op with ``target_shape == data_shape``, a Python
     list comparison that asks ``bool()`` of a symbolic ``PrimExpr`` and raises as soon as a dim is symbolic
     (every dynamic-axis export, and static builds of them, hit it). Same broadcasting rules, with the
-    comparison done structurally."""
+    comparison done structurally. A constant target shape over data with symbolic dims (GPT-J, CodeGen, GLM,
+    Cohere: ``position_ids.unsqueeze(-1).repeat(1, 1, d)`` under dynamic axes) takes the same path: the stock
+    converter reads every data dim as a number there."""
     if "Expand" in _CLASSES:
         return _CLASSES["Expand"]
     import tvm
@@ -359,7 +361,9 @@ def _expand_class():
         def _impl_v13(cls, bb, inputs, attr, params):
             data, shape = inputs[0], inputs[1]
             if isinstance(shape, tvm.ir.GenericConst):
-                return super()._impl_v13(bb, inputs, attr, params)
+                if all(isinstance(d, tirx.IntImm) for d in data.ty.shape.values):
+                    return super()._impl_v13(bb, inputs, attr, params)
+                shape = _constant_target_shape(data, shape)
             if not isinstance(shape, relax.ShapeExpr):
                 # a shape known only at run time: the stock converter broadcasts to it verbatim, so a target dim
                 # of 1 shrinks the input's (ONNX keeps the input's dim: [3, 1] expanded by [2, 1, 6] is [2, 3, 6])
@@ -394,6 +398,19 @@ def _expand_class():
 
     _CLASSES["Expand"] = _Expand
     return _Expand
+
+
+def _constant_target_shape(data, shape):
+    """A constant Expand target as a ``ShapeExpr``, refusing static dims ONNX cannot broadcast (a data dim d
+    against a target t needs d == t, d == 1 or t == 1)."""
+    from tvm import relax, tirx
+
+    target = [int(v) for v in shape.value.numpy().reshape(-1)]
+    dims = list(data.ty.shape.values)
+    for axis, (d, t) in enumerate(zip(reversed(dims), reversed(target))):
+        if isinstance(d, tirx.IntImm) and int(d) not in (1, t) and t not in (1, -1):
+            raise Unsupported(f"cannot broadcast data dim {int(d)} to {t} at axis {len(dims) - 1 - axis}")
+    return relax.ShapeExpr([tirx.IntImm("int64", t) for t in target])
 
 
 def _shape_from_tensor(bb, tensor):
