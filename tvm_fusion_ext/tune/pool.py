@@ -39,7 +39,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..errors import FusionExtError
-from .knob_features import trace_json  # noqa: F401  (the collector writes traces with it)
+from .knob_features import trace_json
 
 CANDIDATES_FILE = "candidates.jsonl"
 META_FILE = "meta.json"

@@ -81,6 +81,19 @@ def train_ranker(xs, ys, sizes, params: dict, rounds: int, base=None):
     return xgb.train(params, d, num_boost_round=rounds)
 
 
+def ranker_margins(rows: np.ndarray, base=None, booster=None) -> np.ndarray:
+    """Ranking margins of ``rows``: the base's, continued by ``booster``'s trees when there is one."""
+    import xgboost as xgb
+
+    d = xgb.DMatrix(rows)
+    margins = base.predict(d, output_margin=True) if base is not None else None
+    if booster is not None:
+        if margins is not None:
+            d.set_base_margin(margins)
+        margins = booster.predict(d, output_margin=True)
+    return np.asarray(margins, dtype=np.float64)
+
+
 def positive_scores(margins) -> np.ndarray:
     """Ranking margins as scores in (0, 1], in the same order: the best candidate of the batch 1, the worst 1/n.
 
@@ -204,15 +217,8 @@ class RankModel(PyCostModel):
         self.booster = train_ranker(xs, ys, sizes, self.params, self.rounds, self.base) or self.booster
 
     def predict(self, context, candidates) -> np.ndarray:
-        import xgboost as xgb
-
         own = self.booster is not None and self.data_size >= self.num_warmup_samples
         if not candidates or (not own and self.base is None):
             return self.rng.uniform(0, 1, len(candidates)).astype(np.float64)
-        d = xgb.DMatrix(self._rows(context, candidates))
-        margins = self.base.predict(d, output_margin=True) if self.base is not None else None
-        if own:
-            if margins is not None:
-                d.set_base_margin(margins)
-            margins = self.booster.predict(d, output_margin=True)
-        return positive_scores(margins)
+        return positive_scores(ranker_margins(self._rows(context, candidates), self.base,
+                                              self.booster if own else None))

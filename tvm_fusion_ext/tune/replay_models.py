@@ -196,17 +196,11 @@ class RankXGB:
                                     self.base)
 
     def score(self, idx: Sequence[int], seed: int) -> Optional[np.ndarray]:
-        import xgboost as xgb
+        from .rank_model import ranker_margins
 
         if self.booster is None and self.base is None:
             return None
-        d = xgb.DMatrix(self.rows[np.asarray(idx)])
-        margin = self.base.predict(d, output_margin=True) if self.base is not None else 0.0
-        if self.booster is not None:
-            if self.base is not None:
-                d.set_base_margin(margin)
-            return np.asarray(self.booster.predict(d, output_margin=True), dtype=np.float64)
-        return np.asarray(margin, dtype=np.float64)
+        return ranker_margins(self.rows[np.asarray(idx)], self.base, self.booster)
 
 
 def _relevance(latency: np.ndarray) -> np.ndarray:
