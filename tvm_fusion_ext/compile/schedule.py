@@ -59,10 +59,17 @@ def schedule(mod: tvm.IRModule, target: TargetSpec = None, records: Optional[str
              knobs: Optional[dict] = None, kernel_knobs=None) -> tvm.IRModule:
     """Schedule a lowered module: ``records`` (a record directory) first, then templates (with ``knobs`` and
     the per-kernel ``kernel_knobs`` transferred from records), then the fallback; then bound causal attention's
-    key-block loops by their query tiles (whichever schedule made them)."""
+    key-block loops by their query tiles (whichever schedule made them), and give symbolic CPU attention its
+    short-request variants (:mod:`.short_keys`)."""
     from .causal_skip import SkipMaskedKeyBlocks
+    from .short_keys import DispatchShortKeys
 
     target = resolve_target(target)
     if records is not None:
         mod = apply_records(mod, target, records)
-    return SkipMaskedKeyBlocks()(ApplyTemplates(target, knobs, kernel_knobs=kernel_knobs)(mod))
+
+    def templates(m: tvm.IRModule, fallback: bool = True) -> tvm.IRModule:
+        return SkipMaskedKeyBlocks()(ApplyTemplates(target, knobs, fallback, kernel_knobs=kernel_knobs)(m))
+
+    # a variant's kernel never has a record (records name static kernels): templates and transferred knobs
+    return DispatchShortKeys(target, lambda m: templates(m, fallback=False))(templates(mod))
