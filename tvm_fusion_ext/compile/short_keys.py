@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 #: key blocks of the short-request variants, smallest first: a request of T keys takes the first block ≥ T
 SHORT_KEY_BLOCKS = (32, 64)
 
-#: scheduled module of one PrimFunc → scheduled module (the build's own rules, records, causal bound)
+#: module of one unscheduled PrimFunc → scheduled module (the build's templates and causal bound; records name
+#: static kernels, so none would match a variant)
 ScheduleFn = Callable[[tvm.IRModule], tvm.IRModule]
 
 
