@@ -134,6 +134,44 @@ def test_expert_features_see_parallelism_vectors_and_register_tiles():
     json.dumps({k: float(v) for k, v in tuned.items()})
 
 
+def _ssrsrs_dense(i2: int, i3: int, j2: int, j3: int):
+    """A 64x64x64 dense tiled as MetaSchedule's CPU sketch does (i0 j0 | k0 | i2 j2 | k1 | i3 j3)."""
+    import tvm
+    from tvm import s_tir, te
+
+    a = te.placeholder((64, 64), name="A")
+    b = te.placeholder((64, 64), name="B")
+    k = te.reduce_axis((0, 64), name="k")
+    c = te.compute((64, 64), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    sch = s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([a, b, c])}))
+    blk = sch.get_sblock("C")
+    i, j, kk = sch.get_loops(blk)
+    i0, i_2, i_3 = sch.split(i, [None, i2, i3])
+    j0, j_2, j_3 = sch.split(j, [None, j2, j3])
+    k0, k1 = sch.split(kk, [None, 4])
+    sch.reorder(i0, j0, k0, i_2, j_2, k1, i_3, j_3)
+    sch.parallel(sch.fuse(i0, j0))
+    sch.vectorize(j_3)
+    return sch.mod
+
+
+@pytest.mark.parametrize("tile, outer, inner", [((4, 1, 1, 16), 3.0, 1.0),     # 4x16 accumulators: 8 ymm
+                                                 ((1, 1, 1, 16), 1.0, 1.0),     # 1x16: 2 ymm, FMA latency bound
+                                                 ((2, 2, 2, 8), 3.0, 1.0),      # 4x16 again, split differently
+                                                 ((8, 2, 2, 16), 6.0, 2.0)])    # 16x32: spills
+def test_accumulator_features_count_the_register_tile_a_reduction_step_updates(tile, outer, inner):
+    """What separates a fast MetaSchedule dense from one 3.7x slower with the same inner tile (BERT's FFN pool:
+    i2=4 against i2=1 under j3=16) is the tile of accumulators inside the outermost reduction loop, in vector
+    registers; the innermost reduction loop's tile is the same for both."""
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.tune.expert_features import FEATURE_NAMES, Machine, candidate_features
+
+    avx2 = Machine(cores=2, lanes=8, register_bytes=16 * 32, l1_bytes=32 * 1024, l2_bytes=512 * 1024)
+    feats = dict(zip(FEATURE_NAMES, candidate_features(_ssrsrs_dense(*tile), resolve_target("llvm"), avx2)))
+    assert feats["accumulator_vectors_log2"] == pytest.approx(outer)
+    assert feats["inner_accumulator_vectors_log2"] == pytest.approx(inner)
+
+
 def test_remeasure_times_every_candidate_in_rounds_and_keeps_the_collected_figure(collected, tmp_path, capsys):
     """The re-measured latency is the minimum over interleaved rounds; the collector's figure is kept, also
     when a pool is re-measured twice, and ``info`` says how the figures were taken."""
@@ -166,6 +204,34 @@ def test_remeasure_times_every_candidate_in_rounds_and_keeps_the_collected_figur
     capsys.readouterr()
     assert main(["remeasure", once, "--rounds", "0"]) == 2
     assert "--rounds must be at least 1" in capsys.readouterr().err
+
+
+def test_refeature_adds_new_expert_columns_and_keeps_the_measurements(collected, tmp_path, capsys):
+    """A pool packed before a feature existed gets it from its traces; the old columns come out unchanged and
+    nothing measured is touched."""
+    from tvm_fusion_ext.tune.expert_features import FEATURE_NAMES
+    from tvm_fusion_ext.tune.pool import main
+    from tvm_fusion_ext.tune.pool_file import load, pack, save
+    from tvm_fusion_ext.tune.pool_refeature import refeature
+
+    directory, _ = collected
+    packed, old, new = (str(tmp_path / f"{n}.npz") for n in ("packed", "old", "new"))
+    pack(directory, packed)
+    pool = load(packed, traces=True)
+    dropped = "accumulator_vectors_log2"
+    keep = [i for i, n in enumerate(FEATURE_NAMES) if n != dropped]
+    pool.expert_features = pool.expert_features[:, keep]
+    pool.meta = dict(pool.meta, expert_feature_names=[FEATURE_NAMES[i] for i in keep])
+    save(pool, old)
+    said = refeature(old, new, say=lambda m: None)
+    assert f"added {dropped}; changed none" in said
+    again, before = load(new, traces=True), load(packed, traces=True)
+    assert list(again.meta["expert_feature_names"]) == list(FEATURE_NAMES)
+    np.testing.assert_array_equal(again.expert_features, before.expert_features)
+    np.testing.assert_array_equal(again.latency_us, before.latency_us)
+    assert again.traces == before.traces
+    assert main(["refeature", new]) == 0 and "added none; changed none" in capsys.readouterr().out
+    assert main(["refeature", str(tmp_path / "missing.npz")]) == 2
 
 
 def test_knob_strategies_read_the_decisions_from_the_pool_file(collected, tmp_path):

@@ -17,6 +17,13 @@ do, one fixed-length vector per candidate, read from the scheduled s_tir PrimFun
                                 stores with stride 1 (a full vector store), else 0
 ``register_tile_ratio``         bytes touched in one step of the heaviest block's innermost reduction
                                 loop (accumulator tile + operand slices) / the vector register file
+``accumulator_vectors_log2``    log2 of what the heaviest block writes inside its outermost reduction loop,
+                                in vector registers: the accumulator tile every reduction step updates
+                                (MetaSchedule's SSRSRS tiling: i2*i3 x j2*j3), which unrolling keeps in
+                                registers. Too few and the FMAs wait on each other's latency, too many and
+                                they spill: on AVX2, 8 of the 16 registers is the fast tile (CUDA: the
+                                whole thread block's tile, in 16-byte vectors)
+``inner_accumulator_vectors_log2``  the same inside the innermost reduction loop (i3 x j3)
 ``task_working_set_l2_log2``    log2(bytes touched per parallel task of the heaviest block / L2)
 ``l1_traffic_log2``             log2(estimated bytes moved between L1 and the core / compulsory bytes)
 ``l2_traffic_log2``             log2(estimated bytes moved between L2 and L1 / compulsory bytes)
@@ -51,7 +58,8 @@ import tvm
 FEATURE_NAMES = (
     "parallel_extent_log2", "parallel_balance", "tasks_per_core_log2",
     "vector_fraction", "vector_aligned_fraction", "vector_lanes_log2", "vector_contiguous",
-    "register_tile_ratio", "task_working_set_l2_log2", "l1_traffic_log2", "l2_traffic_log2", "unroll_log2",
+    "register_tile_ratio", "accumulator_vectors_log2", "inner_accumulator_vectors_log2",
+    "task_working_set_l2_log2", "l1_traffic_log2", "l2_traffic_log2", "unroll_log2",
     "threads_per_block_ratio", "shared_memory_ratio", "register_ratio",
 )
 MAX_REGISTERS_PER_THREAD = 255
@@ -148,9 +156,10 @@ def _bytes(buf) -> int:
 
 
 class _Footprint:
-    """Distinct bytes a block touches while the loops from ``level`` inwards run (outer loops fixed)."""
+    """Distinct bytes a block touches (``writes_only``: writes) while the loops from ``level`` inwards run
+    (outer loops fixed)."""
 
-    def __init__(self, blk: _Block):
+    def __init__(self, blk: _Block, writes_only: bool = False):
         import tvm.sym
 
         self.blk = blk
@@ -158,7 +167,7 @@ class _Footprint:
         binding = {iv.var: val for iv, val in zip(blk.block.iter_vars, blk.realize.iter_values)}
         self.regions = []
         seen = set()
-        for region in list(blk.block.reads) + list(blk.block.writes):
+        for region in ([] if writes_only else list(blk.block.reads)) + list(blk.block.writes):
             buf = region.source if hasattr(region, "source") else region.buffer
             dims = []
             for rng, size in zip(region.region, buf.shape):
@@ -247,9 +256,13 @@ def expert_features(func, target, machine: Optional[Machine] = None) -> np.ndarr
     feats["vector_contiguous"] = float(vec is not None and _contiguous_store(heavy, vec))
 
     fp = _Footprint(heavy)
-    inner = _innermost_reduction_level(heavy)
-    if inner is not None:
-        feats["register_tile_ratio"] = fp.at(inner + 1) / m.register_bytes
+    levels = _reduction_levels(heavy)
+    if levels:
+        feats["register_tile_ratio"] = fp.at(levels[-1] + 1) / m.register_bytes
+        written = _Footprint(heavy, writes_only=True)
+        vector_bytes = 4 * m.lanes
+        feats["accumulator_vectors_log2"] = math.log2(written.at(levels[0] + 1) / vector_bytes)
+        feats["inner_accumulator_vectors_log2"] = math.log2(written.at(levels[-1] + 1) / vector_bytes)
     first_par = next((i for i, lp in enumerate(heavy.loops) if lp.kind == ForKind.PARALLEL), None)
     task_level = first_par + 1 if first_par is not None else 0
     feats["task_working_set_l2_log2"] = math.log2(max(fp.at(task_level), 1.0) / m.l2_bytes)
@@ -323,14 +336,11 @@ def _contiguous_store(b: _Block, vec) -> bool:
     return True
 
 
-def _innermost_reduction_level(b: _Block) -> Optional[int]:
+def _reduction_levels(b: _Block) -> List[int]:
+    """Indices (outermost first) of the block's loops that run a reduction axis."""
     reduce_vals = [val for iv, val in zip(b.block.iter_vars, b.realize.iter_values)
                    if int(iv.iter_type) == tvm.tirx.IterVar.CommReduce]
-    level = None
-    for i, lp in enumerate(b.loops):
-        if _extent(lp) > 1 and any(_uses(v, lp.loop_var) for v in reduce_vals):
-            level = i
-    return level
+    return [i for i, lp in enumerate(b.loops) if _extent(lp) > 1 and any(_uses(v, lp.loop_var) for v in reduce_vals)]
 
 
 def _traffic(b: _Block, fp: _Footprint, capacity: int) -> float:

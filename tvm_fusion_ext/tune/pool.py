@@ -459,6 +459,10 @@ def main(argv=None) -> int:
     r.add_argument("--rounds", type=int, default=5)
     r.add_argument("--min-repeat-ms", type=int, default=10)
     r.add_argument("--threads", type=int, help="TVM threads while timing (default: one per core, as the tuner)")
+    f = sub.add_parser("refeature", help="recompute a pool file's expert features from its traces, keeping its "
+                                         "measurements (pool_refeature.py)")
+    f.add_argument("pool", help="a pool file (tuning_pools/*.npz)")
+    f.add_argument("--out", help="write here instead of in place")
     i = sub.add_parser("info", help="summarise a pool file or a collection directory")
     i.add_argument("path")
     args = p.parse_args(argv)
@@ -478,6 +482,10 @@ def main(argv=None) -> int:
 
             print(remeasure(args.pool, args.out, rounds=args.rounds, min_repeat_ms=args.min_repeat_ms,
                             threads=args.threads, say=lambda m: print(m, flush=True)))
+        elif args.cmd == "refeature":
+            from .pool_refeature import refeature
+
+            print(refeature(args.pool, args.out, say=lambda m: print(m, flush=True)))
         else:
             from .pool_file import describe
 
