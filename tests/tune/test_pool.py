@@ -234,6 +234,33 @@ def test_refeature_adds_new_expert_columns_and_keeps_the_measurements(collected,
     assert main(["refeature", str(tmp_path / "missing.npz")]) == 2
 
 
+def test_pool_exports_as_records_a_live_run_warm_starts_from(collected, tmp_path, capsys):
+    """``pool records`` turns a pool's measured candidates into a record directory that ``--warm-start`` reads:
+    one record per measured candidate, its trace replaying on the task, its latency as the run time."""
+    from tvm_fusion_ext import records
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.tune.pool import main
+    from tvm_fusion_ext.tune.pool_file import load, pack
+    from tvm_fusion_ext.tune.rank_model import RankModel
+    from tvm_fusion_ext.tune.warm_start import record_dirs, warm_start
+
+    directory, _ = collected
+    packed, out = str(tmp_path / "tiny.npz"), str(tmp_path / "warm" / "tiny")
+    pack(directory, packed)
+    pool = load(packed)
+    assert main(["records", packed, "--out", out]) == 0
+    assert "6 measured candidates of pool" in capsys.readouterr().out
+    assert record_dirs(str(tmp_path / "warm")) == [out]
+    recs = records.open_database(out).get_all_tuning_records()
+    assert len(recs) == 6
+    np.testing.assert_allclose(sorted(float(r.run_secs[0]) * 1e6 for r in recs), sorted(pool.latency_us), rtol=1e-6)
+    model = RankModel()
+    stats = warm_start(model, [out], resolve_target("llvm"))
+    assert stats.records == 6 and stats.unreplayable == 0 and stats.other_target == 0
+    assert main(["records", packed, "--out", out]) == 2          # never appends to (or mixes) a directory
+    assert "already holds tuning records" in capsys.readouterr().err
+
+
 def test_knob_strategies_read_the_decisions_from_the_pool_file(collected, tmp_path):
     """``rank-knobs`` reads each candidate's decisions from the stored traces (loaded on demand)."""
     from tvm_fusion_ext.tune import replay as rp

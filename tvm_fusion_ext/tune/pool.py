@@ -463,6 +463,10 @@ def main(argv=None) -> int:
                                          "measurements (pool_refeature.py)")
     f.add_argument("pool", help="a pool file (tuning_pools/*.npz)")
     f.add_argument("--out", help="write here instead of in place")
+    e = sub.add_parser("records", help="write a pool file's measured candidates as a tuning-record directory, "
+                                       "a --warm-start source (pool_records.py)")
+    e.add_argument("pool", help="a pool file (tuning_pools/*.npz)")
+    e.add_argument("--out", required=True, help="a new record directory")
     i = sub.add_parser("info", help="summarise a pool file or a collection directory")
     i.add_argument("path")
     args = p.parse_args(argv)
@@ -486,6 +490,10 @@ def main(argv=None) -> int:
             from .pool_refeature import refeature
 
             print(refeature(args.pool, args.out, say=lambda m: print(m, flush=True)))
+        elif args.cmd == "records":
+            from .pool_records import export_records
+
+            print(export_records(args.pool, args.out))
         else:
             from .pool_file import describe
 
