@@ -201,6 +201,37 @@ def load_dir(directory: str) -> List[Pool]:
     return [load(os.path.join(directory, f)) for f in files]
 
 
+def workload_of(pool: Pool):
+    """``(target, module)``: the target the pool was measured on and its task's PrimFunc, on which every
+    stored trace replays."""
+    import tvm
+
+    from .driver import _stub_tensor_intrin, register_custom_rules
+    from .pool_tasks import get_task
+
+    try:
+        target = tvm.target.Target(json.loads(pool.meta["target"]))
+    except (KeyError, ValueError) as err:
+        raise FusionExtError(f"pool meta has no usable target ({err})") from None
+    register_custom_rules()
+    with _stub_tensor_intrin(target.kind.name == "llvm"):
+        return target, get_task(pool.meta["task"], target).mod
+
+
+def schedule_of(pool: Pool, i: int, mod):
+    """Candidate ``i`` of ``pool`` (loaded with its traces) replayed on ``mod``, or a one-line error naming it."""
+    from tvm import s_tir
+    from tvm.s_tir.schedule import Trace
+
+    sch = s_tir.Schedule(mod)
+    try:
+        Trace.apply_json_to_schedule(pool.traces[i], sch)
+    except Exception as err:  # noqa: BLE001  (TVM raises its own errors; name the candidate)
+        raise FusionExtError(f"pool {pool.name}: candidate {i}'s trace no longer applies to task "
+                             f"'{pool.meta['task']}' ({str(err).strip().splitlines()[0]})") from None
+    return sch
+
+
 def describe(path: str) -> str:
     """One paragraph about a pool file or a collection directory."""
     if os.path.isdir(path):

@@ -15,48 +15,33 @@ to build or run carry no run time and are left out.
 from __future__ import annotations
 
 import os
-from typing import Optional
-
 import numpy as np
 
 from ..errors import FusionExtError
 
 
-def export_records(path: str, out: str, target_spec: Optional[dict] = None) -> str:
+def export_records(path: str, out: str) -> str:
     """Write pool ``path``'s measured candidates into record directory ``out``; a one-line summary."""
     import tvm
-    from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.schedule import Trace
 
     from .. import records
-    from .driver import _stub_tensor_intrin, register_custom_rules
-    from .pool_file import load
-    from .pool_remeasure import _target_dict
-    from .pool_tasks import get_task
+    from .pool_file import load, schedule_of, workload_of
 
     pool = load(path, traces=True)
     if pool.traces is None or len(pool.traces) != len(pool):
         raise FusionExtError(f"pool '{path}' has no traces to export")
     if os.path.exists(os.path.join(out, records.RECORD_FILE)):
         raise FusionExtError(f"'{out}' already holds tuning records: export into a new directory")
-    target = tvm.target.Target(target_spec or _target_dict(pool.meta))
-    register_custom_rules()
+    target, mod = workload_of(pool)
     measured = np.flatnonzero(np.isfinite(pool.latency_us) & (pool.status == 0))
-    with _stub_tensor_intrin(target.kind.name == "llvm"):
-        mod = get_task(pool.meta["task"], target).mod
-        database = records.open_database(out, create=True)
-        workload = database.commit_workload(mod)
-        for i in measured:
-            sch = s_tir.Schedule(mod)
-            try:
-                Trace.apply_json_to_schedule(pool.traces[int(i)], sch)
-            except Exception as err:  # noqa: BLE001  (TVM raises its own errors; name the candidate)
-                raise FusionExtError(f"pool '{path}': candidate {int(i)}'s trace no longer applies to task "
-                                     f"'{pool.meta['task']}' ({str(err).splitlines()[0]})") from None
-            args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
-            seconds = [tvm.tirx.FloatImm("float64", float(pool.latency_us[i]) * 1e-6)]
-            database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, seconds, target, args))
+    database = records.open_database(out, create=True)
+    workload = database.commit_workload(mod)
+    for i in measured:
+        sch = schedule_of(pool, int(i), mod)
+        args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
+        seconds = [tvm.tirx.FloatImm("float64", float(pool.latency_us[i]) * 1e-6)]
+        database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, seconds, target, args))
     records.write_manifest(out, {"workload": f"pool:{pool.name}", "target": records.target_label(target),
                                  "target_spec": str(target), "source_pool": os.path.basename(path),
                                  "records": int(measured.size),

@@ -22,35 +22,19 @@ from ..errors import FusionExtError
 
 def refeature(path: str, out: Optional[str] = None, say: Callable[[str], None] = print) -> str:
     """Rewrite pool file ``path``'s expert features (into ``out``, default in place); a one-line summary."""
-    import tvm
-    from tvm import s_tir
-    from tvm.s_tir.schedule import Trace
-
-    from .driver import _stub_tensor_intrin, register_custom_rules
     from .expert_features import FEATURE_NAMES, candidate_features, machine_of
-    from .pool_file import load, save
-    from .pool_remeasure import _target_dict
-    from .pool_tasks import get_task
+    from .pool_file import load, save, schedule_of, workload_of
 
     pool = load(path, traces=True)
     if pool.traces is None or len(pool.traces) != len(pool):
         raise FusionExtError(f"pool '{path}' has no traces to replay")
-    target = tvm.target.Target(_target_dict(pool.meta))
-    register_custom_rules()
-    with _stub_tensor_intrin(target.kind.name == "llvm"):
-        mod = get_task(pool.meta["task"], target).mod
-        machine = machine_of(target)
-        rows = []
-        for i, trace in enumerate(pool.traces):
-            sch = s_tir.Schedule(mod)
-            try:
-                Trace.apply_json_to_schedule(trace, sch)
-            except Exception as err:  # noqa: BLE001  (TVM raises its own errors; name the candidate)
-                raise FusionExtError(f"pool '{path}': candidate {i}'s trace no longer applies to task "
-                                     f"'{pool.meta['task']}' ({str(err).splitlines()[0]})") from None
-            rows.append(candidate_features(sch.mod, target, machine))
-            if (i + 1) % 500 == 0:
-                say(f"refeature: {pool.name} {i + 1}/{len(pool)}")
+    target, mod = workload_of(pool)
+    machine = machine_of(target)
+    rows = []
+    for i in range(len(pool)):
+        rows.append(candidate_features(schedule_of(pool, i, mod).mod, target, machine))
+        if (i + 1) % 500 == 0:
+            say(f"refeature: {pool.name} {i + 1}/{len(pool)}")
     new = np.stack(rows).astype(np.float32)
     old_names = list(pool.meta.get("expert_feature_names", []))
     kept = [n for n in old_names if n in FEATURE_NAMES]

@@ -39,18 +39,14 @@ def remeasure(path: str, out: Optional[str] = None, rounds: int = 5, min_repeat_
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from .driver import _stub_tensor_intrin, register_custom_rules, skip_tensor_intrin
+    from .driver import skip_tensor_intrin
     from .pool import _load, machine_info
-    from .pool_file import load, save
-    from .pool_tasks import get_task
+    from .pool_file import load, save, workload_of
 
     if rounds < 1:
         raise FusionExtError(f"--rounds must be at least 1, got {rounds}")
     pool = load(path, traces=True)
-    target = tvm.target.Target(_target_dict(pool.meta))
-    register_custom_rules()
-    with _stub_tensor_intrin(target.kind.name == "llvm"):
-        mod = get_task(pool.meta["task"], target).mod
+    target, mod = workload_of(pool)
     cores = _set_threads(threads or int(target.attrs.get("num-cores") or 0) or None)
     todo = np.flatnonzero(pool.status == 0)
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -111,32 +107,19 @@ def _set_threads(n: Optional[int]) -> int:
     return got
 
 
-def _target_dict(meta: dict) -> dict:
-    import json
-
-    try:
-        return json.loads(meta["target"])
-    except (KeyError, ValueError) as err:
-        raise FusionExtError(f"pool meta has no usable target ({err})") from None
-
-
 def _build_all(pool, mod, target, todo, say, initializer):
     """``{index: loaded runtime module}`` for every candidate in ``todo`` that still builds, and the others."""
     import tvm
-    from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.schedule import Trace
+
+    from .pool_file import schedule_of
 
     builder = ms.builder.LocalBuilder(max_workers=2, timeout_sec=300, initializer=initializer)
     libs, failed = {}, []
     start = time.time()
     for lo in range(0, len(todo), BUILD_BATCH):
         batch = [int(i) for i in todo[lo:lo + BUILD_BATCH]]
-        mods = []
-        for i in batch:
-            sch = s_tir.Schedule(mod)
-            Trace.apply_json_to_schedule(pool.traces[i], sch)
-            mods.append(sch.mod)
+        mods = [schedule_of(pool, i, mod).mod for i in batch]
         for i, res in zip(batch, builder.build([ms.builder.BuilderInput(m, target) for m in mods])):
             if res.error_msg is not None:
                 failed.append(i)
