@@ -199,3 +199,38 @@ def test_cli_seed_range_starts_at_first_seed(monkeypatch, capsys):
                     "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["seed_list"] == [51, 52, 53] and report["seeds"] == 3
+
+
+def test_noise_test_tells_separated_rounds_from_overlapping_ones():
+    from tvm_fusion_ext.tune.replay_noise import p_faster
+
+    fast = np.array([100.0, 101.0, 102.0, 103.0, 104.0])
+    # five rounds each, every fast round below every slow one: p = 1 / C(10, 5)
+    assert p_faster(fast, fast + 10.0) == pytest.approx(1 / 252)
+    # interleaved rounds (BERT's FFN pool: 3167.8 by the minimum, but 3227 / 3271 in the next rounds)
+    assert p_faster(np.array([3167.8, 3227.4, 3271.1, 3342.4, 3413.2]),
+                    np.array([3194.2, 3222.8, 3224.1, 3495.2, 8007.2])) > 0.3
+    # the normal approximation agrees with the exact test where both apply
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(100, 3, 40), rng.normal(103, 3, 40)
+    assert p_faster(a, b) < 0.01 < p_faster(b, a)
+    assert p_faster(np.array([]), fast) == 1.0
+
+
+def test_within_noise_share_counts_only_losses_the_rounds_can_tell_apart():
+    pool = synthetic_pool(n=40)
+    order = np.argsort(pool.latency_us)
+    runner_up, best, worst = int(order[1]), int(order[0]), int(order[-1])
+    rounds = np.repeat(pool.latency_us[:, None], 5, axis=1) + np.arange(5)[None, :]   # 5 tight rounds each
+    # the pool's best only by one lucky round: its other rounds interleave with the runner-up's
+    rounds[best] = pool.latency_us[runner_up] + np.array([-3.0, -0.5, 0.0, 0.5, 3.0])
+    pool.rounds_us = rounds.astype(np.float32)
+    pool.latency_us = np.min(rounds, axis=1)
+    assert int(np.argmin(pool.latency_us)) == best
+    # three strategies' seeds end at the best, the runner-up and the worst; random found the best in each
+    results = [rp.SearchResult(np.array([i]), pool.latency_us[[i]]) for i in (best, runner_up, worst)]
+    assert [r.final_best <= pool.latency_us[best] for r in results] == [True, False, False]
+    # losing to the best by the runner-up is within noise, by the worst it is not
+    assert rp._within_noise(pool, results, [best] * 3) == pytest.approx(2 / 3)
+    assert results[2].final_index(pool) == worst
+    assert rp.SearchResult(np.array([3]), np.array([np.inf])).final_index(pool) == -1

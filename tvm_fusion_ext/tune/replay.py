@@ -14,7 +14,9 @@ The measure, per task, strategy and seed:
 * ``trials to random's best``: the first trial at which the strategy's best-so-far is as fast as what random
   search with the same seed had found after the whole budget (``budget + 1``: never within the budget). For
   random search itself this is the trial at which it found its final best;
-* the strategy's final best after the budget, and whether it is at least as fast as random's.
+* the strategy's final best after the budget, and whether it is at least as fast as random's; and, beside
+  that strict comparison, whether random's final best is faster beyond the pool's measurement noise (a
+  Mann-Whitney test on the two candidates' re-measurement rounds, ``replay_noise.py``).
 
 Reported per task and strategy: medians and quartiles over seeds, the fraction of seeds at least as good as
 random, and (``--plot``) best-so-far against trials, median and quartile band over seeds, relative to the
@@ -90,6 +92,13 @@ class SearchResult:
     @property
     def final_best(self) -> float:
         return float(self.curve[-1]) if len(self.curve) else float("inf")
+
+    def final_index(self, pool: Pool) -> int:
+        """The pool index of the final best candidate (-1 when nothing measured succeeded)."""
+        if not len(self.curve) or not np.isfinite(self.curve[-1]):
+            return -1
+        lat = pool.latency_us[self.order]
+        return int(self.order[int(np.nanargmin(np.where(np.isfinite(lat), lat, np.inf)))])
 
 
 def _seed(seed: int, name: str) -> int:
@@ -189,6 +198,7 @@ def evaluate(pool: Pool, strategies: Sequence[Strategy], seeds: Sequence[int], b
         if say:
             say(f"replay: {pool.name} {strategy.name}: {len(seeds)} seeds in {timing[strategy.name]:.0f} s")
     bars = [r.final_best for r in runs["random"]]
+    bar_index = [r.final_index(pool) for r in runs["random"]]
     best = float(np.nanmin(pool.latency_us))
     out = {"pool": os.path.basename(pool.path), "kernel": pool.meta.get("kernel"), "candidates": len(pool),
            "measured": int(pool.measured().sum()), "expert_rejected": int(pool.rejected().sum()),
@@ -208,6 +218,7 @@ def evaluate(pool: Pool, strategies: Sequence[Strategy], seeds: Sequence[int], b
             "reached_random_best_fraction": float(np.mean([t <= budget for t in trials])),
             "final_best_us_median": fq[1], "final_best_us_q1": fq[0], "final_best_us_q3": fq[2],
             "at_least_random_fraction": float(np.mean([f <= b for f, b in zip(finals, bars)])),
+            "at_least_random_within_noise_fraction": _within_noise(pool, results, bar_index),
             "final_best_vs_pool_best_median": fq[1] / best,
             "curve_vs_pool_best": {"median": _round(np.median(curves, axis=0)),
                                    "q1": _round(np.percentile(curves, 25, axis=0)),
@@ -216,6 +227,18 @@ def evaluate(pool: Pool, strategies: Sequence[Strategy], seeds: Sequence[int], b
             "trials_to_random_best": trials, "final_best_us": [round(f, 3) for f in finals],
         }
     return out
+
+
+def _within_noise(pool: Pool, results: Sequence[SearchResult], bar_index: Sequence[int]) -> float:
+    """Share of seeds in which random's final best is not faster than the strategy's beyond the pool's
+    measurement noise (``replay_noise.py``)."""
+    from .replay_noise import shown_faster
+
+    ok = []
+    for r, theirs in zip(results, bar_index):
+        ours = r.final_index(pool)
+        ok.append(theirs < 0 or (ours >= 0 and not shown_faster(pool, theirs, ours)))
+    return float(np.mean(ok))
 
 
 def _pad(curve: np.ndarray, budget: int) -> np.ndarray:
@@ -262,14 +285,17 @@ def format_table(report: dict) -> str:
     budget = report["budget"]
     lines = [f"replay: budget {budget} trials, {report['k']} per round, {report['seeds']} seeds; "
              f"trials to random's final best (median [q1, q3]; {budget + 1} = not reached), final best "
-             f"(median, us), share of seeds at least as good as random"]
-    head = f"{'task':<26} {'strategy':<22} {'trials to random best':>24} {'final best us':>14} {'>= random':>10}"
+             f"(median, us), share of seeds at least as good as random (strictly; and unless random's best is "
+             f"faster beyond the pool's measurement noise)"]
+    head = (f"{'task':<26} {'strategy':<22} {'trials to random best':>24} {'final best us':>14} {'>= random':>10}"
+            f" {'not beaten':>11}")
     lines.append(head)
     for task, entry in report["tasks"].items():
         for name, s in entry["strategies"].items():
             lines.append(f"{task:<26} {name:<22} {s['trials_to_random_best_median']:>8.1f} "
                          f"[{s['trials_to_random_best_q1']:>5.1f}, {s['trials_to_random_best_q3']:>5.1f}]"
-                         f"{'':>4} {s['final_best_us_median']:>14.1f} {100 * s['at_least_random_fraction']:>9.0f}%")
+                         f"{'':>4} {s['final_best_us_median']:>14.1f} {100 * s['at_least_random_fraction']:>9.0f}%"
+                         f" {100 * s.get('at_least_random_within_noise_fraction', float('nan')):>10.0f}%")
         lines.append(f"{'':<26} (pool: {entry['candidates']} candidates, best {entry['pool_best_us']:.1f} us, "
                      f"median {entry['pool_median_us']:.1f} us, {entry['expert_rejected']} rejected by the rules)")
         if "template_pool_best_us" in entry:
