@@ -5,14 +5,15 @@ Found by running every single-operator case of ONNX's backend tests through ``tv
 
 * :func:`fixed_converters`: subclasses of TVM's converters that convert an op correctly where the stock one
   computes something else (IsInf's ``detect_*``, BitShift past the type's width, floating-point Mod with
-  infinities, integer Pow, SpaceToDepth's ``CRD`` mode, LayerNormalization's Mean/InvStdDev outputs, RMSNorm over
+  infinities, ReduceMax/ReduceMin of only infinities, Equal of sizes, integer Pow, SpaceToDepth's ``CRD`` mode, LayerNormalization's Mean/InvStdDev outputs, RMSNorm over
   every axis, Dropout's mask, Constant's ``value_float``/``value_ints``/... forms), or refuse (raise
   :class:`Unsupported`) where they would silently substitute a default (NonMaxSuppression's thresholds given
   at run time);
 * :func:`check_graph`: combinations refused before importing, with the op, the node and the reason: element
   types TVM cannot compute with or numpy cannot hold, training-mode semantics, attributes TVM ignores,
-  ops of other domains that share a name with one TVM converts (``com.microsoft.Attention`` vs ONNX's
-  ``Attention``).
+  ops of other domains that share a name with one TVM converts (TVM's map is keyed by name alone; ONNX's own
+  ``Attention``, whose name TVM's ``com.microsoft.Attention`` converter takes, is converted by
+  :mod:`.onnx_attention`).
 
 :mod:`.frontend` wires both in; everything TVM-specific is built lazily so importing this module is cheap.
 """
@@ -172,9 +173,6 @@ def domain_refusal(node, tvm_ops) -> Optional[str]:
     if node.domain in _DEFAULT_DOMAINS:
         if node.op_type in tvm_ops and not onnx.defs.has(node.op_type):
             return f"'{node.op_type}' is not an ONNX op (ONNX Runtime's contrib ops have the domain com.microsoft)"
-        if node.op_type == "Attention":
-            return ("ONNX's Attention op (opset 23) is not supported: TVM's converter of that name is for "
-                    "com.microsoft.Attention, which has other inputs and attributes")
         return None
     if node.domain == "com.microsoft" and node.op_type in MICROSOFT_OPS:
         return None
@@ -314,6 +312,74 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
             r = bb.emit(relax.op.mod(x, y))
             differ = relax.op.logical_xor(relax.op.less(r, zero), relax.op.less(y, zero))
             return relax.op.where(relax.op.logical_and(relax.op.not_equal(r, zero), differ), relax.op.add(r, y), r)
+
+    class Equal(_Fixed, of.Equal):
+        """A size read with ``Shape`` compared with a constant or another size. The stock converter compares the
+        two as IR objects, so ``Shape(x)[0:1] == [1]`` is False when x's first dim is 1 (a Python int is never
+        structurally equal to an ``IntImm``), and a symbolic dim is unequal to everything, whatever it is at run
+        time: a wrong answer either way. Here static values compare as numbers, symbolic ones by the analyzer
+        (every dim at least 1, so ``seq == -1``, the legacy exporters' "keep this dim" test, is False at import
+        and the target stays a shape) when it can prove the result, and the rest at run time."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            from tvm import sym, tirx
+
+            sizes = [isinstance(x, relax.ShapeExpr) for x in inputs]
+            if not any(sizes) or not all(isinstance(x, (tvm.ir.GenericConst, relax.ShapeExpr)) for x in inputs):
+                return stock(bb, inputs, attr, params)
+            values = [list(x.values) if size else (x.value.numpy().reshape(-1).tolist()
+                                                   if x.value.numpy().ndim == 1 else None)
+                      for x, size in zip(inputs, sizes)]
+            if None not in values and len(values[0]) == len(values[1]):
+                analyzer, out = sym.Analyzer(), []
+                for a, b in zip(*values):
+                    diff = tirx.const(a, "int64") - b if isinstance(a, int) else a - b
+                    for v in tirx.analysis.undefined_vars(diff):  # a size is at least 1
+                        analyzer.update(v, sym.ConstIntBound(1, 2**62), override=True)
+                    if analyzer.can_prove(diff == 0) or analyzer.can_prove(diff != 0):
+                        out.append(bool(analyzer.can_prove(diff == 0)))
+                    else:
+                        break
+                else:
+                    return relax.const(np.array(out, bool), "bool")
+            tensors = [relax.op.shape_to_tensor(x) if size else x for x, size in zip(inputs, sizes)]
+            return relax.op.equal(*tensors)
+
+    class _InfiniteReduction(_Fixed):
+        """ReduceMax (ReduceMin) of a float tensor whose reduced elements are all -inf (+inf): TOPI starts the
+        reduction at the lowest (highest) *finite* value, so it returns that instead of the infinity. Guards that
+        test a row for "every key hidden" (ONNX's expanded Attention: ``ReduceMax(bias) == -inf``) then never
+        fire. The stock result is kept except where it is that start value and no element equals it."""
+
+        start = "min"      # which end of the float range the stock reduction starts at
+        infinity = -np.inf
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            x = inputs[0]
+            if not isinstance(getattr(x, "ty", None), relax.TensorType) or not dtype_of(x).startswith("float") \
+                    or isinstance(x, tvm.ir.GenericConst):
+                return stock(bb, inputs, attr, params)
+            dtype = dtype_of(x)
+            limit = relax.const(getattr(np.finfo(dtype), cls.start), dtype)
+            # resolved once: get_constant takes an initializer out of the parameters as it folds it
+            rest = [of.get_constant(v, params) if v is not None else None for v in list(inputs)[1:]]
+            out = bb.normalize(stock(bb, [x, *rest], attr, params))
+            # the same reduction of an indicator says whether an element *is* the start value: max of "x == it"
+            # for ReduceMax, min of "x != it" for ReduceMin; 1 or 0, compared with one half
+            flag = relax.op.equal(x, limit) if cls.start == "min" else relax.op.not_equal(x, limit)
+            hits = bb.normalize(stock(bb, [relax.op.astype(flag, dtype), *rest], attr, params))
+            found = (relax.op.greater if cls.start == "min" else relax.op.less)(hits, relax.const(0.5, dtype))
+            only_infinities = relax.op.logical_and(relax.op.equal(out, limit), relax.op.logical_not(found))
+            return relax.op.where(only_infinities, relax.const(cls.infinity, dtype), out)
+
+    class ReduceMax(_InfiniteReduction, of.ReduceMax):
+        pass
+
+    class ReduceMin(_InfiniteReduction, of.ReduceMin):
+        start = "max"
+        infinity = np.inf
 
     class Pow(_Fixed, of.Pow):
         """Integer bases and exponents of another type (TVM's ``power`` takes one floating-point type): computed in
@@ -477,6 +543,7 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
     class Mean(_Pairwise, of.Mean):
         pass
 
-    return {cls.__name__: cls for cls in (Constant, IsInf, BitShift, Mod, Pow, SpaceToDepth, LayerNormalization,
+    return {cls.__name__: cls for cls in (Constant, IsInf, BitShift, Mod, Equal, ReduceMax, ReduceMin, Pow,
+                                           SpaceToDepth, LayerNormalization,
                                            RMSNormalization, Dropout, NonMaxSuppression, Reshape, Tile, Max, Min,
                                            Sum, Mean)}

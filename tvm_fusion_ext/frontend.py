@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 
 from .converters import Unsupported, check_graph, fixed_converters, iter_nodes, node_label
+from .onnx_attention import convert_onnx_attention
+from .onnx_rotary import converter_class as rotary_converter_class
 from .dims import infer_bounds, input_dims, with_bounds
 from .errors import InputError, ModelLoadError
 
@@ -253,7 +255,12 @@ def _convert_map() -> dict[str, Any]:
     cmap["ConstantOfShape"] = _constant_of_shape_class()
     cmap["Expand"] = _expand_class()
     cmap["Range"] = _range_class()
-    cmap["Slice"] = _slice_class()
+    for op in _SIZE_INPUTS:
+        cmap[op] = _size_folding_class(op)
+    cmap["Concat"] = _concat_class()
+    if "RotaryEmbedding" not in _CLASSES:
+        _CLASSES["RotaryEmbedding"] = rotary_converter_class()
+    cmap["RotaryEmbedding"] = _CLASSES["RotaryEmbedding"]
     cmap.update(fixed_converters())
     return cmap
 
@@ -318,6 +325,8 @@ def _constant_of_shape_class():
     from tvm import relax, tirx
     from tvm.relax.frontend.onnx import onnx_frontend as of
 
+    from .symbolic_values import Evaluator
+
     class _ConstantOfShape(of.ConstantOfShape):
         @classmethod
         def _impl_v9(cls, bb, inputs, attr, params):
@@ -330,6 +339,12 @@ def _constant_of_shape_class():
                 dims = [int(x) for x in shape.value.numpy().reshape(-1)]
             elif isinstance(shape, relax.ShapeExpr) and all(isinstance(x, tirx.IntImm) for x in shape.values):
                 dims = [int(x) for x in shape.values]
+            elif isinstance(shape, relax.Expr) and not isinstance(shape, relax.ShapeExpr):
+                # a shape computed from sizes (Swin's pad widths: ``Sub(4, Gather(Shape(x)))``): its values, not
+                # fresh run-time dims, so that the tensors built from it keep shapes the graph can reason about
+                values = Evaluator(bb.lookup_binding).elements(shape)
+                if values is not None and all(isinstance(v, tirx.IntImm) for v in values):
+                    dims = [int(v) for v in values]
             if dims is not None:
                 return relax.const(np.full(dims, value, dtype), dtype)
             if not isinstance(shape, relax.ShapeExpr):
@@ -457,39 +472,102 @@ def _range_class():
     return _Range
 
 
-def _slice_class():
-    """``Slice`` whose starts/ends/axes/steps are computed from sizes that are static (``torch.chunk`` in a
-    legacy export: ``Shape → Gather → Add → Div → Mul`` on a fixed shape).
+#: converters whose size inputs may be computed from sizes that are static, and where: ``{op: {impl: positions}}``
+#: (None: every input after the data). The stock converters read constants only; such inputs are folded first.
+_SIZE_INPUTS = {
+    # torch.chunk in a legacy export: bounds from ``Shape → Gather → Add → Div → Mul`` on a fixed shape. Without
+    # them the slice has an unknown shape and the next Reshape with -1 fails (Phi-3's merged gate_up_proj,
+    # GPT-NeoX's merged qkv); bounds that stay symbolic are left to the stock converter
+    "Slice": {"_impl_v13": None},
+    # F.pad in a legacy export: Swin pads its feature map to whole windows (``Shape → Mod → Concat → Reshape →
+    # Slice(step -1) → Transpose``), MobileBERT its trigram embeddings; pads that depend on a run-time size are
+    # still refused ("Dynamic pads are not supported yet")
+    "Pad": {"_impl_v11": (1,), "_impl_v18": (1, 3), "_impl_v19": (1, 3)},
+    # expanded function bodies split the rotated part of a head in halves: ``Div(Shape(x)[-1:], 2)``
+    "Split": {"_impl_v13": (1,)},
+}
 
-    The stock converter reads only constant bounds; others give a result of unknown shape, and the next
-    ``Reshape`` with ``-1`` fails to import (Phi-3's merged gate_up_proj, GPT-NeoX's merged qkv). Bounds whose
-    every element evaluates to an integer (see :mod:`.symbolic_values`) become the constants they are; bounds
-    that stay symbolic are left to the stock converter."""
-    if "Slice" in _CLASSES:
-        return _CLASSES["Slice"]
+
+def _size_folding_class(op: str):
+    """TVM's converter for ``op`` with the inputs :data:`_SIZE_INPUTS` names folded to constants where every
+    element evaluates to an integer (see :mod:`.symbolic_values`)."""
+    if op in _CLASSES:
+        return _CLASSES[op]
+    from tvm.relax.frontend.onnx import onnx_frontend as of
+
+    def folding(impl, positions):
+        def convert(cls, bb, inputs, attr, params):
+            inputs = of.onnx_input(inputs)  # a copy that reads None past its end, as the stock one does
+            where = range(1, len(inputs)) if positions is None else positions
+            return getattr(super(folded, cls), impl)(bb, _static_int_inputs(bb, inputs, where), attr, params)
+
+        return classmethod(convert)
+
+    folded = type(f"_{op}", (getattr(of, op),),
+                  {impl: folding(impl, positions) for impl, positions in _SIZE_INPUTS[op].items()})
+    _CLASSES[op] = folded
+    return folded
+
+
+def _static_int_inputs(bb, inputs, positions):
+    """``inputs`` with each tensor at ``positions`` whose every element evaluates to an integer (see
+    :mod:`.symbolic_values`) replaced by that constant; others are left as they are."""
     import numpy as np
     import tvm
     from tvm import relax, tirx
+
+    from .symbolic_values import Evaluator
+
+    ev = Evaluator(bb.lookup_binding)
+    for i in positions:
+        x = inputs[i] if i < len(inputs) else None
+        if x is None or isinstance(x, tvm.ir.GenericConst) or not isinstance(x, relax.Expr):
+            continue
+        values = ev.elements(x)
+        if values and all(isinstance(v, tirx.IntImm) for v in values):
+            inputs[i] = relax.const(np.array([int(v) for v in values], "int64"))
+    return inputs
+
+
+def _concat_class():
+    """``Concat`` of sizes read with ``Shape`` and small int64 tensors computed from them (the expanded function
+    bodies of ONNX ops build target shapes so: ``Concat(Shape(q)[0:1], Shape(k)[1:2], Where(...), ...)``).
+
+    The stock converter handles all-shape or all-constant inputs and passes a mix straight to ``relax.concat``,
+    which refuses shapes ("expects the input to be a Tuple of Tensors"). A mix whose tensors evaluate to sizes
+    (see :mod:`.symbolic_values`) becomes one shape, which keeps dims symbolic for the ``Expand``/``Reshape``
+    reading it; otherwise the shapes become tensors and are concatenated as tensors."""
+    if "Concat" in _CLASSES:
+        return _CLASSES["Concat"]
+    from tvm import relax
     from tvm.relax.frontend.onnx import onnx_frontend as of
 
     from .symbolic_values import Evaluator
 
-    class _Slice(of.Slice):
+    class _Concat(of.Concat):
         @classmethod
         def _impl_v13(cls, bb, inputs, attr, params):
-            inputs = of.onnx_input(inputs)  # a copy that reads None past its end, as the stock one does
+            is_shape = [isinstance(x, relax.Expr) and isinstance(getattr(x, "ty", None), relax.ShapeType)
+                        or isinstance(x, relax.ShapeExpr) for x in inputs]
+            if not any(is_shape) or all(is_shape):
+                return super()._impl_v13(bb, inputs, attr, params)
             ev = Evaluator(bb.lookup_binding)
-            for i in range(1, len(inputs)):
-                x = inputs[i]
-                if x is None or isinstance(x, tvm.ir.GenericConst) or not isinstance(x, relax.Expr):
-                    continue
-                values = ev.elements(x)
-                if values and all(isinstance(v, tirx.IntImm) for v in values):
-                    inputs[i] = relax.const(np.array([int(v) for v in values], "int64"))
-            return super()._impl_v13(bb, inputs, attr, params)
+            values = []
+            for x, shape in zip(inputs, is_shape):
+                dims = list(x.values) if isinstance(x, relax.ShapeExpr) else (
+                    list(x.ty.values) if shape and x.ty.values is not None else None)
+                if dims is None and not shape and str(getattr(x.ty, "dtype", "")) == "int64" and x.ty.ndim == 1:
+                    dims = ev.elements(x)
+                if dims is None:
+                    break
+                values.extend(dims)
+            else:
+                return relax.ShapeExpr(values)
+            tensors = [bb.normalize(relax.op.shape_to_tensor(x)) if shape else x for x, shape in zip(inputs, is_shape)]
+            return relax.op.concat(tensors, axis=int(attr.get("axis", 0)))
 
-    _CLASSES["Slice"] = _Slice
-    return _Slice
+    _CLASSES["Concat"] = _Concat
+    return _Concat
 
 
 def _importer_class():
@@ -511,6 +589,7 @@ def _importer_class():
         def from_onnx(self, graph, opset):
             self._consumers = _consumer_ops(graph)
             self._node_outputs = ()
+            self._node_domain = ""
             try:
                 return super().from_onnx(graph, opset)
             except BaseException:
@@ -529,6 +608,7 @@ def _importer_class():
             # TVM names a node by node.name in its errors; most exporters leave it empty
             if isinstance(value_proto, onnx.NodeProto):
                 self._node_outputs = tuple(value_proto.output)  # called once per node, before its conversion
+                self._node_domain = value_proto.domain
                 return node_label(value_proto)
             return super()._parse_value_proto(value_proto)
 
@@ -538,7 +618,12 @@ def _importer_class():
                 raise ModelLoadError(f"{self._label}: op {op_name!r} (node {node}) is not supported by TVM's "
                                      f"ONNX importer")
             try:
-                sym = self._cmap[op_name].get_converter(opset)(self.bb, inputs, attrs, [self._nodes, self._params])
+                if op_name == "Attention" and self._node_domain in ("", "ai.onnx"):
+                    # TVM's map keys converters by name alone; its "Attention" is com.microsoft's
+                    sym = convert_onnx_attention(self.bb, inputs, attrs)
+                else:
+                    sym = self._cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
+                                                                   [self._nodes, self._params])
                 if isinstance(sym, of.relax.Expr):
                     sym = self._shape_as_tensor_if_needed(self.bb.normalize(sym))
             except ModelLoadError:

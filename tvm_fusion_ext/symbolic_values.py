@@ -144,6 +144,8 @@ class Evaluator:
             return self._take(e, shape, dtype)
         if op == "relax.strided_slice":
             return self._slice(e, shape, dtype)
+        if op == "relax.concat":
+            return self._concat(e, shape, dtype)
         combine = _ELEMENTWISE.get(op)
         if combine is not None:
             vals = [self.value(a) for a in args]
@@ -169,7 +171,7 @@ class Evaluator:
         if len(keep_src) != len(keep_dst) or not all(
                 tvm_ffi.structural_equal(src.shape[a], shape[b]) or self.analyzer.can_prove_equal(src.shape[a], shape[b])
                 for a, b in zip(keep_src, keep_dst)):
-            return None
+            return _row_major_reshape(src, shape, dtype) if op == "relax.reshape" else None
 
         def fn(idx):
             full = [_i64(0)] * len(src.shape)
@@ -194,12 +196,44 @@ class Evaluator:
         for a, b, st in zip(axes, begins, strides):
             a %= len(src.shape)
             extent = src.shape[a]
-            if not isinstance(extent, tirx.IntImm) or st <= 0:
-                return None  # a symbolic extent or a reverse slice: not needed by what exporters compute
-            start[a] = (min(max(b + int(extent) if b < 0 else b, 0), int(extent)), st)
+            if not isinstance(extent, tirx.IntImm) or st == 0:
+                return None  # a symbolic extent: not needed by what exporters compute
+            b = b + int(extent) if b < 0 else b
+            # a reverse slice (``F.pad``'s pads flipped by a legacy export) starts at most at the last element
+            start[a] = (min(max(b, 0), int(extent)) if st > 0 else min(max(b, -1), int(extent) - 1), st)
 
         def fn(idx):
             return src.fn([idx[k] * start[k][1] + start[k][0] if k in start else idx[k] for k in range(len(idx))])
+
+        return _Value(shape, dtype, fn)
+
+    def _concat(self, e, shape, dtype) -> Optional[_Value]:
+        """``concat`` of parts whose extents along the axis are static (a shape built from sizes and zeros)."""
+        parts = e.args[0]
+        if isinstance(parts, relax.Var):
+            parts = self.lookup(parts)
+        if not isinstance(parts, relax.Tuple):
+            return None
+        vals = [self.value(p) for p in parts.fields]
+        if not vals or any(v is None for v in vals):
+            return None
+        axis = int(e.attrs.axis) % len(shape)
+        if not all(isinstance(v.shape[axis], tirx.IntImm) for v in vals):
+            return None
+        offsets = list(np.cumsum([0] + [int(v.shape[axis]) for v in vals]))
+
+        def part_at(idx, k):
+            return vals[k].fn([*idx[:axis], idx[axis] - _i64(offsets[k]), *idx[axis + 1:]])
+
+        def fn(idx):
+            at = idx[axis]
+            if isinstance(at, tirx.IntImm):
+                k = int(np.searchsorted(offsets, int(at), side="right")) - 1
+                return part_at(idx, k)
+            out = part_at(idx, len(vals) - 1)
+            for k in range(len(vals) - 2, -1, -1):
+                out = tirx.Select(at < _i64(offsets[k + 1]), part_at(idx, k), out)
+            return out
 
         return _Value(shape, dtype, fn)
 
@@ -216,6 +250,26 @@ class Evaluator:
             return data.fn([*idx[:axis], tirx.Cast("int64", at), *idx[axis + n_idx:]])
 
         return _Value(shape, dtype, fn)
+
+
+def _row_major_reshape(src: _Value, shape, dtype) -> Optional[_Value]:
+    """A reshape between static shapes: the element at a flat row-major position stays at that position."""
+    if not all(isinstance(d, tirx.IntImm) for d in (*src.shape, *shape)):
+        return None
+    src_dims, dst_dims = [int(d) for d in src.shape], [int(d) for d in shape]
+    if int(np.prod(src_dims)) != int(np.prod(dst_dims)):
+        return None
+    dst_strides = [int(np.prod(dst_dims[k + 1:])) for k in range(len(dst_dims))]
+
+    def fn(idx):
+        flat = sum((i * _i64(st) for i, st in zip(idx, dst_strides)), _i64(0))
+        out = []
+        for k in range(len(src_dims) - 1, -1, -1):
+            out.append(tirx.floormod(flat, _i64(src_dims[k])))
+            flat = tirx.floordiv(flat, _i64(src_dims[k]))
+        return src.fn(out[::-1])
+
+    return _Value(list(shape), dtype, fn)
 
 
 def _const_value(c) -> Optional[_Value]:
@@ -282,6 +336,8 @@ _ELEMENTWISE = {
     "relax.subtract": lambda a, b: a - b,
     "relax.multiply": lambda a, b: a * b,
     "relax.floor_divide": lambda a, b: tirx.floordiv(a, b),
+    "relax.floor_mod": lambda a, b: tirx.floormod(a, b),  # ONNX Mod (fmod=0) of integers
+    "relax.mod": lambda a, b: tirx.truncmod(a, b),  # ONNX Mod with fmod=1
     # relax.divide of integers lowers to TIR's truncating division (ONNX Div of int64 sizes: torch.chunk)
     "relax.divide": lambda a, b: tirx.truncdiv(a, b),
     "relax.negative": lambda a: -a,

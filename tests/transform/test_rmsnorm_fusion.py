@@ -178,3 +178,34 @@ def test_a_real_cast_reused_by_the_residual_is_kept():
     expected, actual = run_before_after(mod, fused, random_inputs(mod, seed=1))
     for e, g in zip(expected, actual):
         np.testing.assert_allclose(g, e, rtol=2e-3, atol=2e-3)
+
+
+def _rms_norm_op_module(axes=(-1,), residual=False, casts=False):
+    """Relax's own ``rms_norm``: what ONNX's ``RMSNormalization`` (opset 23) imports as (fp32 statistics of a
+    float16 model are casts around it)."""
+    dtype = "float16" if casts else "float32"
+    params = [relax.Var("a", relax.TensorType(SHAPE, dtype))]
+    if residual:
+        params.append(relax.Var("b", relax.TensorType(SHAPE, dtype)))
+    g = _c(np.random.default_rng(5).standard_normal(SHAPE[len(SHAPE) - len(axes):]))
+
+    def body(bb):
+        x = bb.emit(relax.op.add(params[0], params[1])) if residual else params[0]
+        xf = bb.emit(relax.op.astype(x, "float32")) if casts else x
+        y = bb.emit(relax.op.nn.rms_norm(xf, g, list(axes), 1e-5))
+        return bb.emit(relax.op.astype(y, dtype)) if casts else y
+
+    return build_module(params, body)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_the_rms_norm_op_itself_fuses(residual):
+    _assert_fused(_rms_norm_op_module(residual=residual), residual=residual)
+
+
+def test_the_rms_norm_op_with_fp32_statistics_of_a_float16_model():
+    _assert_fused(_rms_norm_op_module(casts=True), rtol=2e-3)
+
+
+def test_the_rms_norm_op_over_two_axes_is_refused():
+    assert_refused(_rms_norm_op_module(axes=(1, 2)), RULE, reason="not only the last axis")

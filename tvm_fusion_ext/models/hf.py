@@ -206,7 +206,8 @@ def hf_example_inputs(config, seq: int = 128, batch: int = 1, seed: int = 0) -> 
 
 def export_hf_model(kind: str = "minilm", path: str | os.PathLike | None = None, exporter: str = "legacy",
                     attn: str = "sdpa", seq: int = 128, batch: int = 1, num_layers: int | None = None,
-                    seed: int = 0, dynamic: bool = False, max_batch: int = 64, max_seq: int | None = None) -> str:
+                    seed: int = 0, dynamic: bool = False, max_batch: int = 64, max_seq: int | None = None,
+                    opset: int | None = None) -> str:
     """Export a real encoder to ONNX with torch and return the path.
 
     ``exporter="legacy"``: ``torch.onnx.export(dynamo=False, opset_version=17)``, one file.
@@ -215,11 +216,16 @@ def export_hf_model(kind: str = "minilm", path: str | os.PathLike | None = None,
     dims 0 and 1 of every input and of the output are the symbolic ``batch`` and ``seq`` (legacy:
     ``dynamic_axes``; dynamo: ``torch.export.Dim`` with maxima ``max_batch`` and ``max_seq``, by default the
     position-embedding table's size), and ``batch``/``seq`` are only the shapes traced with.
+    ``opset`` overrides the exporter's default (legacy 17, in 7..20; dynamo 18, in 18..23): at 23 the dynamo exporter
+    writes attention as ONNX's ``Attention`` op and RMSNorm as ``RMSNormalization``.
     """
     if exporter not in ("legacy", "dynamo"):
         raise ModelLoadError(f"unknown exporter {exporter!r}; expected 'legacy' or 'dynamo'")
     if path is None:
         raise ModelLoadError("export_hf_model needs an output path")
+    lowest, highest = (7, 20) if exporter == "legacy" else (18, 23)
+    if opset is not None and not lowest <= int(opset) <= highest:
+        raise ModelLoadError(f"export_hf_model: opset {opset} is outside the {exporter} exporter's {lowest}..{highest}")
     module, config = hf_model(kind, attn=attn, num_layers=num_layers, seed=seed)
     import contextlib
     import io
@@ -243,10 +249,12 @@ def export_hf_model(kind: str = "minilm", path: str | os.PathLike | None = None,
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
         if exporter == "legacy":
-            torch.onnx.export(module, args, path, dynamo=False, opset_version=17, **kw)
+            torch.onnx.export(module, args, path, dynamo=False, opset_version=int(opset or 17), **kw)
         else:
-            torch.onnx.export(module, args, path, dynamo=True, opset_version=18, verbose=False, **kw)
+            torch.onnx.export(module, args, path, dynamo=True, opset_version=int(opset or 18), verbose=False, **kw)
     info = dict(kind=kind, exporter=exporter, attn=attn, seq=seq, batch=batch, num_layers=num_layers, seed=seed)
+    if opset is not None:
+        info["opset"] = int(opset)
     if dynamic:
         info.update(dynamic=True, max_batch=max_batch, max_seq=max_seq)
     _record_export(path, info)

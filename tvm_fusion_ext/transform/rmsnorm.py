@@ -4,7 +4,8 @@ Pattern (matched by meaning: :class:`RMSNormMatcher`, found at the last binding 
     ``[cast] (γ · [cast] n)`` or ``[cast] n`` (γ on either side), where the normalised value ``n`` is
     ``xf · r`` with ``r = rsqrt(s) | 1 / sqrt(s)`` (ONNX ``Reciprocal`` imports as ``1 / ·``), or ``xf / sqrt(s)``;
     ``s = mean(xf², axis=-1, keepdims) [+ eps]`` with ``xf² = xf ** 2 | xf · xf``; ``xf = [cast to fp32] x``, the
-    fp32 casts exporters emit around the statistics of a 16-bit model. With ``residual``: ``x = a + b`` as well
+    fp32 casts exporters emit around the statistics of a 16-bit model. Or Relax's ``rms_norm(xf, γ)`` (ONNX's
+    ``RMSNormalization``, opset 23). With ``residual``: ``x = a + b`` as well
     (pre-norm blocks reuse that sum for the next residual: then the sum stays and the plain variant fuses).
 Check (a refusal names its reason)
     the mean reduces exactly the last axis and keeps it; the squared tensor is the normalised one (a mean over
@@ -50,16 +51,17 @@ class RMSNormMatcher(Matcher):
             inner = value.args[0]
             covered += graph.chain(inner)
             value = graph.value(inner)
-        if op_name(value) not in ("relax.multiply", "relax.divide"):
-            return None
-        plan = None
-        if op_name(value) == "relax.multiply":
+        op, plan = op_name(value), None
+        if op == "relax.nn.rms_norm":
+            plan = _rms_norm_op(value, graph, covered)
+        elif op == "relax.multiply":
             for normed, gamma in ((value.args[0], value.args[1]), (value.args[1], value.args[0])):
                 plan = _normalised(normed, graph, list(covered) + graph.chain(normed))
                 if plan is not None:
                     plan.gamma = gamma
                     break
-        if plan is None:
+            plan = plan or _normalised_value(value, graph, covered)
+        elif op == "relax.divide":
             plan = _normalised_value(value, graph, covered)
         if plan is None:
             return None
@@ -76,6 +78,25 @@ class RMSNormMatcher(Matcher):
         if plan.gamma is not None:
             exprs["gamma"] = plan.gamma
         return Found(exprs, plan.covered)
+
+
+def _rms_norm_op(v, graph: FunctionGraph, covered: list) -> RMSNormPlan:
+    """Relax's own ``rms_norm(x, γ)``: what ONNX's ``RMSNormalization`` (opset 23) imports as."""
+    plan = RMSNormPlan(gamma=v.args[1], eps=float(v.attrs.epsilon), covered=list(covered))
+    x, cast = v.args[0], graph.value(v.args[0])
+    if op_name(cast) == "relax.astype" and str(cast.attrs.dtype) == "float32":  # the fp32 statistics
+        plan.covered += graph.chain(v.args[0])
+        x = cast.args[0]
+    plan.x = x
+    dims = shape_dims(v.args[0])
+    axes = None if dims is None else [int(a) % len(dims) for a in v.attrs.axes]
+    if dims is None:
+        plan.reason = "the normalised tensor has no known shape"
+    elif axes != [len(dims) - 1]:
+        plan.reason = f"rms_norm over axes {axes}, not only the last axis of a rank-{len(dims)} tensor"
+    else:
+        plan.reason = _eps_reason(plan.eps)
+    return plan
 
 
 def _normalised(e, graph: FunctionGraph, covered: list) -> Optional[RMSNormPlan]:

@@ -140,7 +140,7 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
             path = export_hf_model(info["kind"], os.path.join(tmp, "model.onnx"), exporter=info["exporter"],
                                    attn=info.get("attn", "sdpa"), seq=int(seq or first[1]),
                                    batch=int(batch or first[0]), num_layers=info.get("num_layers"),
-                                   seed=int(info.get("seed", 0)))
+                                   seed=int(info.get("seed", 0)), opset=info.get("opset"))
         shapes, n_batch, n_seq = _resolve_shapes(path, seq, batch)
         return _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, repeat, info,
                              stock_repeat, stock_seconds, label or os.path.basename(path), spinning, out,
