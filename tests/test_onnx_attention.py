@@ -110,8 +110,8 @@ def test_grouped_causal_attention_reads_kv_unrepeated_with_the_operators_causal_
     from tvm_fusion_ext.ops import params_of
 
     fused, _ = fuse(load_onnx(_model("gqa_causal")))
-    (func,) = [f for _, f in fused.functions_items()
-               if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and f.attrs.get("tfx.op") == "fused_attention"]
+    (func,) = [f for _, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
+               and f.attrs is not None and f.attrs.get("tfx.op") == "fused_attention"]
     assert params_of(func)["causal"] is True
     assert [int(d) for d in func.params[1].ty.shape] in ([2, 6, 2, 8], [2, 2, 6, 8])
 

@@ -5,8 +5,8 @@ Found by running every single-operator case of ONNX's backend tests through ``tv
 
 * :func:`fixed_converters`: subclasses of TVM's converters that convert an op correctly where the stock one
   computes something else (IsInf's ``detect_*``, BitShift past the type's width, floating-point Mod with
-  infinities, ReduceMax/ReduceMin of only infinities, Equal of sizes, integer Pow, SpaceToDepth's ``CRD`` mode, LayerNormalization's Mean/InvStdDev outputs, RMSNorm over
-  every axis, Dropout's mask, Constant's ``value_float``/``value_ints``/... forms), or refuse (raise
+  infinities, ReduceMax/ReduceMin of only infinities, Equal of sizes, integer Pow, SpaceToDepth's ``CRD`` mode,
+  LayerNormalization's Mean/InvStdDev outputs, RMSNorm over every axis, Dropout's mask, Constant's ``value_float``/``value_ints``/... forms), or refuse (raise
   :class:`Unsupported`) where they would silently substitute a default (NonMaxSuppression's thresholds given
   at run time);
 * :func:`check_graph`: combinations refused before importing, with the op, the node and the reason: element
@@ -323,7 +323,9 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
 
         @classmethod
         def convert(cls, bb, inputs, attr, params, opset, stock):
-            from tvm import sym, tirx
+            from tvm import tirx
+
+            from .symbolic_values import Evaluator
 
             sizes = [isinstance(x, relax.ShapeExpr) for x in inputs]
             if not any(sizes) or not all(isinstance(x, (tvm.ir.GenericConst, relax.ShapeExpr)) for x in inputs):
@@ -332,11 +334,11 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
                                                    if x.value.numpy().ndim == 1 else None)
                       for x, size in zip(inputs, sizes)]
             if None not in values and len(values[0]) == len(values[1]):
-                analyzer, out = sym.Analyzer(), []
-                for a, b in zip(*values):
-                    diff = tirx.const(a, "int64") - b if isinstance(a, int) else a - b
-                    for v in tirx.analysis.undefined_vars(diff):  # a size is at least 1
-                        analyzer.update(v, sym.ConstIntBound(1, 2**62), override=True)
+                diffs = [tirx.const(a, "int64") - b if isinstance(a, int) else a - b for a, b in zip(*values)]
+                # the evaluator's analyzer knows every size is at least 1
+                dims = {v for d in diffs for v in tirx.analysis.undefined_vars(d)}
+                analyzer, out = Evaluator(bb.lookup_binding, list(dims)).analyzer, []
+                for diff in diffs:
                     if analyzer.can_prove(diff == 0) or analyzer.can_prove(diff != 0):
                         out.append(bool(analyzer.can_prove(diff == 0)))
                     else:

@@ -258,9 +258,7 @@ def _convert_map() -> dict[str, Any]:
     for op in _SIZE_INPUTS:
         cmap[op] = _size_folding_class(op)
     cmap["Concat"] = _concat_class()
-    if "RotaryEmbedding" not in _CLASSES:
-        _CLASSES["RotaryEmbedding"] = rotary_converter_class()
-    cmap["RotaryEmbedding"] = _CLASSES["RotaryEmbedding"]
+    cmap["RotaryEmbedding"] = rotary_converter_class()
     cmap.update(fixed_converters())
     return cmap
 
@@ -325,12 +323,12 @@ def _constant_of_shape_class():
     from tvm import relax, tirx
     from tvm.relax.frontend.onnx import onnx_frontend as of
 
-    from .symbolic_values import Evaluator
-
     class _ConstantOfShape(of.ConstantOfShape):
         @classmethod
         def _impl_v9(cls, bb, inputs, attr, params):
-            shape = of.get_constant(inputs[0], params)
+            # a shape computed from sizes (Swin's pad widths: ``Sub(4, Gather(Shape(x)))``) folds to its values, not
+            # fresh run-time dims, so that the tensors built from it keep shapes the graph can reason about
+            shape = _static_int_inputs(bb, [of.get_constant(inputs[0], params)], (0,))[0]
             attr_value = attr.get("value")
             value = of.get_numpy(attr_value).reshape(()) if attr_value is not None else np.array(0, "float32")
             dtype = str(value.dtype)
@@ -339,12 +337,6 @@ def _constant_of_shape_class():
                 dims = [int(x) for x in shape.value.numpy().reshape(-1)]
             elif isinstance(shape, relax.ShapeExpr) and all(isinstance(x, tirx.IntImm) for x in shape.values):
                 dims = [int(x) for x in shape.values]
-            elif isinstance(shape, relax.Expr) and not isinstance(shape, relax.ShapeExpr):
-                # a shape computed from sizes (Swin's pad widths: ``Sub(4, Gather(Shape(x)))``): its values, not
-                # fresh run-time dims, so that the tensors built from it keep shapes the graph can reason about
-                values = Evaluator(bb.lookup_binding).elements(shape)
-                if values is not None and all(isinstance(v, tirx.IntImm) for v in values):
-                    dims = [int(v) for v in values]
             if dims is not None:
                 return relax.const(np.full(dims, value, dtype), dtype)
             if not isinstance(shape, relax.ShapeExpr):

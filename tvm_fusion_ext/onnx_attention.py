@@ -66,7 +66,7 @@ def convert_onnx_attention(bb, inputs, attr):
     else:
         for key, x in (("q_num_heads", q), ("kv_num_heads", k)):
             if key in attr and not _equal(_dims(x)[1], int(attr[key])):
-                raise Unsupported(f"{key}={attr[key]} disagrees with the 4-D input's head axis {_text(_dims(x)[1])}")
+                raise Unsupported(f"{key}={attr[key]} disagrees with the 4-D input's head axis {dim_text(_dims(x)[1])}")
 
     present_k = bb.emit(relax.op.concat([past_k, k], axis=2)) if past_k is not None else k
     present_v = bb.emit(relax.op.concat([past_v, v], axis=2)) if past_v is not None else v
@@ -75,7 +75,7 @@ def convert_onnx_attention(bb, inputs, attr):
 
     scale = attr.get("scale")
     if scale is None:
-        if not _static(head_dim):
+        if not is_static(head_dim):
             raise Unsupported("the default scale 1/sqrt(head size) needs a static head size")
         scale = 1.0 / math.sqrt(int(head_dim))
     k_all, v_all = (_repeat_kv(bb, x, _dims(q)[1]) for x in (present_k, present_v))
@@ -127,8 +127,8 @@ def _bias(bb, attr, mask, dtype, q_len, kv_len, past_k, nonpad):
         m_dims = _dims(mask)
         if not _equal(m_dims[-1], kv_len):
             # the spec pads a short mask with hidden keys; only lengths known here can be padded here
-            if not (_static(m_dims[-1]) and _static(kv_len) and int(m_dims[-1]) < int(kv_len)):
-                raise Unsupported(f"attn_mask's key dim {_text(m_dims[-1])} is not the key count {_text(kv_len)}")
+            if not (is_static(m_dims[-1]) and is_static(kv_len) and int(m_dims[-1]) < int(kv_len)):
+                raise Unsupported(f"attn_mask's key dim {dim_text(m_dims[-1])} is not the key count {dim_text(kv_len)}")
             widths = [0, 0] * (len(m_dims) - 1) + [0, int(kv_len) - int(m_dims[-1])]
             mask = bb.emit(relax.op.nn.pad(mask, widths, pad_value=float("-inf")))
         parts.append(mask)
@@ -166,7 +166,7 @@ def _position_bias(bb, q_len, kv_len, offset, causal, left, right, dtype):
     positions."""
     from tvm import relax
 
-    if not isinstance(offset, relax.Expr) and _static(q_len) and _static(kv_len) and _static(offset):
+    if not isinstance(offset, relax.Expr) and is_static(q_len) and is_static(kv_len) and is_static(offset):
         i = np.arange(int(q_len))[:, None] + int(offset)
         j = np.arange(int(kv_len))[None, :]
         allowed = np.ones((int(q_len), int(kv_len)), bool)
@@ -198,8 +198,8 @@ def _split_heads(bb, x, heads: int, name: str):
     from tvm import relax
 
     b, length, hidden = _dims(x)
-    if not _static(hidden) or heads <= 0 or int(hidden) % heads:
-        raise Unsupported(f"{name}'s hidden size {_text(hidden)} is not a static multiple of its {heads} heads")
+    if not is_static(hidden) or heads <= 0 or int(hidden) % heads:
+        raise Unsupported(f"{name}'s hidden size {dim_text(hidden)} is not a static multiple of its {heads} heads")
     split = bb.emit(relax.op.reshape(x, [b, length, heads, int(hidden) // heads]))
     return bb.emit(relax.op.permute_dims(split, [0, 2, 1, 3]))
 
@@ -211,16 +211,16 @@ def _repeat_kv(bb, x, q_heads):
     b, kv_heads, length, d = _dims(x)
     if _equal(kv_heads, q_heads):
         return x
-    if not (_static(kv_heads) and _static(q_heads)) or int(q_heads) % int(kv_heads):
-        raise Unsupported(f"{_text(q_heads)} query heads cannot share {_text(kv_heads)} K/V heads")
+    if not (is_static(kv_heads) and is_static(q_heads)) or int(q_heads) % int(kv_heads):
+        raise Unsupported(f"{dim_text(q_heads)} query heads cannot share {dim_text(kv_heads)} K/V heads")
     rep = int(q_heads) // int(kv_heads)
     wide = bb.emit(relax.op.broadcast_to(relax.op.expand_dims(x, 2), [b, kv_heads, rep, length, d]))
     return bb.emit(relax.op.reshape(wide, [b, int(q_heads), length, d]))
 
 
-def _text(d) -> str:
+def dim_text(d) -> str:
     """A dim as an error shows it: ``4``, or the symbolic expression (``seq``)."""
-    return str(int(d)) if _static(d) else str(d)
+    return str(int(d)) if is_static(d) else str(d)
 
 
 def _rank(x) -> int:
@@ -231,16 +231,17 @@ def _dims(x) -> List:
     return list(x.ty.shape.values)
 
 
-def _static(d) -> bool:
+def is_static(d) -> bool:
+    """A dim known at import: an int or an ``IntImm``."""
     from tvm import tirx
 
-    return isinstance(d, (int, np.integer)) or isinstance(d, tirx.IntImm)
+    return isinstance(d, (int, np.integer, tirx.IntImm))
 
 
 def _equal(a, b) -> bool:
     from tvm import sym
 
-    if _static(a) and _static(b):
+    if is_static(a) and is_static(b):
         return int(a) == int(b)
     return bool(sym.Analyzer().can_prove_equal(a, b))
 
@@ -249,7 +250,7 @@ def _size_tensor(d):
     """A size as an int64 tensor (a scalar constant when static, ``[1]`` from the shape when symbolic)."""
     from tvm import relax
 
-    return relax.const(np.int64(int(d)), "int64") if _static(d) else relax.op.shape_to_tensor(relax.ShapeExpr([d]))
+    return relax.const(np.int64(int(d)), "int64") if is_static(d) else relax.op.shape_to_tensor(relax.ShapeExpr([d]))
 
 
 def _onnx_dtype(code) -> str:
@@ -258,4 +259,4 @@ def _onnx_dtype(code) -> str:
     return str(np.dtype(helper.tensor_dtype_to_np_dtype(int(code))))
 
 
-__all__ = ["convert_onnx_attention"]
+__all__ = ["convert_onnx_attention", "dim_text", "is_static"]

@@ -17,9 +17,11 @@ width, caches whose last dim is not half the rotary width.
 
 from __future__ import annotations
 
-import numpy as np
+import functools
 
 from .converters import Unsupported
+from .onnx_attention import dim_text as _text
+from .onnx_attention import is_static as _static
 
 
 def convert_onnx_rotary(bb, inputs, attr):
@@ -86,16 +88,7 @@ def _last_axis(x, begin: int, end: int, step: int = 1):
     return relax.op.strided_slice(x, axes=[-1], begin=[begin], end=[end], strides=[step])
 
 
-def _static(d) -> bool:
-    from tvm import tirx
-
-    return isinstance(d, (int, np.integer, tirx.IntImm))
-
-
-def _text(d) -> str:
-    return str(int(d)) if _static(d) else str(d)
-
-
+@functools.lru_cache(maxsize=None)
 def converter_class():
     """A TVM converter class for the importer's map (TVM 0.27 has none for this op)."""
     from tvm.relax.frontend.onnx import onnx_frontend as of

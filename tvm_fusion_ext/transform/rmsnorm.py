@@ -83,11 +83,7 @@ class RMSNormMatcher(Matcher):
 def _rms_norm_op(v, graph: FunctionGraph, covered: list) -> RMSNormPlan:
     """Relax's own ``rms_norm(x, γ)``: what ONNX's ``RMSNormalization`` (opset 23) imports as."""
     plan = RMSNormPlan(gamma=v.args[1], eps=float(v.attrs.epsilon), covered=list(covered))
-    x, cast = v.args[0], graph.value(v.args[0])
-    if op_name(cast) == "relax.astype" and str(cast.attrs.dtype) == "float32":  # the fp32 statistics
-        plan.covered += graph.chain(v.args[0])
-        x = cast.args[0]
-    plan.x = x
+    _set_input(plan, v.args[0], graph)
     dims = shape_dims(v.args[0])
     axes = None if dims is None else [int(a) % len(dims) for a in v.attrs.axes]
     if dims is None:
@@ -97,6 +93,16 @@ def _rms_norm_op(v, graph: FunctionGraph, covered: list) -> RMSNormPlan:
     else:
         plan.reason = _eps_reason(plan.eps)
     return plan
+
+
+def _set_input(plan: RMSNormPlan, xf, graph: FunctionGraph) -> None:
+    """``plan.x``: ``xf`` itself, or what it casts to fp32 (the statistics of a 16-bit model; the op keeps them in
+    fp32 itself, so the cast is covered)."""
+    cast = graph.value(xf)
+    if op_name(cast) == "relax.astype" and str(cast.attrs.dtype) == "float32":
+        plan.covered += graph.chain(xf)
+        xf = cast.args[0]
+    plan.x = xf
 
 
 def _normalised(e, graph: FunctionGraph, covered: list) -> Optional[RMSNormPlan]:
@@ -161,11 +167,7 @@ def _statistics(xf, s, graph: FunctionGraph, covered: list) -> Optional[RMSNormP
             continue
         plan = RMSNormPlan(covered=covered + graph.chain(s) + (graph.chain(var) if eps is not None else [])
                            + graph.chain(mean.args[0]))
-        x, cast = xf, graph.value(xf)
-        if op_name(cast) == "relax.astype" and str(cast.attrs.dtype) == "float32":
-            plan.covered += graph.chain(xf)
-            x = cast.args[0]
-        plan.x = x
+        _set_input(plan, xf, graph)
         plan.eps = scalar_value(graph.value(eps)) if eps is not None else 0.0
         if not _same(squared, xf, graph):
             plan.reason = "the mean is over the square of another tensor than the one normalised"
