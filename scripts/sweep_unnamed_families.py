@@ -1,0 +1,248 @@
+"""Export Hugging Face families that no test covers (tiny random weights), build each with the package, and
+compare with torch at the valid positions: the sweep behind README "More families" and "Opset-23 exports".
+Prints one line per case: ``ok`` with the largest difference and the fusion counts, ``refused`` with our one-line
+error, ``export-failed`` when torch cannot export it, or ``FAIL`` for anything else (a crash, a wrong answer).
+
+    python scripts/sweep_unnamed_families.py [--families swin,granite] [--exporters legacy,dynamo,opset23,dynamic]
+
+Exporters: ``legacy`` (opset 17), ``dynamo`` (opset 18), ``opset23`` (dynamo: ONNX's Attention / RMSNormalization
+ops), ``dynamic`` (legacy with dynamic batch and sequence: also compared at batch 3, seq 13 for text, batch 1 for
+images and audio). Text inputs are batch 2, seq 20 with rows of 18 and 14 valid tokens. Each case runs in its own
+process (a crash is charged to its case); 5-60 s each on the 2-core box.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import numpy as np
+
+BATCH, SEQ = 2, 20
+_TEXT = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=1000,
+             max_position_embeddings=128)
+_DECODER = dict(_TEXT, num_key_value_heads=2)
+_SEQ2SEQ = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=1000)
+_VISION = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
+               patch_size=8)
+
+# name: (config class, model class, config arguments, model keyword arguments, inputs: "text" | "text+decoder" |
+#        a pixel/audio shape, and how the model is reached: None or a method giving the encoder)
+FAMILIES = {
+    "bart-encoder": ("BartConfig", "BartModel", dict(_SEQ2SEQ, max_position_embeddings=128), {}, "text", "get_encoder"),
+    "marian-encoder": ("MarianConfig", "MarianMTModel", dict(_SEQ2SEQ, max_position_embeddings=128, pad_token_id=0,
+                                                              decoder_start_token_id=0), {}, "text", "get_encoder"),
+    "clip-text": ("CLIPTextConfig", "CLIPTextModel", dict(_TEXT, max_position_embeddings=64), {}, "text", None),
+    "clip-vision": ("CLIPVisionConfig", "CLIPVisionModel", _VISION, {}, (2, 3, 32, 32), None),
+    "siglip-vision": ("SiglipVisionConfig", "SiglipVisionModel", _VISION, {}, (2, 3, 32, 32), None),
+    "swin": ("SwinConfig", "SwinModel", dict(image_size=32, patch_size=2, embed_dim=16, depths=[2, 2],
+                                            num_heads=[2, 4], window_size=4), {}, (1, 3, 32, 32), None),
+    "convnext": ("ConvNextConfig", "ConvNextModel", dict(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2,
+                                                         image_size=32), {}, (1, 3, 32, 32), None),
+    "dinov2": ("Dinov2Config", "Dinov2Model", dict(_VISION, mlp_ratio=2), {}, (2, 3, 32, 32), None),
+    "beit": ("BeitConfig", "BeitModel", dict(_VISION, use_relative_position_bias=True),
+             {"add_pooling_layer": False}, (2, 3, 32, 32), None),
+    "vit": ("ViTConfig", "ViTModel", _VISION, {"add_pooling_layer": False}, (2, 3, 32, 32), None),
+    "wav2vec2": ("Wav2Vec2Config", "Wav2Vec2Model", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
+        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
+        {}, (2, 800), None),
+    "mobilebert": ("MobileBertConfig", "MobileBertModel", dict(
+        _TEXT, intermediate_size=64, intra_bottleneck_size=32, embedding_size=32, true_hidden_size=32),
+        {"add_pooling_layer": False}, "text", None),
+    "squeezebert": ("SqueezeBertConfig", "SqueezeBertModel", dict(_TEXT, embedding_size=64), {}, "text", None),
+    "roformer": ("RoFormerConfig", "RoFormerModel", dict(_TEXT, embedding_size=64), {}, "text", None),
+    "esm": ("EsmConfig", "EsmModel", dict(_TEXT, vocab_size=33, pad_token_id=1, position_embedding_type="rotary"),
+            {"add_pooling_layer": False}, "text", None),
+    "bert": ("BertConfig", "BertModel", _TEXT, {"add_pooling_layer": False}, "text", None),
+    "bert-relative-key": ("BertConfig", "BertModel", dict(_TEXT, position_embedding_type="relative_key"),
+                          {"add_pooling_layer": False}, "text", None),
+    "bert-decoder": ("BertConfig", "BertModel", dict(_TEXT, is_decoder=True), {"add_pooling_layer": False}, "text",
+                     None),
+    "megatron-bert": ("MegatronBertConfig", "MegatronBertModel", _TEXT, {"add_pooling_layer": False}, "text", None),
+    "funnel": ("FunnelConfig", "FunnelBaseModel", dict(block_sizes=[1, 1], num_decoder_layers=1, d_model=64, n_head=4,
+                                                       d_head=16, d_inner=128, vocab_size=1000), {}, "text", None),
+    "gpt2": ("GPT2Config", "GPT2Model", dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128), {},
+             "text", None),
+    "gpt-bigcode": ("GPTBigCodeConfig", "GPTBigCodeModel", dict(n_layer=2, n_embd=64, n_head=4, n_inner=128,
+                                                                vocab_size=1000, n_positions=128, multi_query=True),
+                    {}, "text", None),
+    "codegen": ("CodeGenConfig", "CodeGenModel", dict(n_layer=2, n_embd=64, n_head=4, n_inner=128, vocab_size=1000,
+                                                      n_positions=128, n_ctx=128, rotary_dim=8), {}, "text", None),
+    "llama": ("LlamaConfig", "LlamaModel", _DECODER, {}, "text", None),
+    "qwen3": ("Qwen3Config", "Qwen3Model", dict(_DECODER, head_dim=16), {}, "text", None),
+    "mistral": ("MistralConfig", "MistralModel", dict(_DECODER, sliding_window=8), {}, "text", None),
+    "phi3": ("Phi3Config", "Phi3Model", dict(_DECODER, pad_token_id=0), {}, "text", None),
+    "stablelm": ("StableLmConfig", "StableLmModel", dict(_DECODER, partial_rotary_factor=0.25), {}, "text", None),
+    "starcoder2": ("Starcoder2Config", "Starcoder2Model", dict(_DECODER, sliding_window=8), {}, "text", None),
+    "granite": ("GraniteConfig", "GraniteModel", dict(_DECODER, attention_multiplier=0.3, embedding_multiplier=2.0,
+                                                      residual_multiplier=0.5), {}, "text", None),
+    "nemotron": ("NemotronConfig", "NemotronModel", dict(_DECODER, head_dim=16), {}, "text", None),
+    "persimmon": ("PersimmonConfig", "PersimmonModel", dict(_TEXT, qk_layernorm=True), {}, "text", None),
+    "modernbert": ("ModernBertConfig", "ModernBertModel", dict(_TEXT, pad_token_id=0, global_attn_every_n_layers=2,
+                                                               local_attention=8), {}, "text", None),
+    "mpt": ("MptConfig", "MptModel", dict(d_model=64, n_heads=4, n_layers=2, expansion_ratio=2, vocab_size=1000,
+                                          max_seq_len=128), {}, "text", None),
+    "mamba": ("MambaConfig", "MambaModel", dict(hidden_size=64, num_hidden_layers=2, vocab_size=1000, state_size=8),
+              {}, "text-only-ids", None),
+    "t5": ("T5Config", "T5Model", dict(num_layers=2, d_model=64, d_kv=16, num_heads=4, d_ff=128, vocab_size=1000,
+                                       decoder_start_token_id=0), {}, "text+decoder", None),
+    "whisper": ("WhisperConfig", "WhisperModel", dict(_SEQ2SEQ, num_mel_bins=16, max_source_positions=32,
+                                                      max_target_positions=32, pad_token_id=0, bos_token_id=1,
+                                                      eos_token_id=2, decoder_start_token_id=1),
+                {}, "audio+decoder", None),
+    "mixtral": ("MixtralConfig", "MixtralModel", dict(_DECODER, num_local_experts=4, num_experts_per_tok=2), {},
+                "text", None),
+}
+EXPORTERS = ("legacy", "dynamo", "opset23", "dynamic")
+
+
+def _inputs(kind, batch=BATCH, seq=SEQ, vocab=1000):
+    """Named torch inputs: token ids, a mask with rows of seq-2 and seq-6 valid tokens, or pixels/audio."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    if isinstance(kind, tuple):
+        shape = (batch if batch != BATCH else kind[0], *kind[1:]) if len(kind) == 4 else (batch, kind[1])
+        name = "pixel_values" if len(kind) == 4 else "input_values"
+        return {name: torch.randn(*shape, generator=g)}
+    ids = torch.randint(3, vocab, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    for row in range(batch):
+        mask[row, seq - (2 + 4 * (row % 2)):] = 0
+    if kind == "text-only-ids":
+        return {"input_ids": ids}
+    if kind == "audio+decoder":
+        return {"input_features": torch.randn(1, 16, 64, generator=g),
+                "decoder_input_ids": torch.randint(3, vocab, (1, 5), generator=g)}
+    out = {"input_ids": ids, "attention_mask": mask}
+    if kind == "text+decoder":
+        out["decoder_input_ids"] = torch.randint(3, vocab, (batch, 7), generator=g)
+    return out
+
+
+class _Wrapped:
+    """The model's first output from inputs given positionally in ONNX order."""
+
+    @staticmethod
+    def make(model, names):
+        import torch
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = model
+
+            def forward(self, *xs):
+                out = self.m(**dict(zip(names, xs)))
+                return out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
+
+        return Wrapped().eval()
+
+
+def _valid(feeds, got):
+    mask = feeds.get("attention_mask")
+    if mask is not None and got.ndim == 3 and got.shape[:2] == mask.shape:
+        return mask.astype(bool)
+    return np.ones(got.shape[:-1], bool)
+
+
+def run_case(family: str, exporter: str, out_dir: str) -> dict:
+    import torch
+    import transformers
+
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    config_name, model_name, args, kwargs, kind, part = FAMILIES[family]
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**args), **kwargs)
+    model = (getattr(model, part)() if part else model).eval()
+    vocab = int(args.get("vocab_size", 1000))
+    inputs = _inputs(kind, vocab=vocab)
+    names = list(inputs)
+    wrapped = _Wrapped.make(model, names)
+    path = os.path.join(out_dir, f"{family}-{exporter}.onnx")
+    kw = dict(input_names=names, output_names=["out"])
+    if exporter == "dynamic":
+        seq_of = {"input_ids": "seq", "attention_mask": "seq", "input_values": "seq", "decoder_input_ids": "target"}
+        kw["dynamic_axes"] = {n: ({0: "batch", 1: seq_of[n]} if n in seq_of else {0: "batch"}) for n in names}
+    opset = {"legacy": 17, "dynamo": 18, "opset23": 23, "dynamic": 17}[exporter]
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(wrapped, tuple(inputs.values()), path, dynamo=exporter in ("dynamo", "opset23"),
+                              opset_version=opset, **kw)
+    except Exception as err:  # noqa: BLE001  (torch's exporter, not ours)
+        return {"outcome": "export-failed", "detail": str(err).strip().splitlines()[0][:160]}
+    try:
+        return _compare(CompiledModel.from_module(load_onnx(path)), wrapped, inputs, exporter, kind, vocab)
+    except Exception as err:  # noqa: BLE001  (our one-line errors are refusals; anything else is a failure)
+        return {"outcome": "refused" if type(err).__module__.startswith("tvm_fusion_ext") else "FAIL",
+                "detail": f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"}
+
+
+def _compare(compiled, wrapped, inputs, exporter, kind, vocab) -> dict:
+    import torch
+
+    shapes = [inputs]
+    if exporter == "dynamic":  # another shape: batch 3, seq 13 (text), batch 1 (images, audio)
+        shapes.append(_inputs(kind if isinstance(kind, str) else (1, *kind[1:]), batch=3 if isinstance(kind, str)
+                              else 1, seq=13, vocab=vocab))
+    worst = 0.0
+    for feeds_t in shapes:
+        with torch.no_grad():
+            ref = wrapped(*feeds_t.values()).numpy()
+        feeds = {k: v.numpy() for k, v in feeds_t.items()}
+        got = next(iter(compiled.run(feeds).values()))
+        if got.shape != ref.shape:
+            return {"outcome": "FAIL", "detail": f"shape {got.shape} != torch's {ref.shape}"}
+        valid = _valid(feeds, got)
+        worst = max(worst, float(np.abs(got[valid] - ref[valid]).max()))
+    fused = {k: v for k, v in compiled.report.fused.items() if v}
+    ok = worst <= 1e-4 * max(1.0, float(np.abs(ref).max()))
+    return {"outcome": "ok" if ok else "FAIL", "max_abs_diff": worst, "fused": fused}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--exporters", default="legacy,dynamo")
+    ap.add_argument("--out", default=None, help="where the exports go (default: a temporary directory)")
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--one", nargs=2, metavar=("FAMILY", "EXPORTER"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    out = args.out or tempfile.mkdtemp(prefix="tfx_families_")
+    if args.one:
+        print("RESULT " + json.dumps(run_case(*args.one, out)), flush=True)
+        return
+    for family in args.families.split(","):
+        for exporter in args.exporters.split(","):
+            if family not in FAMILIES or exporter not in EXPORTERS:
+                sys.exit(f"error: unknown family {family!r} or exporter {exporter!r}")
+            try:
+                done = subprocess.run([sys.executable, __file__, "--one", family, exporter, "--out", out],
+                                      capture_output=True, text=True, timeout=args.timeout)
+                line = next((x[7:] for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+                result = json.loads(line) if line else {"outcome": "FAIL", "detail": f"died (exit {done.returncode})"
+                                                        f": {done.stderr.strip().splitlines()[-1:]}"}
+            except subprocess.TimeoutExpired:
+                result = {"outcome": "FAIL", "detail": f"timeout after {args.timeout:.0f} s"}
+            if result["outcome"] == "ok":
+                detail = f"max |diff| {result['max_abs_diff']:.1e} {result['fused']}"
+            else:
+                detail = result.get("detail") or f"max |diff| {result['max_abs_diff']:.1e}, over the tolerance"
+            print(f"{family}-{exporter} {result['outcome']} {detail}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
