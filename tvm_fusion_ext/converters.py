@@ -211,6 +211,49 @@ def check_graph(graph, label: str, tvm_ops) -> None:
 _FIXED: Dict[str, type] = {}
 
 
+class LiftedScalars:
+    """A binary converter whose scalar size operands (a dim read with ``Shape → Gather``, which TVM's importer
+    keeps as a bare TIR expression) become tensors when the other operand is a tensor of more than one element.
+    TVM's binary converters fold such a pair with numpy and then take ``.item()`` of the result, which fails for
+    ``Range(17) + size`` (BEiT's interpolated relative positions); with a tensor that is not constant they pass
+    the bare expression to a tensor op."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def get_converter(self, opset):
+        convert = self.inner.get_converter(opset)
+
+        def lifted(bb, inputs, attr, params):
+            return convert(bb, _lift_scalars(bb, inputs), attr, params)
+
+        return lifted
+
+
+def _lift_scalars(bb, inputs):
+    import tvm
+    from tvm import relax, tirx
+
+    def is_tensor(x):
+        ty = getattr(x, "ty", None)
+        return isinstance(x, relax.Expr) and isinstance(ty, relax.TensorType) and ty.ndim != 0
+
+    if not (any(tvm.ir.is_prim_expr(x) for x in inputs) and any(is_tensor(x) for x in inputs)):
+        return inputs
+    return [scalar_tensor(bb, x) if tvm.ir.is_prim_expr(x) else x for x in inputs]
+
+
+def scalar_tensor(bb, x):
+    """A bare TIR scalar (a size TVM's importer keeps unwrapped) as a 0-d tensor of its type."""
+    from tvm import relax, tirx
+
+    if isinstance(x, (tirx.IntImm, tirx.FloatImm)):
+        return relax.const(x.value, str(x.ty))
+    one = bb.normalize(relax.op.shape_to_tensor(relax.ShapeExpr([x])))  # int64, [1]
+    t = bb.normalize(relax.op.reshape(one, relax.ShapeExpr([])))
+    return t if str(x.ty) == "int64" else bb.normalize(relax.op.astype(t, str(x.ty)))
+
+
 def fixed_converters() -> Dict[str, type]:
     """``{op name: converter class}`` to lay over TVM's converter map (built once, on first use)."""
     if not _FIXED:

@@ -24,6 +24,8 @@ from .errors import InputError, ModelLoadError
 
 #: TVM's own function attribute for symbolic-dim upper bounds (read by Relax memory planning)
 BOUND_ATTR = "tir_var_upper_bound"
+#: TVM's function attribute for symbolic-dim lower bounds above 1 (ours set one only where a slice needs it)
+LOWER_BOUND_ATTR = "tir_var_lower_bound"
 #: TVM's function attribute listing symbolic dims known to be non-negative
 NON_NEGATIVE_ATTR = "tir_non_negative_var"
 DEFAULT_BATCH_BOUND = 64
@@ -88,11 +90,19 @@ def declared_dims(vi, label: str) -> List:
             for d in tt.shape.dim]
 
 
-def infer_bounds(mod, dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping[str, Sequence[int]]],
+def given_bounds(dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping[str, Sequence[int]]],
                  label: str) -> Dict[str, int]:
-    """An upper bound for every symbolic dim (see the module docstring for where each comes from)."""
+    """``{dim name: upper bound}`` from ``max_shapes`` (by ONNX input name), checked against the declared dims."""
+    return _given_bounds(dim_vars, graph_inputs, max_shapes, label)
+
+
+def infer_bounds(mod, dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping[str, Sequence[int]]],
+                 label: str, ranges: Optional["DimRanges"] = None) -> Dict[str, int]:
+    """An upper bound for every symbolic dim (see the module docstring for where each comes from), no wider than
+    the ranges the importer narrowed (``ranges``); a bound ``max_shapes`` gives wider than that is refused."""
     given = _given_bounds(dim_vars, graph_inputs, max_shapes, label)
     seen = _graph_bounds(mod["main"], dim_vars)
+    narrowed = ranges.narrowed_upper() if ranges is not None else {}
     leading = {_dim_at(vi, 0) for vi in graph_inputs}
     bounds = {}
     for name in dim_vars:
@@ -102,28 +112,129 @@ def infer_bounds(mod, dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping
             bounds[name] = seen[name]
         else:
             bounds[name] = DEFAULT_BATCH_BOUND if name in leading else DEFAULT_SEQ_BOUND
+        if name in narrowed and bounds[name] > narrowed[name]:
+            if name in given:
+                raise InputError(f"{label}: max shapes give {name} <= {given[name]}, but the model only reads "
+                                 f"{name} <= {narrowed[name]} in range ({ranges.reasons[name]['upper']})")
+            bounds[name] = narrowed[name]
+    if ranges is not None:
+        for name, low in ranges.narrowed_lower().items():
+            if low > bounds[name]:
+                raise ModelLoadError(f"{label}: no {name} fits the model: {ranges.reasons[name]['lower']} needs "
+                                     f"{name} >= {low}, and {name} <= {bounds[name]}")
     return bounds
 
 
 def shape_bounds(mod) -> Dict[str, Tuple[int, int]]:
-    """``{dim name: (1, upper bound)}`` of a module's symbolic input dims (empty for a static module)."""
+    """``{dim name: (lower, upper)}`` of a module's symbolic input dims (empty for a static module); the lower
+    bound is 1 unless the importer narrowed it (:class:`DimRanges`)."""
     attrs = mod["main"].attrs
     if attrs is None or BOUND_ATTR not in attrs:
         return {}
-    return {str(k): (1, int(v)) for k, v in attrs[BOUND_ATTR].items()}
+    lower = attrs[LOWER_BOUND_ATTR] if LOWER_BOUND_ATTR in attrs else {}
+    return {str(k): (int(lower[k]) if k in lower else 1, int(v)) for k, v in attrs[BOUND_ATTR].items()}
 
 
-def with_bounds(func, bounds: Dict[str, int]):
+def with_bounds(func, bounds: Dict[str, int], lower: Optional[Dict[str, int]] = None):
     """``func`` with the bound attributes set (TVM reads them; so do our loaders)."""
     if not bounds:
         return func
-    return func.with_attrs({BOUND_ATTR: {k: int(v) for k, v in bounds.items()},
-                            NON_NEGATIVE_ATTR: sorted(bounds)})
+    attrs = {BOUND_ATTR: {k: int(v) for k, v in bounds.items()}, NON_NEGATIVE_ATTR: sorted(bounds)}
+    if lower:
+        attrs[LOWER_BOUND_ATTR] = {k: int(v) for k, v in lower.items()}
+    return func.with_attrs(attrs)
+
+
+class DimRanges:
+    """The range ``[lower, upper]`` of each symbolic input dim while a model is imported.
+
+    Every dim starts at ``[1, upper]`` (``upper`` from ``max_shapes`` when given, else open). An importer that can
+    only read an op one way for part of that range (a slice whose start ``128 - seq`` is only a start while
+    ``seq <= 128``; a conv trim ``[:-1]`` only meaningful once the conv gives an output) narrows it here with
+    :meth:`require`, and the narrowed range becomes the model's bounds, checked before every call: an input outside
+    it is refused in one line instead of reading past a table. Why each bound was narrowed is kept for errors."""
+
+    OPEN = 1 << 40  # an upper bound no real input reaches, so an unbounded dim has a finite range to reason in
+
+    def __init__(self, dim_vars: Mapping, upper: Optional[Mapping[str, int]] = None):
+        self.vars = {name: var for name, var in dim_vars.items()}
+        self.lower = {name: 1 for name in self.vars}
+        self.upper = {name: int((upper or {}).get(name, self.OPEN)) for name in self.vars}
+        #: ``{dim name: (side "lower"/"upper", what needed it)}`` for each range :meth:`require` narrowed
+        self.reasons: Dict[str, Dict[str, str]] = {}
+
+    def proves(self, cond, ranges: Optional[Mapping[str, Tuple[int, int]]] = None) -> bool:
+        """Whether ``cond`` holds over the current ranges (or over ``ranges`` for the dims it names)."""
+        from tvm import sym
+
+        ana = sym.Analyzer()
+        for name, var in self.vars.items():
+            low, high = (ranges or {}).get(name, (self.lower[name], self.upper[name]))
+            ana.update(var, sym.ConstIntBound(int(low), int(high)), override=True)
+        return bool(ana.can_prove(cond))
+
+    def require(self, cond, why: str) -> bool:
+        """Make ``cond`` hold: True when it already does, or after narrowing the range of the one dim it depends
+        on (whichever side keeps more of the range); False, with nothing narrowed, when neither side can."""
+        if self.proves(cond):
+            return True
+        names = [n for n in _free_var_names(cond) if n in self.vars]
+        if len(names) != 1 or len(_free_var_names(cond)) != 1:
+            return False
+        name = names[0]
+        low, high = self.lower[name], self.upper[name]
+
+        def holds(a, b):
+            return self.proves(cond, {name: (a, b)})
+
+        choices = []
+        if holds(low, low):  # the largest upper bound that keeps cond (bisection: provable at a, not at b)
+            a, b = low, high
+            while b - a > 1:
+                m = (a + b) // 2
+                a, b = (m, b) if holds(low, m) else (a, m)
+            choices.append((a - low, "upper", a))
+        if holds(high, high):  # the smallest lower bound that keeps cond
+            a, b = low, high
+            while b - a > 1:
+                m = (a + b) // 2
+                a, b = (a, m) if holds(m, high) else (m, b)
+            choices.append((high - b, "lower", b))
+        if not choices:
+            return False
+        _, side, value = max(choices)
+        if side == "upper":
+            self.upper[name] = value
+        else:
+            self.lower[name] = value
+        self.reasons.setdefault(name, {})[side] = why
+        return True
+
+    def save(self):
+        """The current ranges, for :meth:`restore` when what narrowed them is given up."""
+        return dict(self.lower), dict(self.upper), {n: dict(r) for n, r in self.reasons.items()}
+
+    def restore(self, saved) -> None:
+        self.lower, self.upper, self.reasons = (dict(x) for x in saved)
+
+    def narrowed_upper(self) -> Dict[str, int]:
+        """The upper bounds :meth:`require` set (dims left open are absent)."""
+        return {n: u for n, u in self.upper.items() if u < self.OPEN and "upper" in self.reasons.get(n, {})}
+
+    def narrowed_lower(self) -> Dict[str, int]:
+        """The lower bounds above 1 that :meth:`require` set."""
+        return {n: low for n, low in self.lower.items() if low > 1}
 
 
 # ---------------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------------
+
+def _free_var_names(expr) -> set:
+    from tvm import tirx
+
+    return {str(v.name) for v in tirx.analysis.undefined_vars(expr)}
+
 
 def _identifier(text: str) -> str:
     name = re.sub(r"\W", "_", str(text)).strip("_") or "dim"

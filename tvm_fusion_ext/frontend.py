@@ -32,10 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from .converters import Unsupported, check_graph, fixed_converters, iter_nodes, node_label
+from .converters import (LiftedScalars, Unsupported, check_graph, fixed_converters, iter_nodes, node_label,
+                         scalar_tensor)
 from .onnx_attention import convert_onnx_attention
 from .onnx_rotary import converter_class as rotary_converter_class
-from .dims import infer_bounds, input_dims, with_bounds
+from .onnx_slice import convert_slice_in_range
+from .dims import DimRanges, given_bounds, infer_bounds, input_dims, with_bounds
 from .errors import InputError, ModelLoadError
 
 ONNX_INPUT_NAMES_ATTR = "onnx_input_names"
@@ -72,7 +74,8 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
     shape_dict, dim_vars = input_dims(graph_inputs, shapes, label)
     dtype_dict = _check_dtypes(graph_inputs, dtypes, label)
     _check_ops(graph, label)
-    mod = _import(proto, label, shape_dict, dtype_dict, opset)
+    ranges = DimRanges(dim_vars, given_bounds(dim_vars, graph_inputs, max_shapes, label))
+    mod = _import(proto, label, shape_dict, dtype_dict, opset, ranges)
 
     main = mod["main"]
     n_in = len(graph_inputs)
@@ -83,7 +86,8 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
         ONNX_OUTPUT_NAMES_ATTR: [o.name for o in graph.output],
     })
     if dim_vars:
-        main = with_bounds(main, infer_bounds(mod, dim_vars, graph_inputs, max_shapes, label))
+        main = with_bounds(main, infer_bounds(mod, dim_vars, graph_inputs, max_shapes, label, ranges),
+                           ranges.narrowed_lower())
     elif max_shapes:
         raise InputError(f"{label}: max shapes given, but no input dim is dynamic")
     mod["main"] = main
@@ -260,6 +264,9 @@ def _convert_map() -> dict[str, Any]:
     cmap["Concat"] = _concat_class()
     cmap["RotaryEmbedding"] = rotary_converter_class()
     cmap.update(fixed_converters())
+    for op, converter in cmap.items():
+        if isinstance(converter, type) and issubclass(converter, onnx_frontend.BinaryBase):
+            cmap[op] = LiftedScalars(converter)
     return cmap
 
 
@@ -283,10 +290,10 @@ def _check_ops(graph, label):
 # --------------------------------------------------------------------------------------------------------------
 # importing
 # --------------------------------------------------------------------------------------------------------------
-def _import(proto, label, shape_dict, dtype_dict, opset):
+def _import(proto, label, shape_dict, dtype_dict, opset, ranges):
     model_opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
     opset = model_opset if opset is None else int(opset)
-    importer = _importer_class()(label, shape_dict, dtype_dict, keep_params_in_input=False, sanitize=True)
+    importer = _importer_class()(label, ranges, shape_dict, dtype_dict, keep_params_in_input=False, sanitize=True)
     with warnings.catch_warnings():
         # We record the ONNX names ourselves, so TVM's per-input rename warnings are noise.
         warnings.filterwarnings("ignore", message=r"Renaming name ")
@@ -367,6 +374,9 @@ def _expand_class():
         @classmethod
         def _impl_v13(cls, bb, inputs, attr, params):
             data, shape = inputs[0], inputs[1]
+            if tvm.ir.is_prim_expr(data):  # a size kept as a bare scalar (``Expand(Gather(Shape(x), 0), [])``)
+                data = scalar_tensor(bb, data)
+                inputs = [data, shape]
             if isinstance(shape, tvm.ir.GenericConst):
                 if all(isinstance(d, tirx.IntImm) for d in data.ty.shape.values):
                     return super()._impl_v13(bb, inputs, attr, params)
@@ -570,9 +580,10 @@ def _importer_class():
     from tvm.relax.frontend.onnx import onnx_frontend as of
 
     class _Importer(of.ONNXGraphImporter):
-        def __init__(self, label, *args, **kwargs):
+        def __init__(self, label, ranges, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self._label = label
+            self._ranges = ranges  # the input dims' ranges, which in-range slices may narrow
             self._cmap = _convert_map()
 
         def _check_for_unsupported_ops(self, graph):
@@ -614,8 +625,10 @@ def _importer_class():
                     # TVM's map keys converters by name alone; its "Attention" is com.microsoft's
                     sym = convert_onnx_attention(self.bb, inputs, attrs)
                 else:
-                    sym = self._cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
-                                                                   [self._nodes, self._params])
+                    sym = self._slice_in_range(inputs, node) if op_name == "Slice" and opset >= 10 else None
+                    if sym is None:
+                        sym = self._cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
+                                                                       [self._nodes, self._params])
                 if isinstance(sym, of.relax.Expr):
                     sym = self._shape_as_tensor_if_needed(self.bb.normalize(sym))
             except ModelLoadError:
@@ -626,6 +639,11 @@ def _importer_class():
                 raise ModelLoadError(f"{self._label}: TVM cannot import node {node} (op {op_name}): "
                                      f"{_one_line(err)}") from None
             return sym
+
+        def _slice_in_range(self, inputs, node):
+            inputs = list(inputs)
+            return convert_slice_in_range(self.bb, _static_int_inputs(self.bb, inputs, range(1, len(inputs))),
+                                          self._ranges, node)
 
         def _shape_as_tensor_if_needed(self, sym):
             """A shape (``Shape``, or a slice/gather/concat of one) read by an op that takes tensors only becomes a

@@ -279,6 +279,8 @@ def _const_value(c) -> Optional[_Value]:
         return None
     shape = [_i64(d) for d in arr.shape]
     flat = arr.reshape(-1)
+    if not flat.size:  # an empty slice of a shape (``Shape(x)[3:]`` of a 3-D x), concatenated to one
+        return _Value(shape, dtype, lambda idx: tirx.const(0, dtype))
     if flat.size and (flat == flat[0]).all():
         value = tirx.const(bool(flat[0]) if dtype == "bool" else int(flat[0]), dtype)
         return _Value(shape, dtype, lambda idx: value)
