@@ -5,11 +5,11 @@ error, ``export-failed`` when torch cannot export it, ``export-differs`` when th
 torch at a shape (ONNX Runtime running it disagrees with torch there and agrees with us; ``max |diff|`` then covers
 the other shapes), or ``FAIL`` for anything else (a crash, a wrong answer).
 
-    python scripts/sweep_unnamed_families.py [--families swin,granite] [--exporters legacy,dynamo,opset23,dynamic]
+    python scripts/sweep_unnamed_families.py [--families swin,granite] [--exporters legacy,dynamo,opset23,dynamic,...]
 
 Exporters: ``legacy`` (opset 17), ``dynamo`` (opset 18), ``opset23`` (dynamo: ONNX's Attention / RMSNormalization
 ops), ``dynamic`` (legacy with dynamic batch and sequence: also compared at batch 3, seq 13 for text, batch 1 for
-images and audio). Text inputs are batch 2, seq 20 with rows of 18 and 14 valid tokens. Each case runs in its own
+images, batch 1 of 640 samples for audio), ``dynamo-dynamic`` (the same with dynamo and ``torch.export.Dim``s). Text inputs are batch 2, seq 20 with rows of 18 and 14 valid tokens. Each case runs in its own
 process (a crash is charged to its case); 5-60 s each on the 2-core box.
 """
 
@@ -104,7 +104,7 @@ FAMILIES = {
     "mixtral": ("MixtralConfig", "MixtralModel", dict(_DECODER, num_local_experts=4, num_experts_per_tok=2), {},
                 "text", None),
 }
-EXPORTERS = ("legacy", "dynamo", "opset23", "dynamic")
+EXPORTERS = ("legacy", "dynamo", "opset23", "dynamic", "dynamo-dynamic")
 
 
 def _inputs(kind, batch=BATCH, seq=SEQ, vocab=1000):
@@ -177,18 +177,27 @@ def run_case(family: str, exporter: str, out_dir: str) -> dict:
     if exporter == "dynamic":
         seq_of = {"input_ids": "seq", "attention_mask": "seq", "input_values": "seq", "decoder_input_ids": "target"}
         kw["dynamic_axes"] = {n: ({0: "batch", 1: seq_of[n]} if n in seq_of else {0: "batch"}) for n in names}
-    opset = {"legacy": 17, "dynamo": 18, "opset23": 23, "dynamic": 17}[exporter]
+    if exporter == "dynamo-dynamic":
+        from torch.export import Dim
+
+        dims = {"batch": Dim("batch", min=1, max=8), "seq": Dim("seq", min=2, max=4096 if kind == (2, 800) else 64),
+                "target": Dim("target", min=2, max=64)}
+        seq_of = {"input_ids": "seq", "attention_mask": "seq", "input_values": "seq", "decoder_input_ids": "target"}
+        kw["dynamic_shapes"] = {"xs": tuple({0: dims["batch"], 1: dims[seq_of[n]]} if n in seq_of
+                                            else {0: dims["batch"]} for n in names)}
+    opset = {"legacy": 17, "dynamo": 18, "opset23": 23, "dynamic": 17, "dynamo-dynamic": 18}[exporter]
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
                 contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
             warnings.simplefilter("ignore")
-            torch.onnx.export(wrapped, tuple(inputs.values()), path, dynamo=exporter in ("dynamo", "opset23"),
+            torch.onnx.export(wrapped, tuple(inputs.values()), path,
+                              dynamo=exporter in ("dynamo", "opset23", "dynamo-dynamic"),
                               opset_version=opset, **kw)
     except Exception as err:  # noqa: BLE001  (torch's exporter, not ours)
         return {"outcome": "export-failed", "detail": str(err).strip().splitlines()[0][:160]}
     try:
         # audio lengths are samples, far past the default sequence bound (512)
-        max_shapes = {"input_values": [8, 4096]} if exporter == "dynamic" and "input_values" in names else None
+        max_shapes = {"input_values": [8, 4096]} if "dynamic" in exporter and "input_values" in names else None
         return _compare(CompiledModel.from_module(load_onnx(path, max_shapes=max_shapes)), wrapped, inputs, exporter,
                         kind, vocab, path)
     except Exception as err:  # noqa: BLE001  (our one-line errors are refusals; anything else is a failure)
@@ -200,7 +209,7 @@ def _compare(compiled, wrapped, inputs, exporter, kind, vocab, path) -> dict:
     import torch
 
     shapes = [inputs]
-    if exporter == "dynamic":  # another shape: batch 3, seq 13 (text), batch 1 (images), batch 1 of 640 (audio)
+    if "dynamic" in exporter:  # another shape: batch 3, seq 13 (text), batch 1 (images), batch 1 of 640 (audio)
         other = kind if isinstance(kind, str) else (1, *kind[1:]) if len(kind) > 2 else (1, 640)
         shapes.append(_inputs(other, batch=3 if isinstance(kind, str) else 1, seq=13, vocab=vocab))
     worst, export_differs = 0.0, None

@@ -237,3 +237,58 @@ def test_size_scalar_added_to_a_constant_vector_and_expanded(run_ort):
         np.testing.assert_array_equal(got["both"], ref[0])
         np.testing.assert_array_equal(got["both"], np.arange(5) + 12)
         np.testing.assert_array_equal(got["y"], x)
+
+
+# ---- sizes divided: ONNX's truncating Div in the floor form TVM's analyzer reasons about ----------------------
+
+@pytest.mark.parametrize("size_as", ["scalar", "vector"])
+def test_size_divided_for_a_reshape_target_matches_a_pooled_length(run_ort, size_as):
+    """``x.view(b, c, seq // 2, 2).sum(-1) + maxpool(x, 2)``: the view's length is ``Div(seq, 2)`` (truncating),
+    the pool's ``seq // 2`` (TVM's floor form); for a size they are the same, and the Add needs them proven so.
+    The size reaches ``Div`` as a bare scalar (``Gather`` of ``Shape``, dynamo's ``sym_size``) or as a one-element
+    tensor (``Shape(x)[2:3]``, legacy exports)."""
+    if size_as == "scalar":
+        size = [helper.make_node("Gather", ["shape", "two"], ["n"], axis=0, name="n"),
+                helper.make_node("Div", ["n", "two"], ["half0"], name="half"),
+                helper.make_node("Unsqueeze", ["half0", "zero"], ["half"], name="unsq")]
+    else:
+        size = [helper.make_node("Slice", ["shape", "two1", "three1"], ["n"], name="n"),
+                helper.make_node("Div", ["n", "two1"], ["half"], name="half")]
+    nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+             helper.make_node("Slice", ["shape", "zero1", "two1"], ["bc"], name="bc"),
+             *size,
+             helper.make_node("Concat", ["bc", "half", "two1"], ["target"], axis=0, name="target"),
+             helper.make_node("Reshape", ["x", "target"], ["pairs"], name="view"),
+             helper.make_node("ReduceSum", ["pairs", "minus1"], ["summed"], keepdims=0, name="sum"),
+             helper.make_node("MaxPool", ["x"], ["pooled"], kernel_shape=[2], strides=[2], name="pool"),
+             helper.make_node("Add", ["summed", "pooled"], ["y"], name="add")]
+    inits = [_ints("two", 2), _ints("zero", [0]), _ints("two1", [2]), _ints("three1", [3]), _ints("zero1", [0]),
+             _ints("minus1", [-1])]
+    m = _model(nodes, [_vi("x", TP.FLOAT, ["batch", 3, "seq"])], [_vi("y", TP.FLOAT, ["batch", 3, None])], inits)
+    mod = load_onnx(m)
+    assert _main_out_shape(mod) == ["batch", "3", "seq // 2"]
+    model = CompiledModel.from_module(mod, fuse=False)
+    for seq in (2, 10):
+        x = np.random.default_rng(seq).standard_normal((2, 3, seq)).astype(np.float32)
+        np.testing.assert_allclose(model.run({"x": x})["y"], run_ort(m, {"x": x})[0], rtol=1e-6, atol=1e-6)
+
+
+def test_reshape_minus_one_cancels_the_symbolic_dims_it_shares(run_ort):
+    """``conv(x).reshape(-1, L, 2)`` with ``L = seq - 2`` the conv's length: TVM infers the ``-1`` as
+    ``batch·4·L // (2·seq - 4)`` (it multiplies ``2·L`` out, and L could be 0 for all it knows), a quotient a later
+    pass fails on (wav2vec2's dynamo export); the importer cancels the shared ``L`` (dims are at least 1) and keeps
+    the ``0`` of ``allowzero=0``."""
+    w = np.random.default_rng(2).standard_normal((4, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Shape", ["c"], ["cs"], start=2, end=3, name="len"),
+             helper.make_node("Concat", ["minus1", "cs", "two"], ["target"], axis=0, name="target"),
+             helper.make_node("Reshape", ["c", "target"], ["flat"], name="flat"),
+             helper.make_node("Reshape", ["flat", "keep"], ["y"], name="keep")]
+    inits = [numpy_helper.from_array(w, "w"), _ints("minus1", [-1]), _ints("two", [2]), _ints("keep", [0, -1, 2])]
+    m = _model(nodes, [_vi("x", TP.FLOAT, ["batch", 3, "seq"])], [_vi("y", TP.FLOAT, [None, None, 2])], inits)
+    mod = load_onnx(m)
+    assert _main_out_shape(mod) == ["batch * 2", "seq - 2", "2"]
+    model = CompiledModel.from_module(mod, fuse=False)
+    for batch, seq in ((1, 3), (2, 9)):
+        x = np.random.default_rng(seq).standard_normal((batch, 3, seq)).astype(np.float32)
+        np.testing.assert_allclose(model.run({"x": x})["y"], run_ort(m, {"x": x})[0], rtol=1e-5, atol=1e-5)

@@ -216,18 +216,108 @@ class LiftedScalars:
     keeps as a bare TIR expression) become tensors when the other operand is a tensor of more than one element.
     TVM's binary converters fold such a pair with numpy and then take ``.item()`` of the result, which fails for
     ``Range(17) + size`` (BEiT's interpolated relative positions); with a tensor that is not constant they pass
-    the bare expression to a tensor op."""
+    the bare expression to a tensor op. ``Div`` of two sizes is taken in floor form (see :func:`_size_quotient`)."""
 
-    def __init__(self, inner):
-        self.inner = inner
+    def __init__(self, inner, op: str):
+        self.inner, self.op = inner, op
 
     def get_converter(self, opset):
         convert = self.inner.get_converter(opset)
 
         def lifted(bb, inputs, attr, params):
+            if self.op == "Div":
+                quotient = _size_quotient(inputs)
+                if quotient is not None:
+                    return quotient
             return convert(bb, _lift_scalars(bb, inputs), attr, params)
 
         return lifted
+
+
+def _size_quotient(inputs):
+    """``Div`` of a size kept as a bare scalar by a positive integer, as ``floordiv`` (the same value for a size; see
+    :func:`.symbolic_values.is_size_division`); None for anything else."""
+    import tvm
+    from tvm import relax, tirx
+
+    from .symbolic_values import is_size_division
+
+    if len(inputs) != 2 or not any(tvm.ir.is_prim_expr(x) and not isinstance(x, tirx.IntImm) for x in inputs):
+        return None
+    a, b = (x if tvm.ir.is_prim_expr(x) else _scalar_int(x) for x in inputs)
+    if a is None or b is None or not str(a.ty).startswith("int") or str(a.ty) != str(b.ty):
+        return None
+    return relax.prim_value(tirx.floordiv(a, b)) if is_size_division(a, b) else None
+
+
+def _target_with_inferred_dim(data, target, attr):
+    """A Reshape target's ``-1`` (and ``0``s, which copy the input's dim) resolved by cancelling the factors the
+    input's dims and the other target dims share, for input dims that are symbolic; None where that does not
+    resolve it. TVM infers the ``-1`` as ``prod(input) // prod(others)`` without cancelling (``L`` may be 0 for
+    all it knows), ``batch·L·64 // (16·L)`` for ``[batch, 4, L, 16] → [-1, L, 16]``, and a later pass
+    (``RewriteDataflowReshape``) then fails on that quotient (wav2vec2's dynamo export, with L its conv length).
+    Dims are at least 1 (the importer's ranges say so), so cancelling a shared factor is exact."""
+    import tvm
+    import tvm_ffi
+    from tvm import relax, tirx
+
+    ty = getattr(data, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    dims = list(ty.shape.values)
+    if all(isinstance(d, tirx.IntImm) for d in dims):
+        return None
+    if isinstance(target, relax.ShapeExpr):
+        want = list(target.values)
+    elif isinstance(target, tvm.ir.GenericConst) and target.value.numpy().ndim == 1:
+        want = [tirx.IntImm("int64", int(v)) for v in target.value.numpy()]
+    else:
+        return None
+    minus_one = [k for k, w in enumerate(want) if isinstance(w, tirx.IntImm) and int(w) == -1]
+    zeros = [k for k, w in enumerate(want) if isinstance(w, tirx.IntImm) and int(w) == 0]
+    if len(minus_one) != 1 or (zeros and int(attr.get("allowzero", 0))) or any(k >= len(dims) for k in zeros):
+        return None
+    want = [dims[k] if k in zeros else w for k, w in enumerate(want)]
+    num = [f for d in dims for f in _factors(d)]
+    const_den = 1
+    for f in (f for k, w in enumerate(want) if k != minus_one[0] for f in _factors(w)):
+        if isinstance(f, tirx.IntImm):
+            const_den *= int(f)
+            continue
+        match = next((i for i, g in enumerate(num) if tvm_ffi.structural_equal(f, g)), None)
+        if match is None:
+            return None
+        num.pop(match)
+    const_num = int(np.prod([int(f) for f in num if isinstance(f, tirx.IntImm)]))
+    if const_den <= 0 or const_num <= 0 or const_num % const_den:
+        return None
+    inferred, scale = None, const_num // const_den
+    for f in num:
+        if not isinstance(f, tirx.IntImm):
+            inferred = f if inferred is None else inferred * f
+    inferred = tirx.IntImm("int64", scale) if inferred is None else inferred * scale if scale != 1 else inferred
+    want[minus_one[0]] = inferred
+    return relax.ShapeExpr(want)
+
+
+def _factors(e):
+    from tvm import tirx
+
+    if isinstance(e, tirx.Mul):
+        return _factors(e.a) + _factors(e.b)
+    return [e if str(e.ty) == "int64" else tirx.Cast("int64", e)]
+
+
+def _scalar_int(x):
+    import tvm
+    from tvm import tirx
+
+    if not isinstance(x, tvm.ir.GenericConst):
+        return None
+    arr = x.value.numpy()
+    if arr.size != 1 or arr.dtype.kind not in "iu":
+        return None
+    return tirx.IntImm(str(arr.dtype), int(arr.reshape(-1)[0]))
 
 
 def _lift_scalars(bb, inputs):
@@ -538,6 +628,9 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
                     and str(ty.dtype).startswith(("int", "uint"))):
                 size = data if str(ty.dtype) == "int64" else tvm.tirx.Cast("int64", data)
                 inputs = [relax.ShapeExpr([size]), *list(inputs)[1:]]
+            target = _target_with_inferred_dim(data, inputs[1] if len(inputs) > 1 else None, attr)
+            if target is not None:
+                return relax.op.reshape(data, target)
             return stock(bb, inputs, attr, params)
 
     class Tile(_Fixed, of.Tile):

@@ -266,7 +266,7 @@ def _convert_map() -> dict[str, Any]:
     cmap.update(fixed_converters())
     for op, converter in cmap.items():
         if isinstance(converter, type) and issubclass(converter, onnx_frontend.BinaryBase):
-            cmap[op] = LiftedScalars(converter)
+            cmap[op] = LiftedScalars(converter, op)
     return cmap
 
 

@@ -146,13 +146,20 @@ class Evaluator:
             return self._slice(e, shape, dtype)
         if op == "relax.concat":
             return self._concat(e, shape, dtype)
-        combine = _ELEMENTWISE.get(op)
+        combine = self._division(op) if op in ("relax.divide", "relax.mod") else _ELEMENTWISE.get(op)
         if combine is not None:
             vals = [self.value(a) for a in args]
             if any(v is None for v in vals):
                 return None
             return _Value(shape, dtype, lambda idx: combine(*[_broadcast_at(v, idx) for v in vals]))
         return None
+
+    @staticmethod
+    def _division(op):
+        """Integer ``Div``/``Mod`` (truncating in ONNX) in floor form where they are divisions of sizes (see
+        :func:`size_floor_division`)."""
+        floor, trunc = (tirx.floordiv, tirx.truncdiv) if op == "relax.divide" else (tirx.floormod, tirx.truncmod)
+        return lambda a, b: floor(a, b) if is_size_division(a, b) else trunc(a, b)
 
     def _layout(self, op, e, shape, dtype) -> Optional[_Value]:
         src = self.value(e.args[0])
@@ -250,6 +257,17 @@ class Evaluator:
             return data.fn([*idx[:axis], tirx.Cast("int64", at), *idx[axis + n_idx:]])
 
         return _Value(shape, dtype, fn)
+
+
+def is_size_division(a: PrimExpr, b: PrimExpr) -> bool:
+    """Whether ``a / b`` divides a size (every variable in ``a`` a dim, at least 0, and ``a >= 0`` then) by a positive
+    number: truncating and floor division agree there, and TVM's analyzer reasons about the floor form only, so a
+    length computed as ``Div(seq, 10) - 1`` (wav2vec2's dynamo export, building a Reshape target) is then provably
+    the ``seq // 10 - 1`` of the conv output it reshapes."""
+    ana = sym.Analyzer()
+    for var in list(tirx.analysis.undefined_vars(a)) + list(tirx.analysis.undefined_vars(b)):
+        ana.update(var, sym.ConstIntBound(0, 2**62), override=True)
+    return bool(ana.can_prove(a >= 0) and ana.can_prove(b > 0))
 
 
 def _row_major_reshape(src: _Value, shape, dtype) -> Optional[_Value]:
