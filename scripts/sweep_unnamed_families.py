@@ -9,8 +9,9 @@ the other shapes), or ``FAIL`` for anything else (a crash, a wrong answer).
 
 Exporters: ``legacy`` (opset 17), ``dynamo`` (opset 18), ``opset23`` (dynamo: ONNX's Attention / RMSNormalization
 ops), ``dynamic`` (legacy with dynamic batch and sequence: also compared at batch 3, seq 13 for text, batch 1 for
-images, batch 1 of 640 samples for audio), ``dynamo-dynamic`` (the same with dynamo and ``torch.export.Dim``s). Text inputs are batch 2, seq 20 with rows of 18 and 14 valid tokens. Each case runs in its own
-process (a crash is charged to its case); 5-60 s each on the 2-core box.
+images, batch 1 of 640 samples for audio), ``dynamo-dynamic`` (the same with dynamo and ``torch.export.Dim``s).
+Text inputs are batch 2, seq 20 with rows of 18 and 14 valid tokens. Each case runs in its own process (a crash is
+charged to its case); 5-60 s each on the 2-core box.
 """
 
 from __future__ import annotations
