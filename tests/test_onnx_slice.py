@@ -81,24 +81,31 @@ def test_constant_slice_past_a_short_dim_keeps_the_exact_reading(run_ort):
 
 # ---- bounds computed from a dim: MPT's ALiBi slice ----------------------------------------------------------
 
-def _alibi_model(negative_start: bool):
-    """``scores + table[:, -seq:]`` (``negative_start``: the start is ``-seq``) or ``table[:, 128 - seq:]`` (the
-    legacy export's form): a table of 128 positions read at the last ``seq`` of them."""
+def _alibi_model(start: str):
+    """``scores + table[:, -seq:]``, a table of 128 positions read at the last ``seq`` of them, with the start as an
+    exporter writes it: ``-seq`` (``minus-seq``), ``128 - seq`` (``n-minus-seq``, the legacy export) or
+    ``max(128 - seq, 0)`` (``clamped``, torch.export's own normalisation)."""
     table = np.random.default_rng(3).standard_normal((4, 128)).astype(np.float32)
-    nodes = [helper.make_node("Shape", ["scores"], ["shape"], start=2, end=3, name="len"),
-             helper.make_node("Neg" if negative_start else "Sub", ["shape"] if negative_start else ["n", "shape"],
-                              ["start"], name="start"),
-             helper.make_node("Slice", ["table", "start", "end", "axis1"], ["bias"], name="alibi"),
-             helper.make_node("Add", ["scores", "bias"], ["y"], name="add")]
-    inits = [numpy_helper.from_array(table, "table"), _ints("n", [128]), _ints("end", [END]), _ints("axis1", [1])]
+    nodes = [helper.make_node("Shape", ["scores"], ["shape"], start=2, end=3, name="len")]
+    if start == "minus-seq":
+        nodes.append(helper.make_node("Neg", ["shape"], ["start"], name="start"))
+    else:
+        nodes.append(helper.make_node("Sub", ["n", "shape"], ["start" if start == "n-minus-seq" else "raw"],
+                                      name="start"))
+    if start == "clamped":
+        nodes.append(helper.make_node("Max", ["raw", "zero"], ["start"], name="clamp"))
+    nodes += [helper.make_node("Slice", ["table", "start", "end", "axis1"], ["bias"], name="alibi"),
+              helper.make_node("Add", ["scores", "bias"], ["y"], name="add")]
+    inits = [numpy_helper.from_array(table, "table"), _ints("n", [128]), _ints("zero", [0]), _ints("end", [END]),
+             _ints("axis1", [1])]
     m = _model(nodes, [_vi("scores", TP.FLOAT, ["batch", 4, "seq"])], [_vi("y", TP.FLOAT, ["batch", 4, "seq"])],
                inits)
     return m, table
 
 
-@pytest.mark.parametrize("negative_start", [False, True], ids=["n-minus-seq", "minus-seq"])
-def test_computed_slice_bounds_narrow_the_input_range(negative_start):
-    m, table = _alibi_model(negative_start)
+@pytest.mark.parametrize("start", ["n-minus-seq", "minus-seq", "clamped"])
+def test_computed_slice_bounds_narrow_the_input_range(start):
+    m, table = _alibi_model(start)
     mod = load_onnx(m)
     assert _main_out_shape(mod) == ["batch", "4", "seq"]
     assert shape_bounds(mod)["seq"] == (1, 128)  # the table's length: only then is 128 - seq a start
@@ -111,7 +118,7 @@ def test_computed_slice_bounds_narrow_the_input_range(negative_start):
 
 
 def test_a_max_shape_wider_than_the_slices_allow_is_refused():
-    m, _ = _alibi_model(False)
+    m, _ = _alibi_model("n-minus-seq")
     with pytest.raises(InputError, match=r"max shapes give seq <= 512, but the model only reads seq <= 128 in range "
                                          r"\(node 'alibi' slices axis 1"):
         load_onnx(m, max_shapes={"scores": [2, 4, 512]})

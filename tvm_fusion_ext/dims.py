@@ -173,6 +173,15 @@ class DimRanges:
             ana.update(var, sym.ConstIntBound(int(low), int(high)), override=True)
         return bool(ana.can_prove(cond))
 
+    def simplify(self, expr):
+        """``expr`` simplified over the current ranges (``max(1 - seq, 0)`` is 0 once seq >= 1)."""
+        from tvm import sym
+
+        ana = sym.Analyzer()
+        for name, var in self.vars.items():
+            ana.update(var, sym.ConstIntBound(self.lower[name], self.upper[name]), override=True)
+        return ana.simplify(expr)
+
     def require(self, cond, why: str) -> bool:
         """Make ``cond`` hold: True when it already does, or after narrowing the range of the one dim it depends
         on (whichever side keeps more of the range); False, with nothing narrowed, when neither side can."""

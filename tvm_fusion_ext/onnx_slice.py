@@ -90,18 +90,18 @@ def convert_slice_in_range(bb, inputs, ranges, node: str):
 
 def _clamped(x, d, ranges, is_end: bool):
     """ONNX's reading of ``x`` for any value: from the end when negative, then clamped to ``[0, d]``."""
-    from tvm import sym, tirx
+    from tvm import tirx
 
     if is_static(x) and int(x) >= _PAST_END:
         return d
     zero = tirx.IntImm("int64", 0)
     v = x if ranges.proves(x >= zero) else x + d if ranges.proves(x < zero) else tirx.Select(x < zero, x + d, x)
-    return sym.Analyzer().simplify(tirx.min(tirx.max(v, zero), d))
+    return ranges.simplify(tirx.min(tirx.max(v, zero), d))
 
 
 def _index(x, d, ranges, why: str, may_narrow: bool, is_end: bool):
     """``x`` as an in-range index into a dim of ``d`` (None when it cannot be shown in range)."""
-    from tvm import sym, tirx
+    from tvm import tirx
 
     if is_static(x) and int(x) >= _PAST_END:
         return d if is_end else None
@@ -117,9 +117,24 @@ def _index(x, d, ranges, why: str, may_narrow: bool, is_end: bool):
         v = x
     else:
         return None
+    v = _unclamped(ranges.simplify(v), ranges, why) if may_narrow else ranges.simplify(v)
     if not (_holds(v >= zero, d, ranges, why, may_narrow) and _holds(d - v >= zero, d, ranges, why, may_narrow)):
         return None
-    return sym.Analyzer().simplify(v)
+    return ranges.simplify(v)
+
+
+def _unclamped(v, ranges, why: str):
+    """A computed bound's own clamp against a constant, read as not engaging (the in-range reading), with the input's
+    range narrowed so that it does not: torch.export writes ``alibi[..., -seq:]``'s start on a table of 128 as
+    ``max(128 - seq, 0)``, which is ``128 - seq`` for seq <= 128. Kept as it is where no range can drop it."""
+    from tvm import tirx
+
+    while isinstance(v, (tirx.Max, tirx.Min)):
+        a, b = (v.b, v.a) if is_static(v.a) else (v.a, v.b)  # a: the computed side, b: the clamp
+        if not is_static(b) or not ranges.require(a >= b if isinstance(v, tirx.Max) else a <= b, why):
+            return v
+        v = ranges.simplify(a)
+    return v
 
 
 def _holds(cond, d, ranges, why: str, may_narrow: bool) -> bool:
