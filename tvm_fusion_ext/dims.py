@@ -90,17 +90,11 @@ def declared_dims(vi, label: str) -> List:
             for d in tt.shape.dim]
 
 
-def given_bounds(dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping[str, Sequence[int]]],
-                 label: str) -> Dict[str, int]:
-    """``{dim name: upper bound}`` from ``max_shapes`` (by ONNX input name), checked against the declared dims."""
-    return _given_bounds(dim_vars, graph_inputs, max_shapes, label)
-
-
 def infer_bounds(mod, dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping[str, Sequence[int]]],
                  label: str, ranges: Optional["DimRanges"] = None) -> Dict[str, int]:
     """An upper bound for every symbolic dim (see the module docstring for where each comes from), no wider than
     the ranges the importer narrowed (``ranges``); a bound ``max_shapes`` gives wider than that is refused."""
-    given = _given_bounds(dim_vars, graph_inputs, max_shapes, label)
+    given = given_bounds(dim_vars, graph_inputs, max_shapes, label)
     seen = _graph_bounds(mod["main"], dim_vars)
     narrowed = ranges.narrowed_upper() if ranges is not None else {}
     leading = {_dim_at(vi, 0) for vi in graph_inputs}
@@ -157,7 +151,7 @@ class DimRanges:
     OPEN = 1 << 40  # an upper bound no real input reaches, so an unbounded dim has a finite range to reason in
 
     def __init__(self, dim_vars: Mapping, upper: Optional[Mapping[str, int]] = None):
-        self.vars = {name: var for name, var in dim_vars.items()}
+        self.vars = dict(dim_vars)
         self.lower = {name: 1 for name in self.vars}
         self.upper = {name: int((upper or {}).get(name, self.OPEN)) for name in self.vars}
         #: ``{dim name: (side "lower"/"upper", what needed it)}`` for each range :meth:`require` narrowed
@@ -165,22 +159,20 @@ class DimRanges:
 
     def proves(self, cond, ranges: Optional[Mapping[str, Tuple[int, int]]] = None) -> bool:
         """Whether ``cond`` holds over the current ranges (or over ``ranges`` for the dims it names)."""
+        return bool(self._analyzer(ranges).can_prove(cond))
+
+    def simplify(self, expr):
+        """``expr`` simplified over the current ranges (``max(1 - seq, 0)`` is 0 once seq >= 1)."""
+        return self._analyzer().simplify(expr)
+
+    def _analyzer(self, ranges: Optional[Mapping[str, Tuple[int, int]]] = None):
         from tvm import sym
 
         ana = sym.Analyzer()
         for name, var in self.vars.items():
             low, high = (ranges or {}).get(name, (self.lower[name], self.upper[name]))
             ana.update(var, sym.ConstIntBound(int(low), int(high)), override=True)
-        return bool(ana.can_prove(cond))
-
-    def simplify(self, expr):
-        """``expr`` simplified over the current ranges (``max(1 - seq, 0)`` is 0 once seq >= 1)."""
-        from tvm import sym
-
-        ana = sym.Analyzer()
-        for name, var in self.vars.items():
-            ana.update(var, sym.ConstIntBound(self.lower[name], self.upper[name]), override=True)
-        return ana.simplify(expr)
+        return ana
 
     def require(self, cond, why: str) -> bool:
         """Make ``cond`` hold: True when it already does, or after narrowing the range of the one dim it depends
@@ -270,7 +262,8 @@ def _as_dim(d, name, label) -> int:
     return v
 
 
-def _given_bounds(dim_vars, graph_inputs, max_shapes, label) -> Dict[str, int]:
+def given_bounds(dim_vars, graph_inputs, max_shapes, label) -> Dict[str, int]:
+    """``{dim name: upper bound}`` from ``max_shapes`` (by ONNX input name), checked against the declared dims."""
     out: Dict[str, int] = {}
     if not max_shapes:
         return out
