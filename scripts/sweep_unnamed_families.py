@@ -6,10 +6,12 @@ torch at a shape (ONNX Runtime running it disagrees with torch there and agrees 
 the other shapes), or ``FAIL`` for anything else (a crash, a wrong answer).
 
     python scripts/sweep_unnamed_families.py [--families swin,granite] [--exporters legacy,dynamo,opset23,dynamic,...]
+        [--artifact]
 
 Exporters: ``legacy`` (opset 17), ``dynamo`` (opset 18), ``opset23`` (dynamo: ONNX's Attention / RMSNormalization
 ops), ``dynamic`` (legacy with dynamic batch and sequence: also compared at batch 3, seq 13 for text, batch 1 for
 images, batch 1 of 640 samples for audio), ``dynamo-dynamic`` (the same with dynamo and ``torch.export.Dim``s).
+``--artifact`` compiles each export to an artifact directory and runs it as deployed (``deploy.load``).
 Text inputs are batch 2, seq 20 with rows of 18 and 14 valid tokens. Each case runs in its own process (a crash is
 charged to its case); 5-60 s each on the 2-core box.
 """
@@ -104,6 +106,40 @@ FAMILIES = {
                 {}, "audio+decoder", None),
     "mixtral": ("MixtralConfig", "MixtralModel", dict(_DECODER, num_local_experts=4, num_experts_per_tok=2), {},
                 "text", None),
+    # session 16: GPT-Neo's alternating global/local (windowed, unscaled) attention, ConvBERT's span-based
+    # dynamic convolution beside its heads, XLM's sinusoidal positions and language embeddings, XLNet's two-stream
+    # relative attention, FNet's Fourier mixing (no attention), HuBERT and WavLM (gated relative position bias),
+    # DeiT's distillation token, Nyströmformer's landmark attention, BigBird and Longformer (full attention below
+    # their block/window), Gemma 3's text model (sliding and global layers, q/k norms)
+    "gpt-neo": ("GPTNeoConfig", "GPTNeoModel", dict(num_layers=2, attention_types=[[["global", "local"], 1]],
+                                                    hidden_size=64, num_heads=4, intermediate_size=128,
+                                                    vocab_size=1000, max_position_embeddings=128, window_size=8),
+                {}, "text", None),
+    "convbert": ("ConvBertConfig", "ConvBertModel", dict(_TEXT, embedding_size=64, head_ratio=2, conv_kernel_size=3),
+                 {}, "text", None),
+    "xlm": ("XLMConfig", "XLMModel", dict(vocab_size=1000, emb_dim=64, n_layers=2, n_heads=4, max_position_embeddings=128,
+                                         sinusoidal_embeddings=True), {}, "text", None),
+    "xlnet": ("XLNetConfig", "XLNetModel", dict(vocab_size=1000, d_model=64, n_layer=2, n_head=4, d_inner=128), {},
+              "text", None),
+    "fnet": ("FNetConfig", "FNetModel", dict(_TEXT, use_tpu_fourier_optimizations=False), {"add_pooling_layer": False},
+             "text-only-ids", None),
+    "hubert": ("HubertConfig", "HubertModel", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
+        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
+        {}, (2, 800), None),
+    "wavlm": ("WavLMConfig", "WavLMModel", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
+        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+        num_buckets=32, max_bucket_distance=64), {}, (2, 800), None),
+    "deit": ("DeiTConfig", "DeiTModel", _VISION, {"add_pooling_layer": False}, (2, 3, 32, 32), None),
+    "nystromformer": ("NystromformerConfig", "NystromformerModel", dict(_TEXT, num_landmarks=4,
+                                                                        segment_means_seq_len=20), {}, "text", None),
+    "bigbird": ("BigBirdConfig", "BigBirdModel", dict(_TEXT, attention_type="original_full"),
+                {"add_pooling_layer": False}, "text", None),
+    "longformer": ("LongformerConfig", "LongformerModel", dict(_TEXT, attention_window=8), {"add_pooling_layer": False},
+                   "text", None),
+    "gemma3-text": ("Gemma3TextConfig", "Gemma3TextModel", dict(_DECODER, head_dim=16, sliding_window=8,
+                                                                  query_pre_attn_scalar=16), {}, "text", None),
 }
 EXPORTERS = ("legacy", "dynamo", "opset23", "dynamic", "dynamo-dynamic")
 
@@ -158,7 +194,26 @@ def _valid(feeds, got):
     return np.ones(got.shape[:-1], bool)
 
 
-def run_case(family: str, exporter: str, out_dir: str) -> dict:
+class _Deployed:
+    """``tvm-fusion compile``'s artifact, loaded by :func:`tvm_fusion_ext.deploy.load`, with what ``_compare``
+    reads of a ``CompiledModel``."""
+
+    def __init__(self, path, max_shapes):
+        import types
+
+        from tvm_fusion_ext.compile import compile_artifact
+        from tvm_fusion_ext.deploy import load
+
+        out = path[: -len(".onnx")] + "-artifact"
+        compile_artifact(path, out, max_shapes=max_shapes)
+        self.model = load(out)
+        self.report = types.SimpleNamespace(fused=self.model.manifest["fusion"]["fused"])
+
+    def run(self, feeds):
+        return self.model.run(feeds)
+
+
+def run_case(family: str, exporter: str, out_dir: str, artifact: bool = False) -> dict:
     import torch
     import transformers
 
@@ -199,8 +254,11 @@ def run_case(family: str, exporter: str, out_dir: str) -> dict:
     try:
         # audio lengths are samples, far past the default sequence bound (512)
         max_shapes = {"input_values": [8, 4096]} if "dynamic" in exporter and "input_values" in names else None
-        return _compare(CompiledModel.from_module(load_onnx(path, max_shapes=max_shapes)), wrapped, inputs, exporter,
-                        kind, vocab, path)
+        if artifact:  # the deploy path: compile to an artifact directory, load it as a server would
+            compiled = _Deployed(path, max_shapes)
+        else:
+            compiled = CompiledModel.from_module(load_onnx(path, max_shapes=max_shapes))
+        return _compare(compiled, wrapped, inputs, exporter, kind, vocab, path)
     except Exception as err:  # noqa: BLE001  (our one-line errors are refusals; anything else is a failure)
         return {"outcome": "refused" if type(err).__module__.startswith("tvm_fusion_ext") else "FAIL",
                 "detail": f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"}
@@ -253,18 +311,21 @@ def main() -> None:
     ap.add_argument("--exporters", default="legacy,dynamo")
     ap.add_argument("--out", default=None, help="where the exports go (default: a temporary directory)")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--artifact", action="store_true",
+                    help="compile each export to an artifact and run it through tvm_fusion_ext.deploy.load")
     ap.add_argument("--one", nargs=2, metavar=("FAMILY", "EXPORTER"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="tfx_families_")
     if args.one:
-        print("RESULT " + json.dumps(run_case(*args.one, out)), flush=True)
+        print("RESULT " + json.dumps(run_case(*args.one, out, artifact=args.artifact)), flush=True)
         return
     for family in args.families.split(","):
         for exporter in args.exporters.split(","):
             if family not in FAMILIES or exporter not in EXPORTERS:
                 sys.exit(f"error: unknown family {family!r} or exporter {exporter!r}")
             try:
-                done = subprocess.run([sys.executable, __file__, "--one", family, exporter, "--out", out],
+                done = subprocess.run([sys.executable, __file__, "--one", family, exporter, "--out", out]
+                                      + (["--artifact"] if args.artifact else []),
                                       capture_output=True, text=True, timeout=args.timeout)
                 line = next((x[7:] for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
                 result = json.loads(line) if line else {"outcome": "FAIL", "detail": f"died (exit {done.returncode})"

@@ -191,7 +191,11 @@ def test_slice_of_a_computed_dim_narrows_the_lower_bound(run_ort, tmp_path):
     path.write_bytes(m.SerializeToString())
     compile_artifact(str(path), str(tmp_path / "art"), fuse_graph=False)
     deployed = load(str(tmp_path / "art"))
-    assert deployed.manifest["dims"]["seq"] == {"min": 3, "max": 512}
+    seq = deployed.manifest["dims"]["seq"]
+    assert (seq["min"], seq["max"]) == (3, 512)
+    # why each bound is what it is: the trim raised the lower one, the upper is the default
+    assert seq["why"]["min"] == "node 'trim' slices axis 2 (seq - 2) from 0 to -1", seq
+    assert seq["why"]["max"] == "default for a sequence dim; --max-shape sets one", seq
     with pytest.raises(InputError, match=r"\(3\.\.512\)"):
         deployed.run({"x": np.zeros((1, 2, 2), np.float32)})
 

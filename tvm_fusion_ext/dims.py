@@ -28,6 +28,8 @@ BOUND_ATTR = "tir_var_upper_bound"
 LOWER_BOUND_ATTR = "tir_var_lower_bound"
 #: TVM's function attribute listing symbolic dims known to be non-negative
 NON_NEGATIVE_ATTR = "tir_non_negative_var"
+#: ours: ``{dim name: {"upper": why, "lower": why}}``, where each bound came from (manifest and ``compile`` show it)
+BOUND_REASONS_ATTR = "tfx_bound_reasons"
 DEFAULT_BATCH_BOUND = 64
 DEFAULT_SEQ_BOUND = 512
 
@@ -91,32 +93,40 @@ def declared_dims(vi, label: str) -> List:
 
 
 def infer_bounds(mod, dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping[str, Sequence[int]]],
-                 label: str, ranges: Optional["DimRanges"] = None) -> Dict[str, int]:
+                 label: str, ranges: Optional["DimRanges"] = None) -> Tuple[Dict[str, int], Dict[str, Dict[str, str]]]:
     """An upper bound for every symbolic dim (see the module docstring for where each comes from), no wider than
-    the ranges the importer narrowed (``ranges``); a bound ``max_shapes`` gives wider than that is refused."""
+    the ranges the importer narrowed (``ranges``); a bound ``max_shapes`` gives wider than that is refused.
+    Returns ``(bounds, reasons)``: ``reasons[name]["upper"]`` says where the bound came from, ``["lower"]`` what
+    raised a lower bound above 1 (a user who finds ``seq <= 128`` in a manifest can tell a default from a limit
+    the model itself sets)."""
     given = given_bounds(dim_vars, graph_inputs, max_shapes, label)
     seen = _graph_bounds(mod["main"], dim_vars)
     narrowed = ranges.narrowed_upper() if ranges is not None else {}
     leading = {_dim_at(vi, 0) for vi in graph_inputs}
-    bounds = {}
+    bounds: Dict[str, int] = {}
+    reasons: Dict[str, Dict[str, str]] = {}
     for name in dim_vars:
         if name in given:
-            bounds[name] = given[name]
+            bounds[name], why = given[name], "given (--max-shape)"
         elif name in seen:
-            bounds[name] = seen[name]
+            bounds[name], why = seen[name], f"the graph slices a constant table of {seen[name]} rows by it"
+        elif name in leading:
+            bounds[name], why = DEFAULT_BATCH_BOUND, "default for a leading (batch) dim; --max-shape sets one"
         else:
-            bounds[name] = DEFAULT_BATCH_BOUND if name in leading else DEFAULT_SEQ_BOUND
+            bounds[name], why = DEFAULT_SEQ_BOUND, "default for a sequence dim; --max-shape sets one"
         if name in narrowed and bounds[name] > narrowed[name]:
             if name in given:
                 raise InputError(f"{label}: max shapes give {name} <= {given[name]}, but the model only reads "
                                  f"{name} <= {narrowed[name]} in range ({ranges.reasons[name]['upper']})")
-            bounds[name] = narrowed[name]
+            bounds[name], why = narrowed[name], ranges.reasons[name]["upper"]  # what the graph needs
+        reasons[name] = {"upper": why}
     if ranges is not None:
         for name, low in ranges.narrowed_lower().items():
             if low > bounds[name]:
                 raise ModelLoadError(f"{label}: no {name} fits the model: {ranges.reasons[name]['lower']} needs "
                                      f"{name} >= {low}, and {name} <= {bounds[name]}")
-    return bounds
+            reasons[name]["lower"] = ranges.reasons[name]["lower"]
+    return bounds, reasons
 
 
 def shape_bounds(mod) -> Dict[str, Tuple[int, int]]:
@@ -129,14 +139,27 @@ def shape_bounds(mod) -> Dict[str, Tuple[int, int]]:
     return {str(k): (int(lower[k]) if k in lower else 1, int(v)) for k, v in attrs[BOUND_ATTR].items()}
 
 
-def with_bounds(func, bounds: Dict[str, int], lower: Optional[Dict[str, int]] = None):
-    """``func`` with the bound attributes set (TVM reads them; so do our loaders)."""
+def with_bounds(func, bounds: Dict[str, int], lower: Optional[Dict[str, int]] = None,
+                reasons: Optional[Dict[str, Dict[str, str]]] = None):
+    """``func`` with the bound attributes set (TVM reads them; so do our loaders), and why each bound is what it
+    is when ``reasons`` (from :func:`infer_bounds`) is given."""
     if not bounds:
         return func
     attrs = {BOUND_ATTR: {k: int(v) for k, v in bounds.items()}, NON_NEGATIVE_ATTR: sorted(bounds)}
     if lower:
         attrs[LOWER_BOUND_ATTR] = {k: int(v) for k, v in lower.items()}
+    if reasons:
+        attrs[BOUND_REASONS_ATTR] = {k: dict(v) for k, v in reasons.items()}
     return func.with_attrs(attrs)
+
+
+def bound_reasons(mod) -> Dict[str, Dict[str, str]]:
+    """``{dim name: {"upper": why, "lower": why}}`` as :func:`infer_bounds` gave them (empty for a module not
+    imported by :func:`~tvm_fusion_ext.frontend.load_onnx`)."""
+    attrs = mod["main"].attrs
+    if attrs is None or BOUND_REASONS_ATTR not in attrs:
+        return {}
+    return {str(k): {str(side): str(why) for side, why in v.items()} for k, v in attrs[BOUND_REASONS_ATTR].items()}
 
 
 class DimRanges:

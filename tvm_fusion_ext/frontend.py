@@ -36,6 +36,8 @@ from .converters import (LiftedScalars, Unsupported, check_graph, fixed_converte
                          scalar_tensor)
 from .onnx_attention import convert_onnx_attention
 from .onnx_rotary import converter_class as rotary_converter_class
+from .onnx_pad import convert_pad_in_range
+from .onnx_reshape import check_reshape_in_range
 from .onnx_slice import convert_slice_in_range
 from .dims import DimRanges, given_bounds, infer_bounds, input_dims, with_bounds
 from .errors import InputError, ModelLoadError
@@ -75,7 +77,15 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
     dtype_dict = _check_dtypes(graph_inputs, dtypes, label)
     _check_ops(graph, label)
     ranges = DimRanges(dim_vars, given_bounds(dim_vars, graph_inputs, max_shapes, label))
-    mod = _import(proto, label, shape_dict, dtype_dict, opset, ranges)
+    try:
+        mod = _import(proto, label, shape_dict, dtype_dict, opset, ranges)
+    except NodeImportError as err:
+        # TVM's error on a file that breaks ONNX's own typing rules (torch's legacy exporter writes fp16 models
+        # whose LayerNormalization mixes float32 data with float16 weights) names a symptom; ONNX names the cause.
+        invalid = _onnx_type_error(proto)
+        if invalid:
+            raise ModelLoadError(f"{label}: not a valid ONNX model: {invalid}") from None
+        raise
 
     main = mod["main"]
     n_in = len(graph_inputs)
@@ -86,8 +96,8 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
         ONNX_OUTPUT_NAMES_ATTR: [o.name for o in graph.output],
     })
     if dim_vars:
-        main = with_bounds(main, infer_bounds(mod, dim_vars, graph_inputs, max_shapes, label, ranges),
-                           ranges.narrowed_lower())
+        bounds, reasons = infer_bounds(mod, dim_vars, graph_inputs, max_shapes, label, ranges)
+        main = with_bounds(main, bounds, ranges.narrowed_lower(), reasons)
     elif max_shapes:
         raise InputError(f"{label}: max shapes given, but no input dim is dynamic")
     mod["main"] = main
@@ -483,7 +493,7 @@ _SIZE_INPUTS = {
     "Slice": {"_impl_v13": None},
     # F.pad in a legacy export: Swin pads its feature map to whole windows (``Shape → Mod → Concat → Reshape →
     # Slice(step -1) → Transpose``), MobileBERT its trigram embeddings; pads that depend on a run-time size are
-    # still refused ("Dynamic pads are not supported yet")
+    # left to onnx_pad.py, which the importer tries first
     "Pad": {"_impl_v11": (1,), "_impl_v18": (1, 3), "_impl_v19": (1, 3)},
     # expanded function bodies split the rotated part of a head in halves: ``Div(Shape(x)[-1:], 2)``
     "Split": {"_impl_v13": (1,)},
@@ -626,18 +636,22 @@ def _importer_class():
                     sym = convert_onnx_attention(self.bb, inputs, attrs)
                 else:
                     sym = self._slice_in_range(inputs, node) if op_name == "Slice" and opset >= 10 else None
+                    if op_name == "Pad" and opset >= 11:
+                        sym = convert_pad_in_range(self.bb, list(inputs), attrs, self._ranges, node)
                     if sym is None:
                         sym = self._cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
                                                                        [self._nodes, self._params])
                 if isinstance(sym, of.relax.Expr):
                     sym = self._shape_as_tensor_if_needed(self.bb.normalize(sym))
+                if op_name == "Reshape" and inputs and isinstance(sym, of.relax.Expr):
+                    check_reshape_in_range(inputs[0], sym, self._ranges, node, self._label)
             except ModelLoadError:
                 raise
             except Unsupported as err:
                 raise ModelLoadError(f"{self._label}: op {op_name!r} (node {node}) is not supported: {err}") from None
             except Exception as err:
-                raise ModelLoadError(f"{self._label}: TVM cannot import node {node} (op {op_name}): "
-                                     f"{_one_line(err)}") from None
+                raise NodeImportError(f"{self._label}: TVM cannot import node {node} (op {op_name}): "
+                                       f"{_one_line(err)}") from None
             return sym
 
         def _slice_in_range(self, inputs, node):
@@ -678,11 +692,34 @@ def _consumer_ops(graph) -> dict:
 # --------------------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------------------
+class NodeImportError(ModelLoadError):
+    """TVM's converter failed on a node (not one of our refusals): the file itself may be what is wrong."""
+
+
+def _onnx_type_error(proto) -> str | None:
+    """ONNX's strict type and shape inference's complaint about ``proto`` (first line), or None when it has none
+    (or cannot run, as for a model past protobuf's 2 GB)."""
+    import onnx
+
+    try:
+        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    except onnx.shape_inference.InferenceError as err:
+        return str(err).strip().splitlines()[0][:300]
+    except Exception:  # noqa: BLE001  (no verdict: keep TVM's error)
+        return None
+    return None
+
+
+#: TVM prints an operator as its whole registration (``ir.Op(span=None, ..., name="relax.nn.layer_norm", ...,
+#: support_level=10)``), which would fill a one-line error before the reason that follows it
+_OP_REPR = re.compile(r'ir\.Op\(.*?name="(?P<name>[^"]+)".*?support_level=\d+\)')
+
+
 def _one_line(err: BaseException, limit: int = 300) -> str:
     # Keep the message, drop any traceback lines TVM may have appended, and bound the length.
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     lines = [ln for ln in lines if not ln.startswith(("File ", "^", "Traceback", "at "))]
-    msg = " ".join(lines)
+    msg = _OP_REPR.sub(lambda m: m["name"], " ".join(lines))
     msg = f"{type(err).__name__}: {msg}" if msg else type(err).__name__
     return msg if len(msg) <= limit else msg[: limit - 3] + "..."
 

@@ -30,6 +30,7 @@ keys' (shorter masks are padded with hidden keys only when both lengths are stat
 from __future__ import annotations
 
 import math
+import re
 from typing import List, Optional
 
 import numpy as np
@@ -219,8 +220,12 @@ def _repeat_kv(bb, x, q_heads):
 
 
 def dim_text(d) -> str:
-    """A dim as an error shows it: ``4``, or the symbolic expression (``seq``)."""
-    return str(int(d)) if is_static(d) else str(d)
+    """A dim as an error shows it: ``4``, or the symbolic expression (``seq``, ``seq - 2``: TVM's own printing
+    writes ``seq - T.int64(2)``, its script syntax, not what a user reads)."""
+    return str(int(d)) if is_static(d) else _TYPED_INT.sub(r"\1", str(d))
+
+
+_TYPED_INT = re.compile(r"T\.u?int(?:8|16|32|64)\((-?\d+)\)")
 
 
 def _rank(x) -> int:

@@ -46,9 +46,9 @@ def convert_slice_in_range(bb, inputs, ranges, node: str):
     if not isinstance(getattr(data, "ty", None), relax.TensorType) or data.ty.shape is None:
         return None
     dims = list(data.ty.shape.values)
-    starts, ends = _ints(bb, inputs[1]), _ints(bb, inputs[2])
-    axes = _ints(bb, inputs[3]) if inputs[3] is not None else None
-    steps = _ints(bb, inputs[4]) if inputs[4] is not None else None
+    starts, ends = int_elements(bb, inputs[1]), int_elements(bb, inputs[2])
+    axes = int_elements(bb, inputs[3]) if inputs[3] is not None else None
+    steps = int_elements(bb, inputs[4]) if inputs[4] is not None else None
     if starts is None or ends is None or len(starts) != len(ends):
         return None
     axes = list(range(len(starts))) if axes is None and inputs[3] is None else axes
@@ -147,7 +147,7 @@ def _holds(cond, d, ranges, why: str, may_narrow: bool) -> bool:
     return not is_static(d) and ranges.require(d >= tirx.IntImm("int64", 1), why) and ranges.proves(cond)
 
 
-def _ints(bb, x) -> Optional[List]:
+def int_elements(bb, x) -> Optional[List]:
     """The int64 elements of a bounds input (constant, shape, or small tensor computed from sizes), or None."""
     import tvm
     from tvm import relax, tirx
@@ -176,4 +176,4 @@ def _i64(v):
 
 
 def _text(x) -> str:
-    return str(int(x)) if is_static(x) and int(x) < _PAST_END else ("end" if is_static(x) else str(x))
+    return str(int(x)) if is_static(x) and int(x) < _PAST_END else ("end" if is_static(x) else dim_text(x))

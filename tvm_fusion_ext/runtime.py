@@ -15,7 +15,8 @@ class CompiledModel:
     """Executable + VM + the model's I/O contract (names, shapes, dtypes)."""
 
     def __init__(self, executable, target: tvm.target.Target, input_specs: Dict[str, tuple],
-                 output_names: List[str], label: str = "model", compiled=None, bounds: Optional[dict] = None):
+                 output_names: List[str], label: str = "model", compiled=None, bounds: Optional[dict] = None,
+                 bound_reasons: Optional[dict] = None):
         from tvm import relax
 
         from .deploy.threads import configure_cpu_threads
@@ -27,6 +28,8 @@ class CompiledModel:
         self.label = label
         #: ``{symbolic dim: (lower, upper)}`` (empty for a static model)
         self.bounds = dict(bounds or {})
+        #: ``{symbolic dim: {"upper"|"lower": where that bound came from}}`` (:func:`~tvm_fusion_ext.dims.bound_reasons`)
+        self.bound_reasons = dict(bound_reasons or {})
         #: the :class:`~tvm_fusion_ext.compile.Compiled` it came from (fusion report, records used), if known
         self.compiled = compiled
         self.device = device_of(target)
@@ -40,12 +43,12 @@ class CompiledModel:
                     label: str = "model", knobs: Optional[dict] = None,
                     remove_padding: bool = False) -> "CompiledModel":
         from .compile import compile_model
-        from .dims import shape_bounds
+        from .dims import bound_reasons, shape_bounds
         from .frontend import input_specs, output_names
 
         compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding)
         return cls(compiled.executable, compiled.target, input_specs(mod), output_names(mod), label, compiled,
-                   shape_bounds(mod))
+                   shape_bounds(mod), bound_reasons(mod))
 
     @classmethod
     def from_onnx(cls, model, target=None, shapes=None, logs: Optional[str] = None, fuse: bool = True):
@@ -62,7 +65,7 @@ class CompiledModel:
 
     # -- inputs ---------------------------------------------------------------------------------------
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> List[np.ndarray]:
-        return check_inputs(self.input_specs, inputs, self.label, self.bounds)
+        return check_inputs(self.input_specs, inputs, self.label, self.bounds, self.bound_reasons)
 
     # -- running --------------------------------------------------------------------------------------
     def _call(self, tensors):

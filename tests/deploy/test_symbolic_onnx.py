@@ -24,7 +24,9 @@ def test_one_artifact_for_every_size(dynamic_model, tmp_path, run_ort, capsys):
     assert "dim    batch: 1 .. 4" in printed and "dim    seq: 1 .. 32" in printed
     model = load(str(out))
     assert model.input_specs == {"x": (("batch", "seq", 8), "float32"), "mask": (("batch", "seq"), "float32")}
-    assert model.manifest["dims"] == {"batch": {"min": 1, "max": 4}, "seq": {"min": 1, "max": 32}}
+    assert model.manifest["dims"] == {"batch": {"min": 1, "max": 4, "why": {"max": "given (--max-shape)"}},
+                                      "seq": {"min": 1, "max": 32, "why": {"max": "given (--max-shape)"}}}
+    assert "dim    seq: 1 .. 32  (max: given (--max-shape))" in printed
     assert model.manifest["outputs"] == [{"name": "y", "dtype": "float32", "shape": ["batch", "seq", 16]}]
     assert model.manifest["fusion"]["fused"]["dense"] == 1  # MatMul + Add + Relu, with symbolic rows
     for batch, seq in ((1, 1), (2, 7), (4, 32), (3, 19)):

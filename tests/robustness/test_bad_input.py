@@ -72,6 +72,22 @@ def _tiny_dynamic_model(path, op=None, domain=""):
     return str(path), model
 
 
+def _ill_typed_layernorm_model(path):
+    """y = LayerNormalization(x @ W) with float32 data and float16 scale and bias: ONNX binds all three to one type
+    (torch's legacy exporter writes such files from fp16 models), so the file is invalid, not our gap."""
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("W", TensorProto.FLOAT, [4, 3], rng.standard_normal(12).astype("float32"))
+    scale = helper.make_tensor("S", TensorProto.FLOAT16, [3], np.ones(3, "float16").view("uint16"), raw=False)
+    bias = helper.make_tensor("Z", TensorProto.FLOAT16, [3], np.zeros(3, "float16").view("uint16"), raw=False)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+             helper.make_node("LayerNormalization", ["h", "S", "Z"], ["y"], name="mixed_norm", axis=-1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [w, scale, bias])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path.write_bytes(model.SerializeToString())
+    return str(path)
+
+
 @pytest.fixture()
 def good_inputs(tiny_encoder_path, tmp_path):
     from tvm_fusion_ext.models import sample_inputs
@@ -83,7 +99,7 @@ def good_inputs(tiny_encoder_path, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["truncated", "empty", "directory", "foreign_protobuf", "custom_domain_op",
-                                  "unknown_default_op"])
+                                  "unknown_default_op", "ill_typed"])
 def test_bad_model_files(case, tiny_encoder_path, tmp_path, capfd, good_inputs):
     if case == "truncated":
         data = open(tiny_encoder_path, "rb").read()
@@ -105,6 +121,9 @@ def test_bad_model_files(case, tiny_encoder_path, tmp_path, capfd, good_inputs):
     elif case == "custom_domain_op":
         model, _ = _tiny_dynamic_model(tmp_path / "custom.onnx", op="FancyNorm", domain="com.example")
         needles = ["com.example.FancyNorm", "strange_node", "not supported"]
+    elif case == "ill_typed":  # TVM's converter fails on it; the error must name ONNX's verdict, not TVM's symptom
+        model = _ill_typed_layernorm_model(tmp_path / "ill.onnx")
+        needles = ["ill.onnx", "not a valid ONNX model", "LayerNormalization", "mixed_norm"]
     else:
         model, _ = _tiny_dynamic_model(tmp_path / "unknown.onnx", op="NotARealOp")
         needles = ["NotARealOp", "not supported"]

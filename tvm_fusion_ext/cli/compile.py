@@ -32,7 +32,10 @@ def describe(manifest: dict, out: str, seconds: float) -> str:
     for spec in manifest["inputs"]:
         lines.append(f"  input  {spec['name']}: {spec['dtype']}[{', '.join(map(str, spec['shape']))}]")
     for name, b in dims.items():
-        lines.append(f"  dim    {name}: {b['min']} .. {b['max'] if b['max'] is not None else 'unbounded'}")
+        why = b.get("why") or {}
+        lines.append(f"  dim    {name}: {b['min']} .. {b['max'] if b['max'] is not None else 'unbounded'}"
+                     + (f"  (max: {why['max']})" if why.get("max") else "")
+                     + (f"  (min: {why['min']})" if why.get("min") else ""))
     fusion = manifest.get("fusion")
     lines.append("  fused  " + (", ".join(f"{k} {v}" for k, v in fusion["fused"].items()) if fusion
                                 else "nothing (--no-fusion)"))

@@ -34,7 +34,7 @@ def _run_artifact(args, inputs):
 
 def _run_onnx(args, inputs):
     from ..deploy.io import check_inputs
-    from ..dims import shape_bounds
+    from ..dims import bound_reasons, shape_bounds
     from ..frontend import input_specs
     from ..runtime import CompiledModel
     from ..targets import resolve_target
@@ -42,7 +42,8 @@ def _run_onnx(args, inputs):
 
     target = resolve_target(args.target or "llvm")
     mod = load_model_arg(args)
-    check_inputs(input_specs(mod), inputs, args.model, shape_bounds(mod))  # before the build: bad inputs fail fast
+    # before the build: bad inputs fail fast
+    check_inputs(input_specs(mod), inputs, args.model, shape_bounds(mod), bound_reasons(mod))
     model = CompiledModel.from_module(mod, target, logs=args.logs, fuse=not args.no_fusion, label=args.model,
                                       remove_padding=args.remove_padding)
     if args.logs is not None:

@@ -157,9 +157,16 @@ def _io_specs(mod: tvm.IRModule):
                 "shape": _dims(ty.shape) if getattr(ty, "shape", None) is not None else None}
                for name, ty in zip(output_names(mod), fields)]
     names = sorted({d for i in inputs for d in i["shape"] if isinstance(d, str) and d.isidentifier()})
-    bounds = _bounds(mod)
-    dims = {n: {"min": int(bounds.get(n, (1, None))[0]),
-                "max": None if bounds.get(n, (1, None))[1] is None else int(bounds[n][1])} for n in names}
+    from ..dims import bound_reasons, shape_bounds
+
+    bounds, reasons = shape_bounds(mod), bound_reasons(mod)
+    dims = {}
+    for n in names:
+        low, high = bounds.get(n, (1, None))
+        dims[n] = {"min": int(low), "max": None if high is None else int(high)}
+        why = reasons.get(n, {})
+        if why:  # where each bound came from: "max" a default, the user, the graph's table, or an in-range read
+            dims[n]["why"] = {"max": why.get("upper"), **({"min": why["lower"]} if "lower" in why else {})}
     return inputs, outputs, dims
 
 
@@ -173,20 +180,6 @@ def _dims(shape) -> list:
         else:
             out.append(str(d))  # an expression of dim names, e.g. "seq * 2"
     return out
-
-
-def _bounds(mod: tvm.IRModule) -> dict:
-    """``{dim name: (lower, upper or None)}``: :func:`~tvm_fusion_ext.dims.shape_bounds` (from ``main``'s
-    ``tir_var_upper_bound``, TVM's own attr, which its memory planning reads), with ``tir_var_lower_bound``
-    when a module carries one."""
-    from ..dims import shape_bounds
-
-    bounds = dict(shape_bounds(mod))
-    attrs = mod["main"].attrs
-    lower = dict(attrs["tir_var_lower_bound"]) if attrs is not None and "tir_var_lower_bound" in attrs else {}
-    for name, low in lower.items():
-        bounds[str(name)] = (int(low), bounds.get(str(name), (1, None))[1])
-    return bounds
 
 
 def _records_entry(compiled: Compiled) -> dict:

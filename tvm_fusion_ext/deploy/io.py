@@ -13,12 +13,15 @@ from ..errors import InputError
 
 
 def check_inputs(specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray], label: str = "model",
-                 bounds: Optional[Mapping[str, Tuple[int, int]]] = None) -> List[np.ndarray]:
+                 bounds: Optional[Mapping[str, Tuple[int, int]]] = None,
+                 reasons: Optional[Mapping[str, Mapping[str, str]]] = None) -> List[np.ndarray]:
     """Arrays in parameter order, or an InputError naming the first problem (before anything is built or run).
 
     ``specs`` maps each input name to ``(shape, dtype)``; a dim of ``shape`` is an ``int`` (static) or the name of
     a symbolic dim, which must take the same value in every input and lie within ``bounds[name]``
-    (``(lower, upper)``, inclusive)."""
+    (``(lower, upper)``, inclusive). ``reasons[name]["upper"|"lower"]``, where known, says where a bound came
+    from; the error for a dim past it quotes that (a default is raised with ``--max-shape``, a size the export
+    fixed is not)."""
     unknown = [n for n in inputs if n not in specs]  # first: a misspelt name explains the missing one
     if unknown:
         raise InputError(f"{label}: unknown input '{unknown[0]}' (expected {list(specs)})")
@@ -42,8 +45,9 @@ def check_inputs(specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray], labe
             seen.setdefault(d, (int(n), name))
             low, high = bounds.get(d, (1, None))
             if n < low or (high is not None and n > high):
+                why = ((reasons or {}).get(d) or {}).get("lower" if n < low else "upper")
                 raise InputError(f"{label}: input '{name}' dim {axis} ({d}) is {n}, outside the range the model "
-                                 f"was compiled for ({low}..{high})")
+                                 f"was compiled for ({low}..{high})" + (f": {why}" if why else ""))
         if str(a.dtype) != dtype:
             raise InputError(f"{label}: input '{name}' has dtype {a.dtype}, expected {dtype}")
         arrays.append(np.ascontiguousarray(a).reshape(a.shape))  # 0-d stays 0-d

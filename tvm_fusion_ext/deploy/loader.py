@@ -41,6 +41,11 @@ class DeployedModel:
         self.dim_bounds: Dict[str, Tuple[int, Optional[int]]] = {
             name: (int(b["min"]), None if b.get("max") is None else int(b["max"]))
             for name, b in (manifest.get("dims") or {}).items()}
+        #: where each bound came from, as the manifest's ``why`` records it (older manifests have none)
+        self.dim_reasons: Dict[str, Dict[str, str]] = {
+            name: {side: why for side, why in (("upper", (b.get("why") or {}).get("max")),
+                                               ("lower", (b.get("why") or {}).get("min"))) if why}
+            for name, b in (manifest.get("dims") or {}).items()}
         self._library = library
         self._weights = weights
         self._local = threading.local()
@@ -51,7 +56,7 @@ class DeployedModel:
 
     # -- inputs ---------------------------------------------------------------------------------------
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> List[np.ndarray]:
-        return check_inputs(self.input_specs, inputs, self.path, self.dim_bounds)
+        return check_inputs(self.input_specs, inputs, self.path, self.dim_bounds, self.dim_reasons)
 
     # -- running --------------------------------------------------------------------------------------
     def _main(self):

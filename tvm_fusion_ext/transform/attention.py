@@ -247,7 +247,9 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
         if out_dtype not in (None, str(mmc.args[0].ty.dtype)):
             return f"a matmul changes dtype to {out_dtype}"
     why: List[str] = []
-    plan.q = trace_operand(qk.args[0], graph, "q", why)
+    # q's reading sets B and H for k and v: one with static heads (what the operator needs) where there is one
+    q_readings = list(operand_candidates(qk.args[0], graph, "q", why))
+    plan.q = next((c for c in q_readings if isinstance(c.bhsd[1], int)), q_readings[0] if q_readings else None)
     plan.k = _agreeing(operand_candidates(qk.args[1], graph, "k", why), plan.q)
     plan.v = _agreeing(operand_candidates(mm.args[1], graph, "v", why), plan.q)
     for name in ("q", "k", "v"):
@@ -392,8 +394,9 @@ class MultiHeadAttentionRule(FusionRule):
         for name in ("q", "k", "v"):
             op: Operand = getattr(p, name)
             x = m.arg(name)
-            if len(shape_dims(op.base)) == 3:
-                x = bb.emit(relax.op.reshape(x, op.bhsd))
+            if len(shape_dims(op.base)) == 3:  # a free view as the 4-D tensor the operand reading names
+                b, h, s, d = op.bhsd
+                x = bb.emit(relax.op.reshape(x, [b, h, s, d] if op.layout == "BHSD" else [b, s, h, d]))
             inputs[name] = x
         mask = None
         for i, mk in enumerate(p.masks):

@@ -7,6 +7,13 @@ operator reads the tensor before the chain, in layout BSHD or BHSD. Each axis is
 (q: (B, H | S, D), k: (B, H | D, T), v: (B, H | T, D)) without passing through a hidden state (an axis
 merging the head dim with another, ``[B, S, H·D]``), where another computation begins.
 
+A 3-D tensor ``[B·H, S, D]`` is read two ways: with B and H as the operand's own ``[B, H, ·, ·]`` view splits
+them (torch's ``nn.MultiheadAttention`` splits heads on 3-D tensors and views them 4-D only for the matmuls), or,
+where the matmuls are 3-D themselves (BLOOM), as batch 1 with B·H heads (or, B symbolic, as B·H batches of one
+head: the operator needs static heads); a seq-first ``[S, B·H, D]`` (the same
+module's 3-D matmuls, when it returns its attention weights; WavLM) as batch 1 in BSHD. Each way the operator
+reads it reshaped to 4-D, a free view.
+
 Grouped-query attention: K/V heads repeated for the query heads (``expand_dims → broadcast_to → reshape``,
 ``repeat`` along the heads axis, ``tile``) add a *group* atom ``("g", n)``. Heads read as ``(h, g)``, K/V head
 ``h`` serving query heads ``h·n … h·n + n-1`` (``repeat_kv``, ``repeat_interleave``), are what the operator
@@ -191,7 +198,7 @@ class Rotary:
 
 @dataclass
 class Operand:
-    base: relax.Expr  # the tensor the fused op reads (4-D, or 3-D to be viewed as [1, ·, ·, ·])
+    base: relax.Expr  # the tensor the fused op reads (4-D, or 3-D [B·H, S, D] to be viewed as bhsd)
     layout: str
     bhsd: Tuple  # (B, heads of the base, S, D): K/V heads for a grouped operand; B and S may be symbolic
     scale: float = 1.0
@@ -256,14 +263,22 @@ def operand_candidates(e: relax.Expr, graph: FunctionGraph, role: str,
             break
         chain.append(val)
         tensors.append(cur)
+    heads_of_e = _batch_heads(e)
     for ndim in (4, 3):
         for k in range(len(tensors) - 1, -1, -1):
             shape = shape_dims(tensors[k])
             if shape is None or len(shape) != ndim:
                 continue
-            for layout in (LAYOUTS if ndim == 4 else ("HSD",)):
-                labels = _LABELS[layout] if ndim == 4 else ("h", "s", "d")
-                dims = atoms(shape, labels)
+            for layout in (LAYOUTS if ndim == 4 else ("B.HSD", "HSD", "SHD")):
+                if layout == "B.HSD":
+                    # a [B·H, S, D] tensor that the operand's own [B, H, ..] view splits (torch's
+                    # nn.MultiheadAttention: heads split on 3-D tensors, viewed as 4-D for the matmuls)
+                    if heads_of_e is None or not same_dim(shape[0], dims_product(list(heads_of_e))):
+                        continue
+                    dims = [[a for a in (("b", heads_of_e[0]), ("h", heads_of_e[1])) if not _is_one(a[1])]] \
+                        + atoms(shape[1:], ("s", "d"))
+                else:
+                    dims = atoms(shape, _LABELS[layout] if ndim == 4 else tuple(layout.lower()))
                 scale, rope = 1.0, None
                 for c in reversed(chain[:k]):
                     rope_params = _rope_call(c, graph)
@@ -290,13 +305,32 @@ def operand_candidates(e: relax.Expr, graph: FunctionGraph, role: str,
                     yield Operand(tensors[k], layout, bhsd, scale, group, rope)
                     continue
                 if group != 1 or rope is not None:
-                    continue  # a 3-D [B·H, S, D] base is read as B = 1: no room for grouped heads
-                yield Operand(tensors[k], "BHSD", (1, *shape), scale)
+                    continue  # a 3-D [B·H, S, D] base: no room for grouped heads
+                if layout == "SHD":  # seq-first [S, B·H, D] (nn.MultiheadAttention's 3-D matmuls): [1, S, B·H, D]
+                    yield Operand(tensors[k], "BSHD", (1, shape[1], shape[0], shape[2]), scale)
+                    continue
+                if layout == "B.HSD":
+                    bhsd = (*heads_of_e, *shape[1:])
+                elif isinstance(shape[0], int):
+                    bhsd = (1, *shape)
+                else:  # B·H symbolic (a dynamic batch): read as B·H batches of one head, the operator's heads static
+                    bhsd = (shape[0], 1, *shape[1:])
+                yield Operand(tensors[k], "BHSD", bhsd, scale)
+
+
+def _batch_heads(e: relax.Expr) -> Optional[Tuple]:
+    """(B, H) of a 4-D matmul operand ``[B, H, ·, ·]``, else None."""
+    shape = shape_dims(e)
+    return (shape[0], shape[1]) if shape is not None and len(shape) == 4 else None
 
 
 def out_layout(mm_dims, chain) -> Optional[str]:
     """The op output layout from which the root tensor is a reshape, or None."""
     dims = mm_dims
+    while chain and op_name(chain[-1]) == "relax.reshape":
+        # a reshape of the op's contiguous output is that reshape whatever it groups: only the permutes before
+        # it need reading (a seq-first merge, ``[S, B·H, D] -> [S·B, H·D]``, splits the B·H the matmuls saw)
+        chain = chain[:-1]
     for i, c in enumerate(chain):
         dims = _apply(dims, c)
         if dims is None or (_merges_head_dim(dims) and i < len(chain) - 1):

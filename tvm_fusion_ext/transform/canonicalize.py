@@ -17,12 +17,14 @@ from .canonical.identity_cast import DropIdentityCast
 from .canonical.gelu_tanh import TanhGeluToGeluTanh
 from .canonical.layernorm_decomposed import DecomposedLayerNormToLayerNorm
 from .canonical.lowest_clamp import DropLowestClamp
+from .canonical.scalar_constants import FoldScalarConstants
 from .canonical.silu import SigmoidMulToSilu
 from .canonical.single_concat import DropSingleConcat
 from .canonical.softmax_nan_guard import DropSoftmaxNanGuard
 from .rule import apply_rules
 
 CANONICAL_RULES = (
+    FoldScalarConstants,
     DropIdentityCast,
     DropSingleConcat,
     GatherNDToSlice,

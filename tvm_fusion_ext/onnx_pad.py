@@ -1,0 +1,64 @@
+"""ONNX ``Pad`` (constant mode) whose widths are computed from a symbolic dim.
+
+Models that work in fixed-size blocks pad the sequence up to a whole block: Longformer's sliding window pads to
+a multiple of the window, ``(w - seq % w) % w`` zeros after the tokens. Exported with a dynamic sequence, the pad
+widths are computed from ``Shape`` at run time, and TVM's converter takes constant widths only ("Dynamic pads are
+not supported yet"). Here the widths are evaluated as expressions of the input dims (see
+:mod:`.symbolic_values`) and, once each is shown ``>= 0`` over the dims' ranges, the pad is written as the
+concatenation it is: a block of the pad value before and after the data along each padded axis, whose sizes are
+those expressions. Negative widths (ONNX crops with them) and the ``edge``/``reflect``/``wrap`` modes stay with TVM's
+converter, which refuses them when computed, in one line.
+"""
+
+from __future__ import annotations
+
+from .converters import Unsupported
+from .onnx_attention import dim_text, is_static
+from .onnx_slice import int_elements
+
+
+def convert_pad_in_range(bb, inputs, attrs, ranges, node: str):
+    """The padded tensor for one ONNX Pad node (opset 11+), or None where TVM's converter is right as it is
+    (widths known at import, another mode, an input of unknown rank)."""
+    from tvm import relax, tirx
+
+    inputs = list(inputs) + [None] * (4 - len(inputs))
+    data = inputs[0]
+    mode = attrs.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode != "constant" or not isinstance(getattr(data, "ty", None), relax.TensorType) or data.ty.shape is None:
+        return None
+    pads = int_elements(bb, inputs[1])
+    if pads is None or all(is_static(p) for p in pads):
+        return None
+    dims = list(data.ty.shape.values)
+    axes = int_elements(bb, inputs[3]) if inputs[3] is not None else \
+        [tirx.IntImm("int64", a) for a in range(len(dims))]
+    if axes is None or not all(is_static(a) for a in axes) or len(pads) != 2 * len(axes):
+        raise Unsupported(f"pads {[dim_text(p) for p in pads]} do not pair with axes over rank {len(dims)}")
+    value = _pad_value(inputs[2], str(data.ty.dtype))
+    out = data
+    for i, axis in enumerate(int(a) % len(dims) for a in axes):
+        for where, width in (("before", pads[i]), ("after", pads[len(axes) + i])):
+            width = ranges.simplify(width)
+            if is_static(width) and int(width) == 0:
+                continue
+            if not ranges.proves(width >= 0):
+                raise Unsupported(f"{where}-pad {dim_text(width)} of axis {axis} is not shown >= 0 (a crop)")
+            shape = list(out.ty.shape.values)
+            shape[axis] = width
+            block = bb.normalize(relax.op.full(relax.ShapeExpr(shape), value, str(data.ty.dtype)))
+            parts = [block, out] if where == "before" else [out, block]
+            out = bb.normalize(relax.op.concat(parts, axis=axis))
+    return out
+
+
+def _pad_value(x, dtype: str):
+    import tvm
+    from tvm import relax
+
+    if x is None:
+        return relax.const(0, dtype)
+    if not isinstance(x, tvm.ir.GenericConst):
+        raise Unsupported("the pad value is computed at run time (a constant is needed)")
+    return relax.const(x.value.numpy().reshape(()).item(), dtype)
