@@ -4,6 +4,7 @@
 import json
 import shutil
 
+import numpy as np
 import pytest
 import tvm
 from tvm import relax, s_tir
@@ -156,6 +157,25 @@ def test_convert_dtype_float16_leaves_no_float32():
     assert 'dtype="float32"' not in text and '"float32")' not in text
     assert 'dtype="float16"' in text
     assert str(mod["main"].ret_ty.dtype) == "float16"
+
+
+def test_convert_dtype_float16_retypes_float_inputs():
+    # a model fed floats (vision, audio, an encoder over embeddings): its parameters become float16 and every use
+    # of them follows (this crashed: the rebinding helper it called does not exist in TVM 0.27)
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.tools.inspect_cuda import convert_dtype
+
+    w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    mod = convert_dtype(load_onnx(model), "float16")
+    assert [str(p.ty.dtype) for p in mod["main"].params] == ["float16"]
+    text = mod["main"].script(show_meta=False)
+    assert '"float32"' not in text and str(mod["main"].ret_ty.dtype) == "float16"
 
 
 def test_unknown_arch_is_a_target_error():

@@ -184,9 +184,11 @@ def _cast_floats(mod, dtype: str):
                 casts[p] = new
             else:
                 params.append(p)
-        body = relax.expr.bind(func.body, casts) if casts else func.body
-        new_func = relax.Function(params, body, None, func.is_pure, func.attrs)
+        # the body still names the old parameters; the mutator maps each use to its retyped replacement
+        new_func = relax.Function(params, func.body, None, func.is_pure, func.attrs)
         mutator = _Cast(out)
+        for old, new in casts.items():
+            mutator.set_var_remap(old, new)
         out[gv] = mutator.visit_expr(new_func)
     return relax.transform.Normalize()(out)
 
