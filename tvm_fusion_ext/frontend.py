@@ -35,6 +35,7 @@ import numpy as np
 from .converters import (LiftedScalars, Unsupported, check_graph, fixed_converters, iter_nodes, node_label,
                          scalar_tensor)
 from .onnx_attention import convert_onnx_attention
+from .onnx_dft import converter_class as dft_converter_class
 from .onnx_rotary import converter_class as rotary_converter_class
 from .onnx_pad import convert_pad_in_range
 from .onnx_reshape import check_reshape_in_range
@@ -273,6 +274,7 @@ def _convert_map() -> dict[str, Any]:
         cmap[op] = _size_folding_class(op)
     cmap["Concat"] = _concat_class()
     cmap["RotaryEmbedding"] = rotary_converter_class()
+    cmap["DFT"] = dft_converter_class()
     cmap.update(fixed_converters())
     for op, converter in cmap.items():
         if isinstance(converter, type) and issubclass(converter, onnx_frontend.BinaryBase):

@@ -83,20 +83,12 @@ _CASES = [(_Encoder, True, 2), (_Encoder, False, 2), (_Block, True, 1), (_Block,
 _IDS = ["encoder-batch-first", "encoder-seq-first", "mha-batch-first", "mha-seq-first"]
 
 
+@pytest.mark.parametrize("exporter", ["legacy", pytest.param("dynamo", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("make, batch_first, layers", _CASES, ids=_IDS)
-def test_torch_attention_fuses_and_matches_torch_legacy(export_dir, make, batch_first, layers):
+def test_torch_attention_fuses_and_matches_torch(export_dir, make, batch_first, layers, exporter):
     torch.manual_seed(0)
     module = make(batch_first).eval()
-    path = _export(module, str(export_dir / f"nn_{make.__name__}_{batch_first}_legacy.onnx"), "legacy")
-    _check(module, path, layers)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("make, batch_first, layers", _CASES, ids=_IDS)
-def test_torch_attention_fuses_and_matches_torch_dynamo(export_dir, make, batch_first, layers):
-    torch.manual_seed(0)
-    module = make(batch_first).eval()
-    path = _export(module, str(export_dir / f"nn_{make.__name__}_{batch_first}_dynamo.onnx"), "dynamo")
+    path = _export(module, str(export_dir / f"nn_{make.__name__}_{batch_first}_{exporter}.onnx"), exporter)
     _check(module, path, layers)
 
 
