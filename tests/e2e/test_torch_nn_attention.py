@@ -92,13 +92,17 @@ def test_torch_attention_fuses_and_matches_torch(export_dir, make, batch_first, 
     _check(module, path, layers)
 
 
-def test_dynamic_export_with_the_traced_length_baked_in(export_dir):
+@pytest.mark.parametrize("make, batch_first, layers", [(_Encoder, True, 2), (_Block, False, 1)],
+                         ids=["encoder-batch-first", "mha-seq-first"])
+def test_dynamic_export_with_the_traced_length_baked_in(export_dir, make, batch_first, layers):
+    # the direct module's 3-D matmuls then run over [S, batch·4, D] heads with a symbolic batch: read as batch·4
+    # batches of one head (transposed first), so they fuse too
     from tvm_fusion_ext.errors import InputError
 
     torch.manual_seed(0)
-    module = _Encoder(True).eval()
-    path = _export(module, str(export_dir / "nn_encoder_dynamic.onnx"), "legacy", dynamic=True)
-    compiled = _check(module, path, 2, batch=3)  # another batch at the traced length: fused, and right
+    module = make(batch_first).eval()
+    path = _export(module, str(export_dir / f"nn_{make.__name__}_dynamic.onnx"), "legacy", dynamic=True)
+    compiled = _check(module, path, layers, batch=3)  # another batch at the traced length: fused, and right
     assert compiled.bounds["seq"] == (SEQ, SEQ)
     x, pad = _inputs(2, 13)
     with pytest.raises(InputError, match=r"\(seq\) is 13, outside the range the model was compiled for \(20\.\.20\): "

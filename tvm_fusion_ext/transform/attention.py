@@ -396,6 +396,8 @@ class MultiHeadAttentionRule(FusionRule):
             x = m.arg(name)
             if len(shape_dims(op.base)) == 3:  # a free view as the 4-D tensor the operand reading names
                 b, h, s, d = op.bhsd
+                if op.seq_first:
+                    x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
                 x = bb.emit(relax.op.reshape(x, [b, h, s, d] if op.layout == "BHSD" else [b, s, h, d]))
             inputs[name] = x
         mask = None

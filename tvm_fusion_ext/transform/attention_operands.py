@@ -12,7 +12,8 @@ them (torch's ``nn.MultiheadAttention`` splits heads on 3-D tensors and views th
 where the matmuls are 3-D themselves (BLOOM), as batch 1 with B·H heads (or, B symbolic, as B·H batches of one
 head: the operator needs static heads); a seq-first ``[S, B·H, D]`` (the same
 module's 3-D matmuls, when it returns its attention weights; WavLM) as batch 1 in BSHD. Each way the operator
-reads it reshaped to 4-D, a free view.
+reads it reshaped to 4-D, a free view; only a seq-first tensor whose B·H is symbolic is transposed first (to
+B·H batches of one head).
 
 Grouped-query attention: K/V heads repeated for the query heads (``expand_dims → broadcast_to → reshape``,
 ``repeat`` along the heads axis, ``tile``) add a *group* atom ``("g", n)``. Heads read as ``(h, g)``, K/V head
@@ -204,6 +205,9 @@ class Operand:
     scale: float = 1.0
     group: int = 1  # query heads per head of the base (grouped-query attention)
     rope: Optional[Rotary] = None
+    #: the base is seq-first ``[S, B·H, D]`` with B·H symbolic: read as B·H batches of one head once transposed to
+    #: ``[B·H, S, D]`` (a copy, which the graph's own transpose made too)
+    seq_first: bool = False
 
 
 def _rope_call(val, graph: FunctionGraph):
@@ -307,7 +311,10 @@ def operand_candidates(e: relax.Expr, graph: FunctionGraph, role: str,
                 if group != 1 or rope is not None:
                     continue  # a 3-D [B·H, S, D] base: no room for grouped heads
                 if layout == "SHD":  # seq-first [S, B·H, D] (nn.MultiheadAttention's 3-D matmuls): [1, S, B·H, D]
-                    yield Operand(tensors[k], "BSHD", (1, shape[1], shape[0], shape[2]), scale)
+                    if isinstance(shape[1], int):
+                        yield Operand(tensors[k], "BSHD", (1, shape[1], shape[0], shape[2]), scale)
+                    else:  # a dynamic batch: B·H batches of one head, the operator's heads static
+                        yield Operand(tensors[k], "BHSD", (shape[1], 1, shape[0], shape[2]), scale, seq_first=True)
                     continue
                 if layout == "B.HSD":
                     bhsd = (*heads_of_e, *shape[1:])
