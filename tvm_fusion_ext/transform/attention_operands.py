@@ -9,11 +9,11 @@ merging the head dim with another, ``[B, S, H·D]``), where another computation 
 
 A 3-D tensor ``[B·H, S, D]`` is read two ways: with B and H as the operand's own ``[B, H, ·, ·]`` view splits
 them (torch's ``nn.MultiheadAttention`` splits heads on 3-D tensors and views them 4-D only for the matmuls), or,
-where the matmuls are 3-D themselves (BLOOM), as batch 1 with B·H heads (or, B symbolic, as B·H batches of one
-head: the operator needs static heads); a seq-first ``[S, B·H, D]`` (the same
-module's 3-D matmuls, when it returns its attention weights; WavLM) as batch 1 in BSHD. Each way the operator
-reads it reshaped to 4-D, a free view; only a seq-first tensor whose B·H is symbolic is transposed first (to
-B·H batches of one head).
+where the matmuls are 3-D themselves (BLOOM), as batch 1 with B·H heads. A seq-first ``[S, B·H, D]`` (the same
+module's 3-D matmuls when it returns its attention weights; WavLM) is read as batch 1 in BSHD. The operator reads
+each reshaped to 4-D, a free view. With B symbolic (a dynamic batch) B·H heads would be symbolic, and the
+operator needs static heads: such a tensor is read as B·H batches of one head instead, the seq-first one
+transposed first.
 
 Grouped-query attention: K/V heads repeated for the query heads (``expand_dims → broadcast_to → reshape``,
 ``repeat`` along the heads axis, ``tile``) add a *group* atom ``("g", n)``. Heads read as ``(h, g)``, K/V head
