@@ -36,9 +36,9 @@ from .converters import (LiftedScalars, Unsupported, check_graph, fixed_converte
                          scalar_tensor)
 from .onnx_attention import convert_onnx_attention
 from .onnx_dft import converter_class as dft_converter_class
-from .onnx_rotary import converter_class as rotary_converter_class
 from .onnx_pad import convert_pad_in_range
 from .onnx_reshape import check_reshape_in_range
+from .onnx_rotary import converter_class as rotary_converter_class
 from .onnx_slice import convert_slice_in_range
 from .dims import DimRanges, given_bounds, infer_bounds, input_dims, with_bounds
 from .errors import InputError, ModelLoadError
