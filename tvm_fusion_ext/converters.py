@@ -278,9 +278,9 @@ def _target_with_inferred_dim(data, target, attr):
     if len(minus_one) != 1 or (zeros and int(attr.get("allowzero", 0))) or any(k >= len(dims) for k in zeros):
         return None
     want = [dims[k] if k in zeros else w for k, w in enumerate(want)]
-    num = [f for d in dims for f in _factors(d)]
+    num = [f for d in dims for f in size_factors(d)]
     const_den = 1
-    for f in (f for k, w in enumerate(want) if k != minus_one[0] for f in _factors(w)):
+    for f in (f for k, w in enumerate(want) if k != minus_one[0] for f in size_factors(w)):
         if isinstance(f, tirx.IntImm):
             const_den *= int(f)
             continue
@@ -300,11 +300,12 @@ def _target_with_inferred_dim(data, target, attr):
     return relax.ShapeExpr(want)
 
 
-def _factors(e):
+def size_factors(e):
+    """The factors of a size expression's product form (``batch * 4 * seq`` → batch, 4, seq), each int64."""
     from tvm import tirx
 
     if isinstance(e, tirx.Mul):
-        return _factors(e.a) + _factors(e.b)
+        return size_factors(e.a) + size_factors(e.b)
     return [e if str(e.ty) == "int64" else tirx.Cast("int64", e)]
 
 

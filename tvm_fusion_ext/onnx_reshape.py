@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
+from .converters import size_factors
 from .errors import ModelLoadError
 from .onnx_attention import dim_text
 
@@ -61,7 +62,7 @@ def _cancelled(src, dst) -> Tuple[Tuple[int, List], Tuple[int, List]]:
     def split(dims):
         const, syms = 1, []
         for d in dims:
-            for f in _factors(d):
+            for f in size_factors(d):
                 if isinstance(f, tirx.IntImm):
                     const *= int(f)
                 else:
@@ -77,14 +78,6 @@ def _cancelled(src, dst) -> Tuple[Tuple[int, List], Tuple[int, List]]:
         else:
             v_dst.pop(match)
     return (c_src, rest), (c_dst, v_dst)
-
-
-def _factors(e) -> list:
-    from tvm import tirx
-
-    if isinstance(e, tirx.Mul):
-        return _factors(e.a) + _factors(e.b)
-    return [e]
 
 
 def _product(dims):
