@@ -44,7 +44,7 @@ from tvm import relax
 from ..ops import call_op
 from .attention_mask import compact_mask, const_eval, is_causal_mask, split_causal
 from .attention_operands import (SCALE_OPS, SHAPE_OPS, Operand, atoms, const_scale, out_layout, regroup,
-                                 operand_candidates, scalar_operand, trace_operand)
+                                 operand_candidates, scalar_operand)
 from .graph import (FunctionGraph, dims_product, explicit_out_dtype, format_dims, op_name, same_dim, same_dims,
                     scalar_value, shape_dims)
 from .rule import Found, FusionRule, Match, Matcher, Variant, rule_pass

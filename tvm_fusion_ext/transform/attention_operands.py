@@ -235,16 +235,11 @@ def _rope_axes_ok(dims, layout: str) -> bool:
     return True
 
 
-def trace_operand(e: relax.Expr, graph: FunctionGraph, role: str, why: Optional[list] = None) -> Optional[Operand]:
-    """Walk ``e`` back through views, head repeats, scalar scales and rotations; the furthest 4-D (then 3-D)
-    tensor that reaches ``e`` as ``role`` requires, with its layout, or None (``why`` collects a reason when a
-    candidate was close: heads repeated in tile order)."""
-    return next(operand_candidates(e, graph, role, why), None)
-
-
 def operand_candidates(e: relax.Expr, graph: FunctionGraph, role: str,
                        why: Optional[list] = None) -> Iterator[Operand]:
-    """Every reading :func:`trace_operand` would accept, furthest first. Size-1 axes carry no meaning of their
+    """Walk ``e`` back through views, head repeats, scalar scales and rotations: every tensor that reaches ``e``
+    as ``role`` requires, with its layout, furthest first, 4-D before 3-D (``why`` collects a reason when a
+    candidate was close: heads repeated in tile order). Size-1 axes carry no meaning of their
     own, so a far tensor can read consistently yet wrongly: Falcon's V, ``[1 (its one head), B, S, D]`` sliced
     from the heads-first QKV view and permuted to ``[B, 1, S, D]``, also reads as B = 1 with B heads. The
     caller picks the first reading that agrees with the other operands."""
