@@ -58,22 +58,20 @@ def convert_onnx_dft(bb, data, dft_length, axis: int, inverse: bool, onesided: b
     # [..., n, ..., re/im] -> re, im as [..., n] with the transform axis last
     order = [a for a in range(rank - 1) if a != axis] + [axis]
     parts = [bb.normalize(relax.op.take(data, relax.const(c, "int64"), axis=rank - 1)) for c in range(int(dims[-1]))]
-    re, im = (bb.normalize(relax.op.permute_dims(p, order)) for p in parts) if len(parts) == 2 else \
-        (bb.normalize(relax.op.permute_dims(parts[0], order)), None)
+    re, im = [bb.normalize(relax.op.permute_dims(p, order)) for p in parts] + [None] * (2 - len(parts))
     m = (n // 2 + 1) if onesided else n
     cos, sin = _twiddles(bb, n, m, dtype)
 
     def mm(x, w):
         return bb.normalize(relax.op.matmul(x, w))
 
-    sign = -1.0 if inverse else 1.0  # the sin terms' sign relative to the forward transform
-    if im is None:
+    if im is None:  # a real signal: b = 0
         out_re, out_im = mm(re, cos), mm(re, sin)
-        out_im = bb.normalize(relax.op.negative(out_im)) if not inverse else out_im
+        out_im = out_im if inverse else bb.normalize(relax.op.negative(out_im))
     else:
         ac, bs, bc, as_ = mm(re, cos), mm(im, sin), mm(im, cos), mm(re, sin)
-        out_re = bb.normalize(relax.op.add(ac, bs) if sign > 0 else relax.op.subtract(ac, bs))
-        out_im = bb.normalize(relax.op.subtract(bc, as_) if sign > 0 else relax.op.add(bc, as_))
+        out_re = bb.normalize(relax.op.subtract(ac, bs) if inverse else relax.op.add(ac, bs))
+        out_im = bb.normalize(relax.op.add(bc, as_) if inverse else relax.op.subtract(bc, as_))
     if inverse:
         scale = _reciprocal(bb, n, dtype)
         out_re, out_im = (bb.normalize(relax.op.multiply(x, scale)) for x in (out_re, out_im))

@@ -45,7 +45,7 @@ def _value(e: relax.Expr, graph: FunctionGraph, depth: int = 0) -> Optional[np.n
     if depth >= _DEPTH or not isinstance(e, relax.Call):
         return None
     dtype = _dtype(e)
-    if dtype is None or not dtype.startswith(("float", "bfloat")) or dtype == "bfloat16":
+    if dtype is None or not dtype.startswith("float"):
         return None  # sizes are integers (and numpy has no bfloat16 to compute in)
     op = op_name(e)
     if op == "relax.astype":
