@@ -6,8 +6,8 @@ widths are computed from ``Shape`` at run time, and TVM's converter takes consta
 not supported yet"). Here the widths are evaluated as expressions of the input dims (see
 :mod:`.symbolic_values`) and, once each is shown ``>= 0`` over the dims' ranges, the pad is written as the
 concatenation it is: a block of the pad value before and after the data along each padded axis, whose sizes are
-those expressions. Negative widths (ONNX crops with them) and the ``edge``/``reflect``/``wrap`` modes stay with TVM's
-converter, which refuses them when computed, in one line.
+those expressions. A computed width not shown ``>= 0`` (ONNX crops with negative ones) is refused in one line;
+the ``edge``/``reflect``/``wrap`` modes stay with TVM's converter, which refuses computed widths, also in one line.
 """
 
 from __future__ import annotations
