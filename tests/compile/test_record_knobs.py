@@ -291,6 +291,8 @@ def test_auto_space_and_stale_records_are_counted_not_guessed(symbolic, static_l
     np.testing.assert_allclose(got, _reference(x), rtol=1e-4, atol=1e-4)
 
 
+# real MetaSchedule tuning (30 s): once, in the slow tier
+@pytest.mark.slow
 def test_real_tuner_records_transfer(model, symbolic, tmp_path):
     """Through MetaSchedule: the static model tuned for a few trials in the template space, then the symbolic
     model compiled with those logs: every template kernel takes the best record's knobs, none is refused."""

@@ -172,6 +172,8 @@ def test_accumulator_features_count_the_register_tile_a_reduction_step_updates(t
     assert feats["inner_accumulator_vectors_log2"] == pytest.approx(inner)
 
 
+# times every candidate for several rounds (20 s): once, in the slow tier
+@pytest.mark.slow
 def test_remeasure_times_every_candidate_in_rounds_and_keeps_the_collected_figure(collected, tmp_path, capsys):
     """The re-measured latency is the minimum over interleaved rounds; the collector's figure is kept, also
     when a pool is re-measured twice, and ``info`` says how the figures were taken."""

@@ -148,6 +148,8 @@ def test_template_records_apply_in_build(model, template_logs, lowered, referenc
         np.testing.assert_allclose(out[name], ref, rtol=1e-4, atol=1e-4)
 
 
+# tunes the auto space and builds with its records (30 s): once, in the slow tier
+@pytest.mark.slow
 def test_auto_space_records_apply_in_build(model, lowered, reference, tmp_path):
     from tvm_fusion_ext.runtime import CompiledModel
     from tvm_fusion_ext.targets import resolve_target
