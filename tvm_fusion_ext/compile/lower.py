@@ -174,17 +174,21 @@ def lower(mod: tvm.IRModule, target: TargetSpec = None, knobs: Optional[dict] = 
     they decide (see :func:`PrepareOperatorsForTemplates`); the tuner lowers with neither."""
     from ..transform.safe_gather import ClampGatherIndices
     from ..transform.shape_computations import ResolveShapeComputations
+    from .matmul_checks import CheckMatmulReductions
+    from .scalar_calls import KeepScalarCallsUnfused
 
     target = resolve_target(target)
     passes = [
         ResolveShapeComputations(),  # an unfused dynamic-axis export still needs its lengths tied to its inputs
         ClampGatherIndices(),  # a bad token id must not read past the embedding table
+        CheckMatmulReductions(),  # nor a length the export named apart past the other operand
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
         PrepareOperatorsForTemplates(target, knobs, kernel_knobs),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
+        KeepScalarCallsUnfused(),
         ShapeDefinitionsFirst(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),

@@ -5,6 +5,7 @@ numpy only."""
 
 from __future__ import annotations
 
+import re
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -52,6 +53,32 @@ def check_inputs(specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray], labe
             raise InputError(f"{label}: input '{name}' has dtype {a.dtype}, expected {dtype}")
         arrays.append(np.ascontiguousarray(a).reshape(a.shape))  # 0-d stays 0-d
     return arrays
+
+
+_SHAPE_CHECK = re.compile(r"\((\d+) vs\. (\d+)\).*?ErrorContext\(\w+, ty=R\.Tensor\(\((.*?)\), dtype.*?shape\[(\d+)\] "
+                          r"mismatch", re.S)
+
+
+def shape_check_error(err: BaseException, specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray],
+                      label: str = "model") -> Optional[InputError]:
+    """The VM's own shape check, failed at run time, as one line naming the input dims it relates; else None.
+
+    Inputs whose dims the export names apart can still be tied by the graph (a KV cache's ``past_key`` and
+    ``past_value`` lengths, which one attention multiplies over): the model checks such a relation when it
+    runs, and TVM's message names only the compiled shape expression."""
+    found = _SHAPE_CHECK.search(str(err))
+    if found is None:
+        return None
+    got, expected, shape, axis = found.group(1), found.group(2), found.group(3), found.group(4)
+    where: Dict[str, str] = {}
+    for name, (dims, _dtype) in specs.items():
+        for i, d in enumerate(dims):
+            if isinstance(d, str) and d not in where and re.search(rf"\b{re.escape(d)}\b", shape) \
+                    and name in inputs and np.ndim(inputs[name]) > i:
+                where[d] = f"{d} = {np.shape(inputs[name])[i]} from '{name}' dim {i}"
+    given = f" ({', '.join(where.values())})" if where else ""
+    return InputError(f"{label}: the inputs' shapes do not fit together: a tensor of shape ({shape}) the model "
+                      f"computes has {got} at dim {axis}, where the inputs give {expected}{given}")
 
 
 def flatten_outputs(result) -> List[np.ndarray]:

@@ -68,6 +68,9 @@ class _Plan:
     causal: bool = False
     out_layout: str = "BHSD"
     guard: bool = False
+    #: v's key count is a different expression than k's, equal only at run time (an export that names past_key's
+    #: and past_value's lengths apart): v is match-cast to k's, which the VM checks on every call
+    v_keys_checked: bool = False
 
 
 @dataclass
@@ -261,7 +264,10 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
     if dq != dk:
         return f"q head dim {dq} differs from k head dim {dk}"
     if not same_dim(t, tv):
-        return f"k has {t} keys, v has {tv}"
+        if isinstance(t, int) and isinstance(tv, int):
+            return f"k has {t} keys, v has {tv}"
+        # the second matmul multiplies over both, so they are equal whenever the graph runs at all
+        plan.v_keys_checked = True
     if dv != dq:
         return f"v head dim {dv} differs from q/k head dim {dq}"
     gk, gv = plan.k.group, plan.v.group
@@ -399,6 +405,8 @@ class MultiHeadAttentionRule(FusionRule):
                 if op.seq_first:
                     x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
                 x = bb.emit(relax.op.reshape(x, [b, h, s, d] if op.layout == "BHSD" else [b, s, h, d]))
+            if name == "v" and p.v_keys_checked:
+                x = _with_keys_of_k(bb, x, p)
             inputs[name] = x
         mask = None
         for i, mk in enumerate(p.masks):
@@ -427,6 +435,16 @@ class MultiHeadAttentionRule(FusionRule):
         if not same_dims(_op_out_shape(p), root_shape):
             out = relax.op.reshape(bb.emit(out, name_hint="attn"), root_shape)
         return out
+
+
+def _with_keys_of_k(bb: relax.BlockBuilder, v: relax.Expr, p: _Plan) -> relax.Expr:
+    """``v`` match-cast to k's key count: one length for the operator, and a run-time error, not a read past
+    v's end, if the two ever differ."""
+    if not isinstance(v, relax.Var):
+        v = bb.emit(v)
+    dims = list(shape_dims(v))
+    dims[2 if p.v.layout == "BHSD" else 1] = p.k.bhsd[2]
+    return bb.match_cast(v, relax.TensorType(dims, str(v.ty.dtype)))
 
 
 def _op_out_shape(p: _Plan) -> list:
