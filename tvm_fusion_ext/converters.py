@@ -675,8 +675,9 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
             x, scale = inputs[0], inputs[1]
             zp = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
             dtype = dtype_of(zp) if zp is not None else "uint8"
-            if not dtype.startswith(("int", "uint")) or dtype_of(x) not in ("float32", "float16", "float64"):
-                return stock(bb, inputs, attr, params)  # float8 keeps its NaN
+            if not dtype.startswith(("int", "uint")) or dtype_of(x) not in ("float32", "float16", "float64") \
+                    or ndim_of(scale) > 1 or (zp is not None and ndim_of(zp) > 1):
+                return stock(bb, inputs, attr, params)  # float8 keeps its NaN; blocked scales are the stock's
             ndim, axis = ndim_of(x), int(attr.get("axis", 1))
             if ndim <= 1 and axis == 1:
                 axis = 0
@@ -697,8 +698,6 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
                                     tirx.Select(tirx.isnan(r), lo, q).astype(dtype))
                 return te.compute(data.shape, element, name="quantized")
 
-            if ndim_of(scale) > 1 or ndim_of(zp) > 1:
-                return stock(bb, inputs, attr, params)
             return bb.call_te(quantize, x, scale, zp, primfunc_name_hint="quantize_linear")
 
     class _Pairwise(_Fixed):

@@ -7,7 +7,7 @@ from typing import Dict, List, Mapping, Optional
 import numpy as np
 import tvm
 
-from .deploy.io import check_inputs, flatten_outputs, shape_check_error
+from .deploy.io import call_checked, check_inputs, flatten_outputs
 from .targets import TargetInfo, device_of
 
 
@@ -76,13 +76,7 @@ class CompiledModel:
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
         tensors = self._to_device(self.check_inputs(inputs))
-        try:
-            result = self._call(tensors)
-        except Exception as err:  # noqa: BLE001  (TVM's errors have no common type; only shape checks are mapped)
-            mapped = shape_check_error(err, self.input_specs, inputs, self.label)
-            if mapped is None:
-                raise
-            raise mapped from None
+        result = call_checked(lambda: self._call(tensors), self.input_specs, inputs, self.label)
         return dict(zip(self.output_names, flatten_outputs(result)))
 
     def bind(self, inputs: Mapping[str, np.ndarray]):

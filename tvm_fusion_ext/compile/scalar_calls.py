@@ -20,7 +20,7 @@ _OPAQUE = 8  # relay/relax OpPatternKind.kOpaque: FuseOps never groups it
 
 
 def _tir_vars(expr) -> Set:
-    return {v for v in tvm.tirx.analysis.undefined_vars(expr)}
+    return set(tvm.tirx.analysis.undefined_vars(expr))
 
 
 def _is_scalar(item) -> bool:

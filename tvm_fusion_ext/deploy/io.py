@@ -81,6 +81,17 @@ def shape_check_error(err: BaseException, specs: Dict[str, tuple], inputs: Mappi
                       f"computes has {got} at dim {axis}, where the inputs give {expected}{given}")
 
 
+def call_checked(call, specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray], label: str = "model"):
+    """``call()``, with a failed VM shape check raised as :func:`shape_check_error`'s one line."""
+    try:
+        return call()
+    except Exception as err:  # noqa: BLE001  (TVM's errors have no common type; only shape checks are mapped)
+        mapped = shape_check_error(err, specs, inputs, label)
+        if mapped is None:
+            raise
+        raise mapped from None
+
+
 def flatten_outputs(result) -> List[np.ndarray]:
     """The VM's result (a tensor or nested tuples of them) as a flat list of numpy arrays, in output order."""
     if hasattr(result, "numpy"):

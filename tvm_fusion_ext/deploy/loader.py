@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import CorruptArtifactError
 from . import host
-from .io import check_inputs, flatten_outputs, shape_check_error
+from .io import call_checked, check_inputs, flatten_outputs
 from .manifest import (LIBRARY_FILE, WEIGHTS_FILE, check_digest, check_file, check_runtime_versions, read_manifest,
                        sha256_of_buffer)
 from .threads import configure_cpu_threads
@@ -77,13 +77,7 @@ class DeployedModel:
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
         tensors = self._to_device(self.check_inputs(inputs))
-        try:
-            result = self._main()(*tensors, *self._weights)
-        except Exception as err:  # noqa: BLE001  (TVM's errors have no common type; only shape checks are mapped)
-            mapped = shape_check_error(err, self.input_specs, inputs, self.path)
-            if mapped is None:
-                raise
-            raise mapped from None
+        result = call_checked(lambda: self._main()(*tensors, *self._weights), self.input_specs, inputs, self.path)
         return dict(zip(self.output_names, flatten_outputs(result)))
 
     def bind(self, inputs: Mapping[str, np.ndarray]):
