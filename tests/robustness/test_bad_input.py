@@ -310,35 +310,41 @@ def test_select_api_on_foreign_and_corrupt(tiny_encoder_path, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# out-of-range token ids: clamped, never a crash
+# out-of-range token ids: refused in one line (as onnxruntime refuses them), never a crash or a clamped answer
 # ---------------------------------------------------------------------------------------------------------
 
-def test_out_of_range_token_ids_are_clamped_not_a_crash(tiny_encoder_path, tmp_path, good_inputs, run_ort):
-    """ids = vocab + 1000 and negative, through ``tvm-fusion run`` in a subprocess (a segfault would show as a
-    negative return code). ``lower()`` turns the embedding ``take(mode="fast")`` into ``mode="clip"``: an id
-    above the table reads the last row, one below ``-vocab`` the first row. Checked against onnxruntime fed the
-    clamped ids (onnxruntime itself rejects out-of-range ids). A negative id inside ``[-vocab, -1]`` is valid
-    ONNX (counts from the end) and is honoured as such; only ids outside ``[-vocab, vocab)`` are clamped."""
+def test_out_of_range_token_ids_are_refused_not_a_crash(tiny_encoder_path, tmp_path, good_inputs, run_ort):
+    """ids = vocab + 1000 and int64 min, through ``tvm-fusion run`` in a subprocess (a segfault would show as a
+    negative return code): exit 2 and one line naming ``input_ids`` (``compile/gather_checks.py``; before session
+    18 the embedding ``take`` clamped them, and the model answered with the table's last or first row). A
+    negative id inside ``[-vocab, -1]`` is valid ONNX (counts from the end) and is honoured, as onnxruntime
+    honours it."""
     from tvm_fusion_ext.models import vocab_size
 
     _, feeds = good_inputs
     vocab = vocab_size(onnx.load(tiny_encoder_path).graph, "input_ids")
     assert vocab and vocab > 1
     ids = feeds["input_ids"].copy()
-    ids[0, 0], ids[0, 1], ids[0, -1] = vocab + 1000, -5, np.iinfo(np.int64).min
-    bad = dict(feeds, input_ids=ids)
-    np.savez(tmp_path / "bad.npz", **bad)
+    ids[0, 1] = -5
+    np.savez(tmp_path / "neg.npz", **dict(feeds, input_ids=ids))
     out = tmp_path / "y.npz"
-    r = _cli_subprocess("run", tiny_encoder_path, "--inputs", str(tmp_path / "bad.npz"), "--output", str(out))
-    BAD_INPUTS.extend(["token id vocab+1000", "token id -5", "token id int64 min"])
-    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])  # < 0 would be a signal (segfault)
-    # ONNX Gather semantics first (ids in [-vocab, -1] count from the end; TVM's importer and onnxruntime both
-    # honour that), then the clamp for everything still out of range
-    onnx_ids = np.where((ids < 0) & (ids >= -vocab), ids + vocab, ids)
-    clamped = dict(feeds, input_ids=np.clip(onnx_ids, 0, vocab - 1))
-    assert clamped["input_ids"][0, 0] == vocab - 1 and clamped["input_ids"][0, -1] == 0
-    ref = run_ort(tiny_encoder_path, clamped)[0]
+    r = _cli_subprocess("run", tiny_encoder_path, "--inputs", str(tmp_path / "neg.npz"), "--output", str(out))
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    ref = run_ort(tiny_encoder_path, dict(feeds, input_ids=ids))[0]
     np.testing.assert_allclose(np.load(out)["last_hidden_state"], ref, rtol=1e-4, atol=1e-4)
+    BAD_INPUTS.extend(["token id vocab+1000", "token id int64 min"])
+    for bad in (vocab + 1000, np.iinfo(np.int64).min):
+        ids[0, 0] = bad
+        np.savez(tmp_path / "bad.npz", **dict(feeds, input_ids=ids))
+        r = _cli_subprocess("run", tiny_encoder_path, "--inputs", str(tmp_path / "bad.npz"), "--output",
+                            str(tmp_path / "bad_out.npz"))
+        assert r.returncode == 2, (r.returncode, r.stderr[-2000:])  # < 0 would be a signal (segfault)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"input 'input_ids' holds 1 value outside {-vocab} .. {vocab - 1}" in lines[0], \
+            r.stderr
+        assert not (tmp_path / "bad_out.npz").exists()
+        with pytest.raises(Exception, match="out of"):  # onnxruntime refuses them too
+            run_ort(tiny_encoder_path, dict(feeds, input_ids=ids))
 
 
 def test_bad_input_figures():

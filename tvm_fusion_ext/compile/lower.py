@@ -174,13 +174,15 @@ def lower(mod: tvm.IRModule, target: TargetSpec = None, knobs: Optional[dict] = 
     they decide (see :func:`PrepareOperatorsForTemplates`); the tuner lowers with neither."""
     from ..transform.safe_gather import ClampGatherIndices
     from ..transform.shape_computations import ResolveShapeComputations
+    from .gather_checks import CheckGatherIndices
     from .matmul_checks import CheckMatmulReductions
     from .scalar_calls import KeepScalarCallsUnfused
 
     target = resolve_target(target)
     passes = [
         ResolveShapeComputations(),  # an unfused dynamic-axis export still needs its lengths tied to its inputs
-        ClampGatherIndices(),  # a bad token id must not read past the embedding table
+        CheckGatherIndices(),  # a bad token id, or a mask shorter than the cache, is refused, not read past
+        ClampGatherIndices(),  # and a take never reads past its table, whoever calls the VM
         CheckMatmulReductions(),  # nor a length the export named apart past the other operand
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),

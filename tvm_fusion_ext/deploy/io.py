@@ -59,6 +59,45 @@ _SHAPE_CHECK = re.compile(r"\((\d+) vs\. (\d+)\).*?ErrorContext\(\w+, ty=R\.Tens
                           r"mismatch", re.S)
 
 
+#: compile/gather_checks.py's run-time count of out-of-range indices is match-cast to the shape
+#: ``[0, INDEX_CHECK_TAG, op code, data input + 1, axis, indices input + 1, static dim or 0, data reshaped]``: the tag tells its
+#: failure from the VM's other shape checks, the rest names what failed (the op by its code in INDEX_CHECK_OPS)
+INDEX_CHECK_TAG = 7734
+INDEX_CHECK_OPS = {1: "GatherND", 2: "GatherElements", 3: "ScatterND", 4: "ScatterElements", 5: "Gather"}
+_INDEX_CHECK = re.compile(r"\((\d+) vs\. 0\)\s*:\s*ErrorContext\(match_cast, ty=R\.Shape\(\[0, "
+                          rf"{INDEX_CHECK_TAG}, (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\]\)\)")
+
+
+def index_check_error(err: BaseException, specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray],
+                      label: str = "model") -> Optional[InputError]:
+    """A gather/scatter bounds check (``compile/gather_checks.py``), failed at run time, as one line naming the
+    op and the input at fault where the indices or the data is one; else None."""
+    found = _INDEX_CHECK.search(str(err))
+    if found is None:
+        return None
+    count, op, data_at, axis, indices_at, size, reshaped = (int(g) for g in found.groups())
+    op_name = INDEX_CHECK_OPS.get(op, "a gather")
+    names = list(specs)
+
+    def input_name(at):
+        return names[at - 1] if 0 < at <= len(names) and names[at - 1] in inputs else None
+
+    values = f"{count} {'value' if count == 1 else 'values'}"
+    if input_name(indices_at):  # the indices are an input: its values are wrong (a token id past the vocabulary)
+        span = f"{-size} .. {size - 1}" if size else "the range"
+        return InputError(f"{label}: input '{input_name(indices_at)}' holds {values} outside {span}, the indices "
+                          f"{op_name} can read along dim {axis} of its data")
+    indices = f"{count} {'index' if count == 1 else 'indices'}"
+    if input_name(data_at):  # computed indices past an input: its shape does not fit the others'
+        name = input_name(data_at)
+        where = f"dim {axis} of the model's reshape of it" if reshaped else f"its dim {axis}"
+        return InputError(f"{label}: input '{name}' of shape {tuple(np.shape(inputs[name]))} is indexed past "
+                          f"{where} by {op_name} ({indices} the model computes from the other inputs): the "
+                          f"inputs' shapes do not fit together")
+    return InputError(f"{label}: {indices} the model computes for {op_name} fall outside dim {axis} of its data: "
+                      f"the inputs' shapes or values do not fit together")
+
+
 def shape_check_error(err: BaseException, specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray],
                       label: str = "model") -> Optional[InputError]:
     """The VM's own shape check, failed at run time, as one line naming the input dims it relates; else None.
@@ -66,6 +105,9 @@ def shape_check_error(err: BaseException, specs: Dict[str, tuple], inputs: Mappi
     Inputs whose dims the export names apart can still be tied by the graph (a KV cache's ``past_key`` and
     ``past_value`` lengths, which one attention multiplies over): the model checks such a relation when it
     runs, and TVM's message names only the compiled shape expression."""
+    index_error = index_check_error(err, specs, inputs, label)
+    if index_error is not None:
+        return index_error
     found = _SHAPE_CHECK.search(str(err))
     if found is None:
         return None
