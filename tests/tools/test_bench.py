@@ -179,3 +179,73 @@ def test_gated_mode_times_the_fused_kernel_against_the_pipeline_without_it_and_t
     assert [r["runtime"] for r in result["results"]] == ["fused_gated_dense", "without FuseGatedMLP", "torch eager"]
     assert all(r["max_abs_diff"] < 1e-4 and np.isfinite(r["median_ms"]) for r in result["results"])
     assert main(["bench", "--gated", "12x32"]) == 2
+
+
+def _cache_like_model(tmp_path):
+    """``y = x + past·2`` with ``past`` [batch, heads, past_len, 4]: a dim that is neither batch nor sequence,
+    which bench cannot invent (a KV-cache decoder's ``past_key_values``) and ``--inputs`` gives."""
+    import onnx
+    from onnx import TensorProto as TP
+    from onnx import helper
+
+    nodes = [helper.make_node("ReduceSum", ["past", "axes"], ["s"], keepdims=0),
+             helper.make_node("Mul", ["s", "two"], ["s2"]),
+             helper.make_node("Add", ["x", "s2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", 2, 4]),
+                     helper.make_tensor_value_info("past", TP.FLOAT, ["batch", 2, "past_len", 4])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.array([2], np.int64), "axes"),
+         onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    path = tmp_path / "cache_like.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    rng = np.random.default_rng(0)
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, x=rng.standard_normal((3, 2, 4)).astype("float32"),
+             past=rng.standard_normal((3, 2, 7, 4)).astype("float32"))
+    return str(path), str(inputs)
+
+
+def test_inputs_from_a_file_model_and_artifact(tmp_path, capsys):
+    """``--inputs X.npz``: times on the given arrays (shapes from them), checked against ONNX Runtime, for an ONNX
+    file and for an artifact; without it the past length cannot be made up (one-line error)."""
+    from tvm_fusion_ext.compile import compile_artifact
+
+    path, inputs = _cache_like_model(tmp_path)
+    assert main(["bench", path]) == 2
+    _one_line_error(capsys, "'past'", "beyond batch and sequence")
+    out_json = tmp_path / "r.json"
+    assert main(["bench", path, "--inputs", inputs, "--against", "ort", "--repeat", "2", "--json",
+                 str(out_json)]) == 0
+    result = json.loads(out_json.read_text())
+    assert result["input_shapes"] == {"x": [3, 2, 4], "past": [3, 2, 7, 4]}
+    assert result["max_abs_diff_vs_ort"] < 1e-5 and result["ratio_vs_ort"] > 0
+    art = str(tmp_path / "art")
+    compile_artifact(path, art)
+    assert main(["bench", art, "--inputs", inputs, "--against", "ort", "--repeat", "2", "--json",
+                 str(out_json)]) == 0
+    result = json.loads(out_json.read_text())
+    assert result["mode"] == "artifact" and result["input_shapes"]["past"] == [3, 2, 7, 4]
+    assert result["max_abs_diff_vs_ort"] < 1e-5
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--seq", "4"], "drop --seq"),
+    (["--inputs", "missing.npz"], "inputs file not found"),
+])
+def test_inputs_errors(tmp_path, capsys, extra, needle):
+    path, inputs = _cache_like_model(tmp_path)
+    argv = ["bench", path, *(extra if "--inputs" in extra else ["--inputs", inputs, *extra])]
+    assert main(argv) == 2
+    _one_line_error(capsys, needle)
+
+
+def test_inputs_that_do_not_fit_the_model(tmp_path, capsys):
+    path, _ = _cache_like_model(tmp_path)
+    for feeds, needle in (({"x": np.zeros((3, 2, 4), np.float32)}, "missing input 'past'"),
+                          ({"x": np.zeros((3, 5, 4), np.float32), "past": np.zeros((3, 2, 7, 4), np.float32)},
+                           "input 'x' has shape (3, 5, 4)")):
+        np.savez(tmp_path / "bad.npz", **feeds)
+        assert main(["bench", path, "--inputs", str(tmp_path / "bad.npz")]) == 2
+        _one_line_error(capsys, needle)

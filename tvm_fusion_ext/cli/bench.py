@@ -9,7 +9,7 @@ from ..errors import InputError
 from ..tools.bench.lengths import parse_lengths
 from ..tools.bench.model import DEFAULT_BATCH, DEFAULT_SEQ
 from ..tools.bench.report import RUNTIMES
-from .common import add_remove_padding_arg
+from .common import add_remove_padding_arg, load_npz
 
 
 def parse_against(text: Optional[str], known=RUNTIMES, default=None) -> List[str]:
@@ -64,19 +64,26 @@ def run_bench(args, out: Callable[[str], None] = print) -> dict:
             raise InputError("--repeat must be positive")
         if is_artifact(args.model) and (args.lengths or args.remove_padding):
             raise InputError("--lengths and --remove-padding apply to an ONNX model, not to an artifact")
+        feeds = None
+        if args.inputs:
+            given = [flag for flag, value in (("--seq", args.seq), ("--batch", args.batch),
+                                              ("--lengths", args.lengths)) if value]
+            if given:
+                raise InputError(f"--inputs gives every input's shape: drop {given[0]}")
+            feeds = load_npz(args.inputs)
         if is_artifact(args.model):
-            return _finish(args, _bench_artifact(args, seq, out), out)
+            return _finish(args, _bench_artifact(args, seq, out, feeds), out)
         if args.onnx:
             raise InputError("--onnx is for an artifact: MODEL is the ONNX file itself here")
         against = parse_against(args.against)
         result = bench_model(args.model, logs=args.logs, against=against, seq=seq, batch=args.batch,
                              target=args.target, repeat=args.repeat or 20, torch_model=args.torch, spin=args.spin,
                              out=out, lengths=parse_lengths(args.lengths), seed=args.seed,
-                             remove_padding=args.remove_padding)
+                             remove_padding=args.remove_padding, feeds=feeds)
     return _finish(args, result, out)
 
 
-def _bench_artifact(args, seq, out):
+def _bench_artifact(args, seq, out, feeds=None):
     from ..tools.bench import ARTIFACT_RUNTIMES, bench_artifact
     from ..tools.bench.artifact import DEFAULT_ARTIFACT_RUNTIMES
 
@@ -87,7 +94,7 @@ def _bench_artifact(args, seq, out):
     return bench_artifact(args.model, onnx=args.onnx, against=parse_against(args.against, ARTIFACT_RUNTIMES,
                                                                                   DEFAULT_ARTIFACT_RUNTIMES),
                           seq=seq, batch=args.batch, repeat=args.repeat or 20, spin=args.spin,
-                          torch_model=args.torch, out=out)
+                          torch_model=args.torch, out=out, feeds=feeds)
 
 
 def _finish(args, result, out):
@@ -120,6 +127,9 @@ def add_parser(sub) -> None:
     p.add_argument("--lengths", metavar="MIN-MAX",
                    help="model mode: a variable-length batch, each sequence's length uniform in [MIN, MAX] "
                         "(seeded), padded to the longest with attention_mask zeros; every runtime runs it")
+    p.add_argument("--inputs", metavar="X.npz",
+                   help="time on these inputs (one array per ONNX input name, as `run --inputs` takes) instead of "
+                        "generated ones: a KV-cache decoder's past tensors, real token ids; sets every shape")
     p.add_argument("--seed", type=int, default=0, help="--lengths: seed of numpy's default_rng (default 0)")
     add_remove_padding_arg(p)
     p.add_argument("--target", default="llvm", help="llvm (default) or cuda (needs a GPU)")

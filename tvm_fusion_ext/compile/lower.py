@@ -175,6 +175,7 @@ def lower(mod: tvm.IRModule, target: TargetSpec = None, knobs: Optional[dict] = 
     from ..transform.safe_gather import ClampGatherIndices
     from ..transform.shape_computations import ResolveShapeComputations
     from .gather_checks import CheckGatherIndices
+    from .low_precision import AccumulateInFloat32
     from .matmul_checks import CheckMatmulReductions
     from .scalar_calls import KeepScalarCallsUnfused
 
@@ -184,6 +185,7 @@ def lower(mod: tvm.IRModule, target: TargetSpec = None, knobs: Optional[dict] = 
         CheckGatherIndices(),  # a bad token id, or a mask shorter than the cache, is refused, not read past
         ClampGatherIndices(),  # and a take never reads past its table, whoever calls the VM
         CheckMatmulReductions(),  # nor a length the export named apart past the other operand
+        AccumulateInFloat32(),  # stock fp16 matmuls/convolutions sum in float32, as ours do
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
         PrepareOperatorsForTemplates(target, knobs, kernel_knobs),

@@ -22,6 +22,14 @@ from .graph import FunctionGraph, const_value, op_name, same_dim, shape_dims, st
 #: exactly 0 in any float type, and s + m == m in fp32 for |s| < 1e22, so the op's -inf is the same thing
 CAUSAL_NEG = -1e30
 
+
+def hides_keys(values: np.ndarray) -> bool:
+    """Every value is a hidden key's: at or below CAUSAL_NEG, or, in float16 (whose lowest, -65504, is what
+    exporters write for -inf there: finfo.min), at its lowest. The operator's softmax runs in float32, where
+    exp(s - 65504 - max) is exactly 0 for any score |s| < 65000, so -65504 hides a key as -inf does."""
+    limit = float(np.finfo(np.float16).min) if values.dtype == np.float16 else CAUSAL_NEG
+    return bool(np.all(values.astype(np.float64) <= limit))
+
 _CONST_EVAL_DEPTH = 8
 _COMPACT_DEPTH = 16
 
@@ -82,18 +90,18 @@ def const_eval(e: relax.Expr, graph: FunctionGraph, depth: int = 0) -> Optional[
 
 
 def is_causal_mask(value: np.ndarray, s: int, t: int) -> bool:
-    """``value`` (broadcast right-aligned to (…, s, t)) is 0 on visible keys, <= CAUSAL_NEG on hidden ones,
+    """``value`` (broadcast right-aligned to (…, s, t)) is 0 on visible keys, hides the others (:func:`hides_keys`),
     with the operator's convention: key j is visible to query i iff j <= i + t - s."""
     if value.ndim < 2 or tuple(value.shape[-2:]) != (s, t) or not np.issubdtype(value.dtype, np.floating):
         return False
     hidden = np.arange(t)[None, :] > np.arange(s)[:, None] + (t - s)
     flat = value.reshape(-1, s, t)
-    return bool(np.all(flat[:, ~hidden] == 0) and np.all(flat[:, hidden] <= CAUSAL_NEG))
+    return bool(np.all(flat[:, ~hidden] == 0) and hides_keys(flat[:, hidden]))
 
 
 def split_causal(mask: relax.Expr, graph: FunctionGraph, s: int, t: int) -> Optional[Tuple[relax.Expr, float]]:
     """``(keep, neg)`` when ``mask`` is ``where(visible ∧ keep, 0, neg)`` (either operand order) with ``visible``
-    a constant causal pattern and ``neg`` <= CAUSAL_NEG: how dynamo exports a decoder's combined causal and
+    a constant causal pattern and ``neg`` hiding keys (:func:`hides_keys`): how dynamo exports a decoder's combined causal and
     padding mask, the causal part folded to an S×T constant. The operator then applies the causal part by
     skipping key blocks, and reads only ``keep`` (a key-padding mask, compacted to [B, 1, 1, T]).
 
@@ -106,7 +114,7 @@ def split_causal(mask: relax.Expr, graph: FunctionGraph, s: int, t: int) -> Opti
     on_v, off_v = const_eval(on, graph), const_eval(off, graph)
     if on_v is None or off_v is None or on_v.size != 1 or off_v.size != 1:
         return None
-    if float(on_v.reshape(())) != 0.0 or not float(off_v.reshape(())) <= CAUSAL_NEG:
+    if float(on_v.reshape(())) != 0.0 or not hides_keys(off_v):
         return None
     if op_name(cond) != "relax.logical_and":
         return None

@@ -100,8 +100,10 @@ def inputs_from_specs(specs: Dict[str, tuple], shapes: Dict[str, List[int]], see
 
 def bench_artifact(path: str, onnx: Optional[str] = None, against: Sequence[str] = DEFAULT_ARTIFACT_RUNTIMES,
                    seq: Optional[int] = None, batch: Optional[int] = None, repeat: int = 20, spin: bool = False,
-                   torch_model: Optional[str] = None, out: Callable[[str], None] = print) -> dict:
-    """Load, check and time the artifact ``path`` against ``against``; returns the JSON-able result."""
+                   torch_model: Optional[str] = None, out: Callable[[str], None] = print,
+                   feeds: Optional[Dict[str, np.ndarray]] = None) -> dict:
+    """Load, check and time the artifact ``path`` against ``against``; returns the JSON-able result.
+    ``feeds``: the inputs to time on, by ONNX name (``--inputs``), instead of generated ones."""
     spinning = set_thread_spinning(spin)  # before the load configures TVM's pool
     import tvm.runtime.vm  # noqa: F401  (importing TVM is a process's one-time cost, not the artifact's)
 
@@ -114,13 +116,19 @@ def bench_artifact(path: str, onnx: Optional[str] = None, against: Sequence[str]
     threads = _threads()
     out(f"loaded {path} in {load_s * 1e3:.1f} ms ({manifest['target']['string']})")
     onnx_path, onnx_note = source_onnx(manifest, onnx)
-    shapes = resolve_dims(model.input_specs, model.dim_bounds, batch, seq)
-    if onnx_path is not None:
-        from ...models import sample_inputs
-
-        feeds = sample_inputs(onnx_path, seed=0, shapes=shapes)
+    if feeds is not None:
+        model.check_inputs(feeds)  # names, dtypes, shapes and bounds, in one line, before any runtime sees them
+        feeds = dict(feeds)
+        shapes = {name: list(np.shape(x)) for name, x in feeds.items()}
     else:
-        feeds = inputs_from_specs(model.input_specs, shapes)
+        shapes = resolve_dims(model.input_specs, model.dim_bounds, batch, seq)
+        if onnx_path is not None:
+            from ...models import sample_inputs
+
+            feeds = sample_inputs(onnx_path, seed=0, shapes=shapes)
+        else:
+            feeds = inputs_from_specs(model.input_specs, shapes)
+    if onnx_path is None:
         out(f"ONNX Runtime not run: {onnx_note}")
     got = model.run(feeds)
 

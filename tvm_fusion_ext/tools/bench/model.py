@@ -93,7 +93,8 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
                 seq: Optional[int] = None, batch: Optional[int] = None, target: str = "llvm", repeat: int = 20,
                 torch_model: Optional[str] = None, stock_repeat: int = 3, stock_seconds: float = 10.0,
                 label: Optional[str] = None, spin: bool = False, out: Callable[[str], None] = print,
-                lengths: Optional[Tuple[int, int]] = None, seed: int = 0, remove_padding: bool = False) -> dict:
+                lengths: Optional[Tuple[int, int]] = None, seed: int = 0, remove_padding: bool = False,
+                feeds: Optional[Dict[str, np.ndarray]] = None) -> dict:
     """Build, check and time ``path`` against the runtimes in ``against``; returns the JSON-able result.
 
     ``lengths=(MIN, MAX)``: a variable-length batch (:mod:`.lengths`), padded to the longest drawn length (or to
@@ -102,7 +103,8 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
 
     ONNX Runtime's outputs are the reference for every ``max_abs_diff`` (computed even when ORT is not timed).
     ``torch_model`` (``minilm``/``bert-base``) names the transformers model the file was exported from when the
-    file does not say so itself. ``spin``: see :func:`set_thread_spinning`.
+    file does not say so itself. ``spin``: see :func:`set_thread_spinning`. ``feeds``: the inputs to time on, by
+    ONNX name (``--inputs``; a KV-cache decoder's past tensors), built for exactly their shapes.
     """
     import tempfile
 
@@ -120,6 +122,12 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
             raise InputError(f"--torch: unknown model '{torch_model}' (choose from {', '.join(HF_KINDS)})")
         info = dict(info or {}, kind=torch_model)
 
+    if feeds is not None:
+        shapes = _shapes_of(path, feeds)
+        first = next(iter(shapes.values()), [])
+        return _bench_loaded(path, shapes, first[0] if first else None, first[1] if len(first) > 1 else None, tgt,
+                             threads, logs, against, repeat, info, stock_repeat, stock_seconds,
+                             label or os.path.basename(path), spinning, out, None, seed, remove_padding, feeds)
     with tempfile.TemporaryDirectory(prefix="tfx-bench-") as tmp:
         static = _static_dims(path)
         first = next(iter(static.values()), [])
@@ -147,15 +155,33 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
                              drawn, seed, remove_padding)
 
 
+def _shapes_of(path: str, feeds: Dict[str, np.ndarray]) -> Dict[str, List[int]]:
+    """The build shapes for ``--inputs``: every input given, each static dim as the file has it."""
+    dims = _static_dims(path)
+    unknown = [n for n in feeds if n not in dims]
+    if unknown:
+        raise InputError(f"--inputs: unknown input '{unknown[0]}' (the model takes {list(dims)})")
+    missing = [n for n in dims if n not in feeds]
+    if missing:
+        raise InputError(f"--inputs: missing input '{missing[0]}' (the model takes {list(dims)})")
+    for name, d in dims.items():
+        shape = list(np.shape(feeds[name]))
+        if len(shape) != len(d) or any(s is not None and s != g for s, g in zip(d, shape)):
+            raise InputError(f"--inputs: input '{name}' has shape {tuple(shape)}; the model takes "
+                             f"({', '.join('?' if s is None else str(s) for s in d)})")
+    return {name: list(np.shape(feeds[name])) for name in dims}
+
+
 def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, repeat, info, stock_repeat,
-                  stock_seconds, label, spinning, out, drawn=None, seed=0, remove_padding=False) -> dict:
+                  stock_seconds, label, spinning, out, drawn=None, seed=0, remove_padding=False,
+                  given=None) -> dict:
     from ...frontend import load_onnx
     from ...models import sample_inputs
     from ...runtime import CompiledModel
 
     t0 = time.perf_counter()
     mod = load_onnx(path, shapes=shapes)
-    feeds = sample_inputs(path, seed=0, shapes=shapes)
+    feeds = dict(given) if given is not None else sample_inputs(path, seed=0, shapes=shapes)
     if drawn is not None:
         feeds = apply_lengths(feeds, drawn, label)
     ours = CompiledModel.from_module(mod, tgt, logs=logs, fuse=True, label=label, remove_padding=remove_padding)
