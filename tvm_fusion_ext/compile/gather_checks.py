@@ -37,6 +37,7 @@ from tvm import relax
 
 from ..deploy.io import INDEX_CHECK_OPS, INDEX_CHECK_TAG as TAG
 from ..transform.graph import const_value, is_constant, shape_dims
+from .mutation import mutate_functions
 
 # relax op -> its code in the check's tag (deploy.io names it back)
 _CODES = {"relax." + {"Gather": "take", "GatherND": "gather_nd", "GatherElements": "gather_elements",
@@ -229,6 +230,9 @@ class _CheckIndices(relax.PyExprMutator):
         self.params: List[relax.Var] = []
         self.bindings: dict = {}
 
+    def enter(self, func: relax.Function) -> None:
+        self.params, self.bindings = list(func.params), {}
+
     def visit_var_binding_(self, binding):
         self.bindings[binding.var] = binding.value
         super().visit_var_binding_(binding)
@@ -296,10 +300,6 @@ def CheckGatherIndices() -> tvm.transform.Pass:  # noqa: N802
     @tvm.transform.module_pass(opt_level=0, name="tfx.CheckGatherIndices")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         mutator = _CheckIndices(mod)
-        for gv, func in list(mod.functions_items()):
-            if isinstance(func, relax.Function):
-                mutator.params, mutator.bindings = list(func.params), {}
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return mutator.builder_.get() if mutator.changed else mod
+        return mutate_functions(mod, mutator, enter=mutator.enter)
 
     return _pass

@@ -20,6 +20,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .mutation import mutate_functions
+
 LOW_PRECISION = ("float16", "bfloat16")
 _WIDENED = {"relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d",
             "relax.nn.conv1d_transpose", "relax.nn.conv2d_transpose"}
@@ -88,10 +90,6 @@ def AccumulateInFloat32() -> tvm.transform.Pass:  # noqa: N802
 
     @tvm.transform.module_pass(opt_level=0, name="tfx.AccumulateInFloat32")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mutator = _Widen(mod)
-        for gv, func in list(mod.functions_items()):
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return mutator.builder_.get() if mutator.changed else mod
+        return mutate_functions(mod, _Widen(mod))
 
     return _pass

@@ -15,6 +15,7 @@ import tvm
 from tvm import relax
 
 from ..transform.graph import same_dim, shape_dims
+from .mutation import mutate_functions
 
 
 @relax.expr_functor.mutator
@@ -49,10 +50,6 @@ def CheckMatmulReductions() -> tvm.transform.Pass:  # noqa: N802
 
     @tvm.transform.module_pass(opt_level=0, name="tfx.CheckMatmulReductions")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mutator = _CheckReductions(mod)
-        for gv, func in list(mod.functions_items()):
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return mutator.builder_.get() if mutator.changed else mod
+        return mutate_functions(mod, _CheckReductions(mod))
 
     return _pass
