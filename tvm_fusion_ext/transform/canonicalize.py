@@ -17,6 +17,7 @@ from .canonical.identity_cast import DropIdentityCast
 from .canonical.gelu_tanh import TanhGeluToGeluTanh
 from .canonical.layernorm_decomposed import DecomposedLayerNormToLayerNorm
 from .canonical.lowest_clamp import DropLowestClamp
+from .canonical.round_trip_cast import DropRoundTripCast
 from .canonical.scalar_constants import FoldScalarConstants
 from .canonical.silu import SigmoidMulToSilu
 from .canonical.single_concat import DropSingleConcat
@@ -26,6 +27,7 @@ from .rule import apply_rules
 CANONICAL_RULES = (
     FoldScalarConstants,
     DropIdentityCast,
+    DropRoundTripCast,
     DropSingleConcat,
     GatherNDToSlice,
     ErfGeluToGelu,
