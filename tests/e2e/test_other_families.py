@@ -57,6 +57,9 @@ CASES = [
     # bias-free LayerNorm = RMSNorm of x - mean(x); parallel attention and MLP share one norm per layer
     ("cohere", "dynamo", "sdpa", dict(_DECODER, rmsnorm=3, qkv=2)),
     ("opt", "dynamo", "sdpa", dict(attention=2, layernorm=5, qkv=2, dense=8)),
+    # multi-head latent attention: v's head dim (16) is not q/k's (24 = 16 + 8 rotary); the operator takes both
+    ("deepseek-v3", "dynamo", "sdpa", dict(attention=2, rmsnorm=9, gated_mlp=2)),
+    ("deepseek-v3", "legacy", "sdpa", dict(attention=2, rmsnorm=9, gated_mlp=2)),
 ]
 
 

@@ -61,12 +61,13 @@ def _schedule(func, knobs=None):
 
 
 def _run(B, H, S, T, D, layouts=("BSHD",) * 4, mask_shape=None, causal=False, mask=None, knobs=None,
-         scheduled=True, dtype="float32", key_block=None, seed=0):
+         scheduled=True, dtype="float32", key_block=None, seed=0, DV=None):
     rng = np.random.default_rng(seed)
     ql, kl, vl, ol = layouts
+    DV = DV or D
     q = rng.standard_normal(_shape(ql, B, H, S, D)).astype(dtype)
     k = rng.standard_normal(_shape(kl, B, H, T, D)).astype(dtype)
-    v = rng.standard_normal(_shape(vl, B, H, T, D)).astype(dtype)
+    v = rng.standard_normal(_shape(vl, B, H, T, DV)).astype(dtype)
     if mask is None and mask_shape is not None:
         mask = rng.standard_normal(mask_shape).astype("float32")
     scale = 1.0 / np.sqrt(D)
@@ -78,7 +79,7 @@ def _run(B, H, S, T, D, layouts=("BSHD",) * 4, mask_shape=None, causal=False, ma
     mod = _schedule(func, knobs) if scheduled else tvm.IRModule({"main": func})
     lib = tvm.compile(mod, target=TARGET)
     dev = tvm.cpu()
-    out = tvm.runtime.empty(_shape(ol, B, H, S, D), dtype, dev)
+    out = tvm.runtime.empty(_shape(ol, B, H, S, DV), dtype, dev)
     lib(*[tvm.runtime.tensor(a, dev) for a in (q, k, v, mask) if a is not None], out)
     return out.numpy(), _reference(q, k, v, mask, scale, causal, layouts)
 
@@ -103,6 +104,17 @@ def test_template_is_registered():
 ])
 def test_shapes_and_layouts(B, H, S, T, D, layouts):
     _close(*_run(B, H, S, T, D, layouts))
+
+
+@pytest.mark.parametrize("B,H,S,T,D,DV,layouts,causal", [
+    (2, 3, 9, 13, 24, 16, ("BSHD",) * 4, False),                      # MLA: q/k 24 (nope 16 + rope 8), v 16
+    (1, 2, 33, 70, 48, 32, ("BHSD", "BSHD", "BHSD", "BSHD"), True),
+    (2, 2, 16, 16, 8, 32, ("BHSD",) * 4, False),                      # LeViT: v 4x the q/k head dim
+])
+def test_value_head_dim_differs(B, H, S, T, D, DV, layouts, causal):
+    got, want = _run(B, H, S, T, D, layouts, causal=causal, DV=DV)
+    assert got.shape == _shape(layouts[3], B, H, S, DV)
+    _close(got, want)
 
 
 @pytest.mark.parametrize("mask_shape,causal", [
@@ -282,12 +294,13 @@ def _cuda_target(arch):
                               "max_num_threads": 1024, "thread_warp_size": 32}, host="llvm")
 
 
-def _cuda_build(B, H, S, T, D, arch, mask_shape=None, causal=True, layouts=("BSHD",) * 4):
+def _cuda_build(B, H, S, T, D, arch, mask_shape=None, causal=True, layouts=("BSHD",) * 4, DV=None,
+                dtype="float32"):
     from tvm_fusion_ext.schedules.cuda.attention import attention_cuda
 
     ql, kl, vl, ol = layouts
-    arrays = {"q": np.zeros(_shape(ql, B, H, S, D), "float32"), "k": np.zeros(_shape(kl, B, H, T, D), "float32"),
-              "v": np.zeros(_shape(vl, B, H, T, D), "float32"),
+    arrays = {"q": np.zeros(_shape(ql, B, H, S, D), dtype), "k": np.zeros(_shape(kl, B, H, T, D), dtype),
+              "v": np.zeros(_shape(vl, B, H, T, DV or D), dtype),
               "mask": None if mask_shape is None else np.zeros(mask_shape, "float32")}
     params = {"scale": 1.0 / np.sqrt(D), "causal": causal, "q_layout": ql, "k_layout": kl, "v_layout": vl,
               "out_layout": ol}
@@ -306,19 +319,21 @@ def _cuda_source(ex):
     return found[0].inspect_source()
 
 
-@pytest.mark.parametrize("arch,shape,mask_shape", [
-    ("sm_80", (2, 3, 37, 129, 128), (2, 1, 37, 129)),
-    ("sm_90", (1, 2, 33, 70, 64), (70,)),
-    ("sm_90", (1, 2, 16, 5, 48), None),
+@pytest.mark.parametrize("arch,shape,mask_shape,extra", [
+    ("sm_80", (2, 3, 37, 129, 128), (2, 1, 37, 129), {}),
+    ("sm_90", (1, 2, 33, 70, 64), (70,), {}),
+    ("sm_90", (1, 2, 16, 5, 48), None, {}),
+    ("sm_90", (1, 2, 64, 64, 48), None, {"DV": 32}),                       # MLA-like: v's own head dim
+    ("sm_90", (1, 2, 64, 64, 48), None, {"DV": 32, "dtype": "float16"}),  # 16-bit: SIMT, not tensor cores
 ])
-def test_cuda_template_compiles_without_spills(arch, shape, mask_shape, tmp_path, monkeypatch):
+def test_cuda_template_compiles_without_spills(arch, shape, mask_shape, extra, tmp_path, monkeypatch):
     import shutil
     import subprocess
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed")
     monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "nvcc")
-    src = _cuda_source(_cuda_build(*shape, arch, mask_shape=mask_shape))
+    src = _cuda_source(_cuda_build(*shape, arch, mask_shape=mask_shape, **extra))
     cu = tmp_path / "k.cu"
     cu.write_text(src)
     res = subprocess.run(["nvcc", "--cubin", f"-arch={arch}", "-O3", "-w", "-Xptxas", "-v", "-o",
@@ -328,6 +343,8 @@ def test_cuda_template_compiles_without_spills(arch, shape, mask_shape, tmp_path
     assert len(frames) == 2  # K transpose + the attention kernel
     assert all(f == ("0", "0", "0") for f in frames), log
     assert "__syncthreads" in src and "__shared__" in src
+    if "DV" in extra:  # the tensor-core tiles are sized for one head dim
+        assert "mma" not in src
 
 
 @pytest.mark.gpu

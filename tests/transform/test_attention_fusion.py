@@ -92,6 +92,29 @@ def test_cross_attention_s_ne_t():
     _assert_fused(attention_module("bshd", s=3, t=T), s=3)
 
 
+@pytest.mark.parametrize("dk,dv", [(6, 4), (2, 8)])
+def test_value_head_dim_of_its_own_fuses(dk, dv):
+    # multi-head latent attention (q/k heads of nope + rope dims, v heads narrower) and LeViT (v wider): the
+    # head split of v and the merge of the output use v's head dim, q·kᵀ contracts over q/k's
+    q, k, v = _var("q", (B, S, H * dk)), _var("k", (B, T, H * dk)), _var("v", (B, T, H * dv))
+
+    def build(bb):
+        def heads(x, n, d, perm):
+            return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(x, (B, n, H, d))), perm))
+
+        sc = lambda s: bb.emit(relax.op.multiply(s, relax.const(dk ** -0.5, "float32")))  # noqa: E731
+        o = _attend(bb, heads(q, S, dk, [0, 2, 1, 3]), heads(k, T, dk, [0, 2, 3, 1]),
+                    heads(v, T, dv, [0, 2, 1, 3]), sc)
+        return bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(o, [0, 2, 1, 3])), (B, S, H * dv)))
+
+    fused, _, (xq, xk, xv), actual = _assert_fused(build_module([q, k, v], build))
+    (params,) = _attention_params(fused)
+    assert params["out_layout"] == "BSHD"
+    split = lambda x, n, d: x.reshape(B, n, H, d).transpose(0, 2, 1, 3)  # noqa: E731
+    want = _bhsd_attention(split(xq, S, dk), split(xk, T, dk), split(xv, T, dv), 0.0, scale=dk ** -0.5)
+    np.testing.assert_allclose(actual, want.transpose(0, 2, 1, 3).reshape(B, S, H * dv), rtol=1e-4, atol=1e-5)
+
+
 # --- masks ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", [(B, 1, 1, T), (B, 1, S, T), (1, 1, S, T), (S, T), (T,)])
@@ -344,6 +367,47 @@ def test_multiplicative_mask_is_refused():
         return _attend(bb, q, kt, v, lambda sc: bb.emit(relax.op.multiply(sc, m)))
 
     assert_refused(build_module([q, k, v, m], build), ATTENTION, rule=RULE, reason="multiplied by a tensor")
+
+
+def _per_head_scaled(op="multiply", scale_shape=(H, 1, 1), computed=False, mask_first=False):
+    """Swin-v2's cosine attention: scores times a learned per-head logit scale, ``exp(min(s, log 100))``."""
+    q, k, v = _var("q", (B, H, S, D)), _var("k", (B, H, T, D)), _var("v", (B, H, T, D))
+    ls, m = _var("ls", scale_shape), _var("m", (B, 1, 1, T))
+
+    def scores(bb, sc):
+        if mask_first:
+            sc = bb.emit(relax.op.add(sc, m))
+        c = bb.emit(relax.op.exp(bb.emit(relax.op.minimum(ls, relax.const(4.6, "float32"))))) if computed else ls
+        sc = bb.emit(getattr(relax.op, op)(sc, c))
+        return sc if mask_first else bb.emit(relax.op.add(sc, m))
+
+    def build(bb):
+        kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+        return _attend(bb, q, kt, v, lambda sc: scores(bb, sc))
+
+    return build_module([q, k, v, ls, m], build)
+
+
+@pytest.mark.parametrize("op,computed", [("multiply", False), ("multiply", True), ("divide", False)])
+def test_per_head_scale_is_applied_to_q(op, computed):
+    mod = _per_head_scaled(op, computed=computed)
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal(sh).astype("float32") for sh in ((B, H, S, D), (B, H, T, D), (B, H, T, D))]
+    inputs += [rng.uniform(1.0, 6.0, (H, 1, 1)).astype("float32"), rng.standard_normal((B, 1, 1, T)).astype("float32")]
+    fused, _, _, actual = _assert_fused(mod, inputs=inputs)
+    c = np.exp(np.minimum(inputs[3], 4.6)) if computed else inputs[3]
+    c = 1.0 / c if op == "divide" else c
+    want = _bhsd_attention(inputs[0] * c.astype("float64"), *inputs[1:3], inputs[4], scale=1.0)
+    np.testing.assert_allclose(actual, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs,reason", [
+    (dict(scale_shape=(1, 1, 1, T)), "varies over more than the heads"),  # a multiplicative mask over the keys
+    (dict(scale_shape=(B, H, 1, 1)), "varies over more than the heads"),
+    (dict(mask_first=True), "a mask is added to the scores before they are multiplied by a per-head tensor"),
+])
+def test_per_head_scale_near_misses_are_refused(kwargs, reason):
+    assert_refused(_per_head_scaled(**kwargs), ATTENTION, rule=RULE, reason=reason)
 
 
 def test_bool_mask_without_canonicalize_is_not_fused():

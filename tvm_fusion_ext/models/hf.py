@@ -79,6 +79,13 @@ OTHER_FAMILIES = {
     "opt": ("OPTConfig", "OPTModel", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, ffn_dim=160,
                                           vocab_size=1000, max_position_embeddings=160, word_embed_proj_dim=64,
                                           **_TOKENS)),
+    # multi-head latent attention: q/k heads of 16 + 8 rotary dims, v heads of 16; both layers dense (no MoE,
+    # which the exporters cannot trace)
+    "deepseek-v3": ("DeepseekV3Config", "DeepseekV3Model",
+                    {**_TINY_DECODER, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": 32,
+                     "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "first_k_dense_replace": 2,
+                     "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_group": 1,
+                     "topk_group": 1, **_TOKENS}),
     "deberta-v2": ("DebertaV2Config", "DebertaV2Model",
                    dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=160,
                         vocab_size=1000, max_position_embeddings=160, type_vocab_size=0,

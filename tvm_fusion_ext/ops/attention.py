@@ -1,5 +1,8 @@
 """fused_attention: ``softmax(scale · q kᵀ + mask [causal]) v`` in one kernel, flash style.
 
+V's head dim may differ from Q's and K's (DeepSeek's multi-head latent attention: 192 against 128; LeViT):
+the output has V's.
+
 Keys are processed in blocks of ``key_block``. Per (query row, key block) the kernel forms the scores, the
 block max ``bmax``, ``p = exp(score - bmax)``, the block sum ``bsum`` and the partial product ``bo = p v``; an
 online-softmax reduction over key blocks (running max, running sum, running numerator) then folds the blocks
@@ -129,9 +132,10 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
     if not all(isinstance(x, int) for x in (H, D, HKV)):
         raise ValueError(f"fused_attention: heads and head dim must be static, got q {list(q.shape)} {q_layout}, "
                          f"k {list(k.shape)} {k_layout}")
-    kv_shape = [B, HKV, T, D]
-    if (not _same_dims(_dims(k, k_layout), kv_shape) or not _same_dims(_dims(v, v_layout), kv_shape)
-            or H % HKV):
+    # V's head dim is its own (DV): the output takes it; only q·kᵀ needs q and k to agree (MLA, LeViT)
+    DV = _dim(_dims(v, v_layout)[3])
+    if (not isinstance(DV, int) or not _same_dims(_dims(k, k_layout), [B, HKV, T, D])
+            or not _same_dims(_dims(v, v_layout), [B, HKV, T, DV]) or H % HKV):
         raise ValueError("fused_attention: q, k, v shapes disagree "
                          f"({list(q.shape)} {q_layout}, {list(k.shape)} {k_layout}, {list(v.shape)} {v_layout}; "
                          "K/V heads must divide Q heads)")
@@ -156,8 +160,8 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
     if symbolic:
         # symbolic dims are int64: every static extent joins them in int64 (TIR refuses mixed index types, and
         # an int32 axis cast from an int64 loop is not an affine binding the schedules can work with)
-        B, S, T, H, HKV, D, span = (tirx.IntImm("int64", x) if isinstance(x, int) else x
-                                    for x in (B, S, T, H, HKV, D, span))
+        B, S, T, H, HKV, D, DV, span = (tirx.IntImm("int64", x) if isinstance(x, int) else x
+                                        for x in (B, S, T, H, HKV, D, DV, span))
     kb = int(key_block or (default_key_block(span) if not symbolic else SYMBOLIC_KEY_BLOCK))
     if kb <= 0 or kb & (kb - 1):
         raise ValueError(f"fused_attention: key_block must be a power of two, got {kb}")
@@ -276,19 +280,19 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         # normalisation matches the numerator. V is copied into key blocks like K (clamped padding keys).
         p16 = te.compute((B, H, rows, nb, kb), lambda *ix: p(*ix).astype(operand), name="attn_p16",
                          attrs={"schedule_rule": "None"})
-        vb = te.compute((num_seq if varlen else B, HKV, nb, kb, D), lambda b, hk, jb, jj, d: kv_read(
+        vb = te.compute((num_seq if varlen else B, HKV, nb, kb, DV), lambda b, hk, jb, jj, d: kv_read(
             b, lambda: _at(v, v_layout, 0 if varlen else b, hk, key(jb, jj, b), d).astype(operand)),
             name="attn_vb", attrs={"schedule_rule": "None"})
         bsum = te.compute((B, H, rows, nb), lambda b, h, i, jb: te.sum(p16[b, h, i, jb, jj2].astype(ACC), axis=jj2),
                           name="attn_bsum", attrs={"schedule_rule": "None"})
-        bo = te.compute((B, H, rows, nb, D), lambda b, h, i, jb, d: te.sum(
+        bo = te.compute((B, H, rows, nb, DV), lambda b, h, i, jb, d: te.sum(
             p16[b, h, i, jb, jj3].astype(ACC) * vb[seq_of(i) if varlen else b, kv_head(h), jb, jj3, d].astype(ACC),
             axis=jj3),
             name="attn_bo", attrs={"schedule_rule": "None"})
     else:
         bsum = te.compute((B, H, rows, nb), lambda b, h, i, jb: te.sum(p[b, h, i, jb, jj2], axis=jj2),
                           name="attn_bsum", attrs={"schedule_rule": "None"})
-        bo = te.compute((B, H, rows, nb, D), lambda b, h, i, jb, d: te.sum(
+        bo = te.compute((B, H, rows, nb, DV), lambda b, h, i, jb, d: te.sum(
             p[b, h, i, jb, jj3] * _at(v, v_layout, b, kv_head(h), key(jb, jj3, seq_of(i) if varlen else None),
                                       d).astype(ACC), axis=jj3),
             name="attn_bo", attrs={"schedule_rule": "None"})
@@ -308,7 +312,8 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
     online = te.comm_reducer(combine, identity, name="online_softmax")
     rb = te.reduce_axis((0, nb), name="rb")
     _, run_sum, run_out = te.compute(
-        (B, H, rows, D), lambda b, h, i, d: online((bmax[b, h, i, rb], bsum[b, h, i, rb], bo[b, h, i, rb, d]), axis=rb),
+        (B, H, rows, DV),
+        lambda b, h, i, d: online((bmax[b, h, i, rb], bsum[b, h, i, rb], bo[b, h, i, rb, d]), axis=rb),
         name="attn_online", attrs={"schedule_rule": "None"})
 
     def finish(b, h, i, d):
@@ -319,11 +324,11 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
     out_rule = "tfx.attention"
     if padded_rows:
         # the anchor finishes every padded row (BHSD); attn_out copies the real rows out, in the output layout
-        done = te.compute((B, H, rows, D), finish, name="attn_rows", attrs={"schedule_rule": "tfx.attention"})
+        done = te.compute((B, H, rows, DV), finish, name="attn_rows", attrs={"schedule_rule": "tfx.attention"})
         finish, out_rule = (lambda b, h, i, d: done[b, h, i, d]), "None"
     if out_layout == "BHSD":
-        return te.compute((B, H, S, D), finish, name="attn_out", attrs={"schedule_rule": out_rule})
-    return te.compute((B, S, H, D), lambda b, i, h, d: finish(b, h, i, d), name="attn_out",
+        return te.compute((B, H, S, DV), finish, name="attn_out", attrs={"schedule_rule": out_rule})
+    return te.compute((B, S, H, DV), lambda b, i, h, d: finish(b, h, i, d), name="attn_out",
                       attrs={"schedule_rule": out_rule})
 
 

@@ -15,10 +15,11 @@ Pattern (matched by meaning, not by listing spellings: :class:`AttentionMatcher`
     ``permute → reshape [B·H,T,D] → permute → reshape`` are one case, as are plain BHSD inputs and 3-D
     ``[B·H, S, D]`` operands (treated as B=1).
 Check (a refusal names its reason)
-    softmax on the last axis; every scale a scalar constant; every mask additive (same float dtype as the
-    scores) and broadcastable to (B, H, S, T); q/k/v head dims, key lengths, batch and heads consistent; batch
-    dims of the two matmuls not broadcast. Scores and probabilities must not be used elsewhere (the engine's
-    leak check: they are the intermediates of the match).
+    softmax on the last axis; every scale a scalar constant, or a tensor varying over the heads only (Swin-v2's
+    logit scale: applied to q); every mask additive (same float dtype as the scores) and
+    broadcastable to (B, H, S, T); q and k head dims (v may have its own, as in MLA and LeViT), key lengths,
+    batch and heads consistent; batch dims of the two matmuls not broadcast. Scores and
+    probabilities must not be used elsewhere (the engine's leak check: they are the intermediates of the match).
 Rewrite
     ``fused_attention(q, k, v, mask?; scale, causal, layouts)`` plus a reshape when the graph wanted another view
     of the output (the ``[B, S, H·D]`` head merge, a 3-D ``[B·H, S, D]`` result). A constant mask equal to
@@ -71,6 +72,20 @@ class _Plan:
     #: v's key count is a different expression than k's, equal only at run time (an export that names past_key's
     #: and past_value's lengths apart): v is match-cast to k's, which the VM checks on every call
     v_keys_checked: bool = False
+    #: a tensor the scores are multiplied (or divided) by, Swin-v2's per-head logit scale; checked to vary over
+    #: the heads only, it is applied to q instead, reshaped to ``head_view`` (q's layout, one value per head)
+    head_scale: Optional["_HeadScale"] = None
+    head_view: Optional[list] = None
+
+
+@dataclass
+class _HeadScale:
+    """A tensor factor of the scores, as found under the softmax."""
+
+    expr: relax.Expr
+    divide: bool                       # the scores are divided by it
+    scores: Optional[list]             # shape of the scores it multiplies (a grouping of (B, H, S, T))
+    masks_above: int                   # masks found before it (added after the scaling: not scaled by it)
 
 
 @dataclass
@@ -133,6 +148,8 @@ class AttentionMatcher(Matcher):
         exprs = {"mm": mm, "plan": plan}
         exprs.update({f"mask{i}": mask.expr for i, mask in enumerate(plan.masks)})
         exprs.update({name: op.base for name, op in (("q", plan.q), ("k", plan.k), ("v", plan.v)) if op is not None})
+        if plan.head_scale is not None:
+            exprs["head_scale"] = plan.head_scale.expr
         return Found(exprs, covered)
 
 
@@ -193,7 +210,11 @@ def _walk_scores(x, graph: FunctionGraph, plan: _Plan, covered: list) -> Optiona
                 idx = next((i for i in (0, 1) if _leads_to_matmul(val.args[i], graph)), None)
                 if idx is None:
                     return None
-                plan.reason = plan.reason or "scores are multiplied by a tensor, not a scalar scale"
+                divide = op_name(val) == "relax.divide"
+                if (divide and idx != 0) or plan.head_scale is not None:
+                    plan.reason = plan.reason or "scores are multiplied by a tensor, not a scalar scale"
+                else:  # a per-head scale, if it varies over the heads only (checked in _analyse)
+                    plan.head_scale = _HeadScale(val.args[1 - idx], divide, shape_dims(val), len(plan.masks))
                 cur = val.args[idx]
                 continue
             c = const_scale(val, so[1], graph)
@@ -268,8 +289,6 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
             return f"k has {t} keys, v has {tv}"
         # the second matmul multiplies over both, so they are equal whenever the graph runs at all
         plan.v_keys_checked = True
-    if dv != dq:
-        return f"v head dim {dv} differs from q/k head dim {dq}"
     gk, gv = plan.k.group, plan.v.group
     if not same_dims([bq, hq], [bk, hk * gk]) or not same_dims([bq, hq], [bv, hv * gv]):
         return f"batch/heads differ: q {format_dims([bq, hq])}, k {format_dims([bk, hk * gk])}, " \
@@ -283,6 +302,10 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
     dtypes = {str(o.base.ty.dtype) for o in (plan.q, plan.k, plan.v)}
     if len(dtypes) != 1:
         return f"q/k/v dtypes differ: {sorted(dtypes)}"
+    if plan.head_scale is not None:
+        reason = _per_head_factors(plan, (bq, hq, s, t))
+        if reason:
+            return reason
     plan.scale *= plan.q.scale * plan.k.scale
     if not math.isfinite(plan.scale):
         return "scale is not finite"
@@ -298,11 +321,32 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
         if dims is None:
             return f"scores shape {format_dims(shape)} does not group (B, H, S, T) = {format_dims([bq, hq, s, t])}"
     scores_dims = probs_dims  # what the second matmul multiplies
-    mm_dims = scores_dims[:-1] + [[("d", dq)] if dq != 1 else []]
+    mm_dims = scores_dims[:-1] + [[("d", dv)] if dv != 1 else []]  # the output has v's head dim
     layout = out_layout(mm_dims, list(reversed(out_chain)))
     if layout is None:
         return "the permutes after the attention are not a head merge"
     plan.out_layout = layout
+    return None
+
+
+def _per_head_factors(plan: _Plan, bhst) -> Optional[str]:
+    """A factor of the scores that varies over the heads only is one factor per query head: the rewrite applies it
+    to q (``(c_h q) kᵀ = c_h (q kᵀ)``; rotary Q commutes with it too). One that varies over the batch, queries or
+    keys is not a scale (a multiplicative mask), nor is one applied before a mask was added (the mask would be
+    scaled per head)."""
+    hs = plan.head_scale
+    if len(plan.masks) > hs.masks_above:
+        return "a mask is added to the scores before they are multiplied by a per-head tensor"
+    shape = shape_dims(hs.expr)
+    probe = _Mask(hs.expr, 1.0, hs.scores)
+    if shape is None or hs.scores is None or len(shape) > len(hs.scores) or not all(isinstance(n, int) for n in shape) \
+            or _mask_view(probe, shape, bhst) is not None:
+        return "scores are multiplied by a tensor, not a scalar scale"
+    view = probe.view or [1] * (4 - len(shape)) + list(shape)
+    if any(not (isinstance(n, int) and n == 1) for n in (view[0], view[2], view[3])):
+        return "scores are multiplied by a tensor that varies over more than the heads (a multiplicative mask?)"
+    heads = view[1]
+    plan.head_view = [1, heads, 1, 1] if plan.q.layout == "BHSD" else [1, 1, heads, 1]
     return None
 
 
@@ -386,6 +430,8 @@ class MultiHeadAttentionRule(FusionRule):
         ropes = [name for name in ("q", "k") if getattr(p, name).rope is not None]
         if ropes:
             parts.append(f"rope {' and '.join(ropes)} ({getattr(p, ropes[0]).rope.style})")
+        if p.head_view is not None:
+            parts.append("per-head scale")
         if p.masks:
             parts.append("mask")
         if p.causal:
@@ -407,6 +453,11 @@ class MultiHeadAttentionRule(FusionRule):
                 x = bb.emit(relax.op.reshape(x, [b, h, s, d] if op.layout == "BHSD" else [b, s, h, d]))
             if name == "v" and p.v_keys_checked:
                 x = _with_keys_of_k(bb, x, p)
+            if name == "q" and p.head_view is not None:
+                c = bb.emit(relax.op.reshape(m.arg("head_scale"), p.head_view))
+                if str(c.ty.dtype) != str(x.ty.dtype):
+                    c = bb.emit(relax.op.astype(c, str(x.ty.dtype)))
+                x = bb.emit((relax.op.divide if p.head_scale.divide else relax.op.multiply)(x, c))
             inputs[name] = x
         mask = None
         for i, mk in enumerate(p.masks):

@@ -89,6 +89,8 @@ def tensor_cores_fit(sch: s_tir.Schedule, block, stages: dict, target: tvm.targe
         return False  # symbolic (padded) query rows: the SIMT template
     key_block = int(sch.get(stages["attn_p16"]).writes[0].source.shape[-1])
     dtype = str(sch.get(stages["attn_p16"]).writes[0].source.dtype)
+    if int(sch.get(stages["attn_kt"]).writes[0].source.shape[3]) != int(sch.get(d).extent):
+        return False  # V's head dim differs from Q/K's (MLA): the tiles are sized for one head dim; SIMT
     return supports(int(sch.get(s).extent), int(sch.get(d).extent), key_block, dtype, TargetInfo.of(target).limits())
 
 
