@@ -369,6 +369,37 @@ def test_multiplicative_mask_is_refused():
     assert_refused(build_module([q, k, v, m], build), ATTENTION, rule=RULE, reason="multiplied by a tensor")
 
 
+@pytest.mark.parametrize("images", [1, 2])
+def test_shifted_window_mask_on_a_5d_view_of_the_scores(images):
+    # Swin's shifted windows: the scores of images·nW windows viewed as [images, nW, H, N, N], a per-window mask
+    # [1, nW, 1, N, N] added, viewed back. It varies over the windows, which are the operator's batch: the mask
+    # is read reshaped to [nW, 1, N, N] for one image; for several, repeated per image ([images·nW, 1, N, N])
+    nw, n = 3, 6
+    q, k, v = (_var(x, (images * nw, H, n, D)) for x in "qkv")
+    m = _var("m", (1, nw, 1, n, n))
+
+    def build(bb):
+        kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+
+        def scores(sc):
+            sc5 = bb.emit(relax.op.add(bb.emit(relax.op.reshape(sc, (images, nw, H, n, n))), m))
+            return bb.emit(relax.op.reshape(sc5, (images * nw, H, n, n)))
+
+        return _attend(bb, q, kt, v, scores)
+
+    mod = build_module([q, k, v, m], build)
+    fused, report = fuse(mod, ATTENTION)
+    assert report.fused["attention"] == 1 and fused_calls(fused) == {"fused_attention": 1}, report.summary()
+    scores = images * nw * H * n * n
+    assert all(int(np.prod(sh)) < scores for sh in tensor_shapes(fused) if sh[-2:] == [n, n]), tensor_shapes(fused)
+    xq, xk, xv, xm = inputs = random_inputs(mod, seed=0)
+    expected, actual = run_before_after(mod, fused, inputs)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+    want = _bhsd_attention(xq, xk, xv, np.broadcast_to(xm, (images, nw, 1, n, n)).reshape(images * nw, 1, n, n),
+                           scale=1.0)
+    np.testing.assert_allclose(actual, want, rtol=1e-4, atol=1e-5)
+
+
 def _per_head_scaled(op="multiply", scale_shape=(H, 1, 1), computed=False, mask_first=False):
     """Swin-v2's cosine attention: scores times a learned per-head logit scale, ``exp(min(s, log 100))``."""
     q, k, v = _var("q", (B, H, S, D)), _var("k", (B, H, T, D)), _var("v", (B, H, T, D))

@@ -96,6 +96,7 @@ class _Mask:
     factor: float                      # the scale applied to the scores after it was added
     scores: Optional[list] = None      # shape of the scores it is added to (a grouping of (B, H, S, T))
     view: Optional[list] = None        # [B|1, H|1, S|1, T|1] when the operator must see it reshaped, else None
+    tile: Optional[list] = None        # a shape to broadcast it to before that reshape (it repeats over part of B)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -329,6 +330,21 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
     return None
 
 
+def _mask_over_split_batch(mask: _Mask, ms, bhst) -> Optional[str]:
+    """Scores viewed as ``[B/n, n, H, S, T]`` (Swin's shifted windows, several images: ``n`` windows per image)
+    with a mask that varies over the windows, not the images: the mask is broadcast over the images and read as
+    ``[B, H|1, S|1, T|1]`` (its values repeated per image: B·S·T, what the add broadcast to anyway)."""
+    b, h, s, t = bhst
+    sc = list(mask.scores)
+    padded = [1] * (len(sc) - len(ms)) + list(ms)
+    if len(sc) != 5 or not same_dim(dims_product(sc[:2]), b) or not same_dims(sc[2:], [h, s, t]) \
+            or any(not (isinstance(m, int) and m == 1) and not same_dim(m, g) for m, g in zip(padded, sc)):
+        return f"a mask is added to scores of shape {format_dims(sc)}, not a grouping of (B, H, S, T)"
+    mask.tile = sc[:2] + padded[2:]
+    mask.view = [b] + padded[2:]
+    return None
+
+
 def _per_head_factors(plan: _Plan, bhst) -> Optional[str]:
     """A factor of the scores that varies over the heads only is one factor per query head: the rewrite applies it
     to q (``(c_h q) kᵀ = c_h (q kᵀ)``; rotary Q commutes with it too). One that varies over the batch, queries or
@@ -359,8 +375,10 @@ def _analyse_masks(plan: _Plan, bhst, dtype, graph: FunctionGraph) -> Optional[s
             return "mask shape is unknown (rank only)"
         if str(mask.expr.ty.dtype) != dtype:
             return f"mask is not additive (dtype {mask.expr.ty.dtype}, scores {dtype})"
-        if len(ms) > len(mask.scores) or len(ms) > 4:
-            return f"mask of rank {len(ms)} does not broadcast to (B, H, S, T)"
+        if len(ms) > len(mask.scores):
+            return f"mask of rank {len(ms)} does not broadcast to the scores {format_dims(mask.scores)}"
+        # a mask of rank 5 is added to a 5-D view of the scores (Swin's shifted windows: [B/nW, nW, H, N, N]):
+        # its view below is what it varies over in (B, H, S, T), so the operator reads it reshaped to rank 4
         reason = _mask_view(mask, ms, bhst)
         if reason:
             return reason
@@ -391,7 +409,7 @@ def _mask_view(mask: _Mask, ms, bhst) -> Optional[str]:
     otherwise (a ``[B·H, 1, T]`` bias: ``[B, H, 1, T]``)."""
     groups = regroup(atoms(bhst, ("b", "h", "s", "t")), mask.scores)
     if groups is None:
-        return f"a mask is added to scores of shape {format_dims(mask.scores)}, not a grouping of (B, H, S, T)"
+        return _mask_over_split_batch(mask, ms, bhst)
     padded = [1] * (len(mask.scores) - len(ms)) + list(ms)
     sizes = {"b": 1, "h": 1, "s": 1, "t": 1}
     for m_i, g_i, group in zip(padded, mask.scores, groups):
@@ -463,7 +481,10 @@ class MultiHeadAttentionRule(FusionRule):
         for i, mk in enumerate(p.masks):
             factor = mk.factor
             if mk.view is not None:  # added to regrouped scores (BLOOM's [B·H, 1, T] ALiBi): the same values
-                mi = bb.emit(relax.op.reshape(m.arg(f"mask{i}"), mk.view))
+                mi = m.arg(f"mask{i}")
+                if mk.tile is not None:
+                    mi = bb.emit(relax.op.broadcast_to(mi, relax.ShapeExpr(mk.tile)))
+                mi = bb.emit(relax.op.reshape(mi, mk.view))
             else:  # the op broadcasts its mask: pass it at the size it varies over (no S×T tensor left)
                 mi = compact_mask(m[f"mask{i}"], m.graph, m.remap, bb)
             if i in p.keep_masks:  # the key-padding part of a causal mask: back to additive, at its own size
