@@ -697,3 +697,30 @@ def test_tvm_operator_reprs_are_named_not_dumped_in_one_line_errors():
     msg = _one_line(err)
     assert msg == ("TypeError: relax.nn.layer_norm requires all the input tensors to have the same dtype. However, "
                    "the gamma has dtype T.float16"), msg
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# size arithmetic in floats (MobileViT's legacy export)
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("unary", ["Ceil", "Floor", "Round", "Abs", "Sqrt"])
+def test_float_size_arithmetic_folds_into_a_reshape_target(run_llvm, run_ort, unary):
+    # int(math.ceil(h / p) * p) traced with constants: Ceil(2.0) · 2.0 → Cast(int64) → Div 2 → · 3 → Unsqueeze →
+    # Concat into a Reshape target. One unary op of a constant left unfolded made the target a run-time tensor,
+    # which TVM's Reshape converter refused
+    c = {n: numpy_helper.from_array(np.array(v), n) for n, v in (
+        ("half", np.float32(2.25)), ("two_f", np.float32(2.0)), ("two", np.int64(2)), ("three", np.int64(3)),
+        ("zero", np.array([0], np.int64)), ("minus1", np.array([-1], np.int64)))}
+    nodes = [helper.make_node(unary, ["half"], ["u"]),
+             helper.make_node("Mul", ["u", "two_f"], ["m"]),
+             helper.make_node("Cast", ["m"], ["mi"], to=TP.INT64),
+             helper.make_node("Div", ["mi", "two"], ["d"]),
+             helper.make_node("Mul", ["d", "three"], ["rows"]),
+             helper.make_node("Unsqueeze", ["rows", "zero"], ["rows1"]),
+             helper.make_node("Concat", ["rows1", "minus1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    rows = int(getattr(np, unary.lower() if unary != "Round" else "round")(2.25) * 2.0) // 2 * 3
+    m = _model(nodes, [_vi("x", TP.FLOAT, [rows, 4])], [_vi("y", TP.FLOAT, None)], inits=list(c.values()))
+    x = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+    (got,), (ref,) = run_llvm(load_onnx(m), {"x": x}), run_ort(m, {"x": x})
+    assert got.shape == ref.shape == (rows, 4)
+    np.testing.assert_array_equal(got, ref)

@@ -724,7 +724,31 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
     class Mean(_Pairwise, of.Mean):
         pass
 
+    class _FoldedUnary(_Fixed):
+        """Computed on the spot when the input is a constant. Exporters write size arithmetic in floats (MobileViT's
+        ``int(math.ceil(h / p) * p)``: ``Ceil(2.0) · 2.0 → Cast → Div ...`` into a Reshape target); TVM's binary
+        and Cast converters fold constants but its unary ones do not, so one ``ceil`` left the Reshape target a
+        run-time tensor, which its Reshape converter refuses."""
+
+        numpy_fn = None
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            x = inputs[0] if len(inputs) == 1 else None
+            if isinstance(x, tvm.ir.GenericConst) and x.value.numpy().size <= 1024:
+                value = x.value.numpy()
+                with np.errstate(all="ignore"):
+                    return relax.const(cls.numpy_fn(value).astype(value.dtype), str(value.dtype))
+            return stock(bb, inputs, attr, params)
+
+    folded = []
+    for name, fn in (("Ceil", np.ceil), ("Floor", np.floor), ("Round", np.round), ("Sqrt", np.sqrt),
+                     ("Neg", np.negative), ("Abs", np.abs), ("Reciprocal", np.reciprocal), ("Exp", np.exp),
+                     ("Log", np.log), ("Sign", np.sign)):
+        if hasattr(of, name):
+            folded.append(type(name, (_FoldedUnary, getattr(of, name)), {"numpy_fn": staticmethod(fn)}))
+
     return {cls.__name__: cls for cls in (Constant, IsInf, BitShift, Mod, Equal, ReduceMax, ReduceMin, Pow,
                                            SpaceToDepth, LayerNormalization,
                                            RMSNormalization, Dropout, NonMaxSuppression, Reshape, Tile, Max, Min,
-                                           Sum, Mean, QuantizeLinear)}
+                                           Sum, Mean, QuantizeLinear, *folded)}
