@@ -724,3 +724,19 @@ def test_float_size_arithmetic_folds_into_a_reshape_target(run_llvm, run_ort, un
     (got,), (ref,) = run_llvm(load_onnx(m), {"x": x}), run_ort(m, {"x": x})
     assert got.shape == ref.shape == (rows, 4)
     np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("axis,depth_dtype", [(-1, np.int64), (0, np.float32), (1, np.int64)])
+def test_one_hot_with_values_computed_at_run_time(run_llvm, run_ort, axis, depth_dtype):
+    # CANINE's legacy export: OneHot's [off, on] values come from the graph; TVM's converter asserted they were
+    # constants (a crash). Negative indices count from depth
+    depth = numpy_helper.from_array(np.array(5, depth_dtype), "depth")
+    nodes = [helper.make_node("Concat", ["off", "on"], ["values"], axis=0),
+             helper.make_node("OneHot", ["idx", "depth", "values"], ["y"], axis=axis)]
+    m = _model(nodes, [_vi("idx", TP.INT64, [2, 3]), _vi("off", TP.FLOAT, [1]), _vi("on", TP.FLOAT, [1])],
+               [_vi("y", TP.FLOAT, None)], inits=[depth])
+    feeds = {"idx": np.array([[0, 4, -1], [2, -5, 3]], np.int64), "off": np.array([0.5], np.float32),
+             "on": np.array([-2.0], np.float32)}
+    (got,), (ref,) = run_llvm(load_onnx(m), feeds), run_ort(m, feeds)
+    assert got.shape == ref.shape
+    np.testing.assert_array_equal(got, ref)

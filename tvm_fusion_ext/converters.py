@@ -724,6 +724,30 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
     class Mean(_Pairwise, of.Mean):
         pass
 
+    class OneHot(_Fixed, of.OneHot):
+        """``values`` computed at run time (CANINE's legacy export): ``where(indices == position, on, off)`` along
+        ``axis``. The stock converter takes constant values only (an assert, which read as a crash)."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            indices, depth, values = inputs
+            if isinstance(values, tvm.ir.GenericConst) or not isinstance(depth, tvm.ir.GenericConst):
+                return stock(bb, inputs, attr, params)
+            n = int(np.asarray(depth.value.numpy()).reshape(-1)[0])
+            if not dtype_of(indices).startswith("int"):  # ONNX: non-integer indices are cast to integers
+                indices = bb.normalize(relax.op.astype(indices, "int64"))
+            rank, dt = ndim_of(indices), dtype_of(indices)
+            axis = int(attr.get("axis", -1))
+            axis = axis + rank + 1 if axis < 0 else axis
+            if not 0 <= axis <= rank:
+                raise Unsupported(f"OneHot axis {attr.get('axis')} for indices of rank {rank}")
+            wrapped = relax.op.where(relax.op.less(indices, relax.const(0, dt)),
+                                     relax.op.add(indices, relax.const(n, dt)), indices)
+            positions = relax.op.reshape(relax.op.arange(0, n, 1, dt), [n if i == axis else 1 for i in range(rank + 1)])
+            hit = relax.op.equal(relax.op.expand_dims(wrapped, axis), positions)
+            off, on = (relax.op.take(values, relax.const(i, "int64"), axis=0) for i in (0, 1))
+            return relax.op.where(hit, on, off)
+
     class _FoldedUnary(_Fixed):
         """Computed on the spot when the input is a constant. Exporters write size arithmetic in floats (MobileViT's
         ``int(math.ceil(h / p) * p)``: ``Ceil(2.0) · 2.0 → Cast → Div ...`` into a Reshape target); TVM's binary
@@ -751,4 +775,4 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
     return {cls.__name__: cls for cls in (Constant, IsInf, BitShift, Mod, Equal, ReduceMax, ReduceMin, Pow,
                                            SpaceToDepth, LayerNormalization,
                                            RMSNormalization, Dropout, NonMaxSuppression, Reshape, Tile, Max, Min,
-                                           Sum, Mean, QuantizeLinear, *folded)}
+                                           Sum, Mean, QuantizeLinear, OneHot, *folded)}
