@@ -89,3 +89,12 @@ def test_grouped_rotary_causal_attention_with_symbolic_lengths(caplog):
     b, s = _dims()
     rows = _compile([_attention(b, s, causal=True, heads=8, kv_heads=2, rope=True)], "float32", "sm_90", caplog)
     assert len([r for r in _kernels(rows, "fused_attention") if r["smem_bytes"] > 0]) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_latent_attention_with_its_own_value_head_dim(caplog, dtype):
+    # multi-head latent attention's shape: q/k heads of 192 (128 + 64 rotary), v heads of 128, symbolic lengths
+    b, s = _dims()
+    shapes = {"q": [b, s, 4, 192], "k": [b, s, 4, 192], "v": [b, s, 4, 128]}
+    rows = _compile([("fused_attention", shapes, {"scale": 192 ** -0.5, "causal": True})], dtype, "sm_90", caplog)
+    assert len([r for r in _kernels(rows, "fused_attention") if r["smem_bytes"] > 0]) == 1

@@ -26,11 +26,11 @@ TARGET = resolve_target("llvm")
 H, D = 4, 32
 
 
-def _module(params, heads_kv=H, mask=True):
+def _module(params, heads_kv=H, mask=True, dv=D):
     batch, seq = tirx.Var("batch", "int64"), tirx.Var("seq", "int64")
     q = relax.Var("q", relax.TensorType([batch, seq, H, D], "float32"))
     k = relax.Var("k", relax.TensorType([batch, seq, heads_kv, D], "float32"))
-    v = relax.Var("v", relax.TensorType([batch, seq, heads_kv, D], "float32"))
+    v = relax.Var("v", relax.TensorType([batch, seq, heads_kv, dv], "float32"))
     args = [q, k, v]
     if mask:
         args.append(relax.Var("mask", relax.TensorType([batch, 1, 1, seq], "float32")))
@@ -38,10 +38,10 @@ def _module(params, heads_kv=H, mask=True):
     return build_module(args, lambda bb: call_op(bb, "fused_attention", inputs, params))
 
 
-def _inputs(batch, seq, heads_kv=H, seed=0):
+def _inputs(batch, seq, heads_kv=H, seed=0, dv=D):
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((batch, seq, H, D)).astype("float32")
-    k, v = (rng.standard_normal((batch, seq, heads_kv, D)).astype("float32") for _ in range(2))
+    k, v = (rng.standard_normal((batch, seq, heads_kv, d)).astype("float32") for d in (D, dv))
     mask = np.where(rng.random((batch, 1, 1, seq)) < 0.25, -1e4, 0.0).astype("float32")
     mask[..., 0] = 0.0  # one visible key per row at least
     return q, k, v, mask
@@ -67,6 +67,19 @@ def test_one_kernel_serves_every_length(causal):
         arrays = _inputs(batch, seq, seed=seq)
         want = _reference(*arrays, 0.125, causal, ("BSHD",) * 4)
         np.testing.assert_allclose(_run(compiled.executable, arrays), want, rtol=2e-5, atol=2e-5)
+
+
+def test_value_head_dim_of_its_own_at_every_length():
+    # multi-head latent attention with symbolic batch and sequence: v's head dim (16) is not q/k's (32)
+    mod = _module({"scale": 0.125, "causal": True}, dv=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled = compile_model(mod, TARGET, fuse_graph=False)
+    for batch, seq in ((1, 1), (2, 37), (1, 129)):
+        arrays = _inputs(batch, seq, seed=seq, dv=16)
+        got = _run(compiled.executable, arrays)
+        assert got.shape == (batch, seq, H, 16)
+        np.testing.assert_allclose(got, _reference(*arrays, 0.125, True, ("BSHD",) * 4), rtol=2e-5, atol=2e-5)
 
 
 def test_template_pads_query_rows_and_writes_back_the_real_ones():
