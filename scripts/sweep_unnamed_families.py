@@ -38,6 +38,8 @@ _SEQ2SEQ = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attentio
                 encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=1000)
 _VISION = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
                patch_size=8)
+_AUDIO = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
+              conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
 
 # name: (config class, model class, config arguments, model keyword arguments, inputs: "text" | "text+decoder" |
 #        a pixel/audio shape, and how the model is reached: None or a method giving the encoder)
@@ -56,10 +58,7 @@ FAMILIES = {
     "beit": ("BeitConfig", "BeitModel", dict(_VISION, use_relative_position_bias=True),
              {"add_pooling_layer": False}, (2, 3, 32, 32), None),
     "vit": ("ViTConfig", "ViTModel", _VISION, {"add_pooling_layer": False}, (2, 3, 32, 32), None),
-    "wav2vec2": ("Wav2Vec2Config", "Wav2Vec2Model", dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
-        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
-        {}, (2, 800), None),
+    "wav2vec2": ("Wav2Vec2Config", "Wav2Vec2Model", _AUDIO, {}, (2, 800), None),
     "mobilebert": ("MobileBertConfig", "MobileBertModel", dict(
         _TEXT, intermediate_size=64, intra_bottleneck_size=32, embedding_size=32, true_hidden_size=32),
         {"add_pooling_layer": False}, "text", None),
@@ -123,14 +122,8 @@ FAMILIES = {
               "text", None),
     "fnet": ("FNetConfig", "FNetModel", dict(_TEXT, use_tpu_fourier_optimizations=False), {"add_pooling_layer": False},
              "text-only-ids", None),
-    "hubert": ("HubertConfig", "HubertModel", dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
-        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
-        {}, (2, 800), None),
-    "wavlm": ("WavLMConfig", "WavLMModel", dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
-        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
-        num_buckets=32, max_bucket_distance=64), {}, (2, 800), None),
+    "hubert": ("HubertConfig", "HubertModel", _AUDIO, {}, (2, 800), None),
+    "wavlm": ("WavLMConfig", "WavLMModel", dict(_AUDIO, num_buckets=32, max_bucket_distance=64), {}, (2, 800), None),
     "deit": ("DeiTConfig", "DeiTModel", _VISION, {"add_pooling_layer": False}, (2, 3, 32, 32), None),
     "nystromformer": ("NystromformerConfig", "NystromformerModel", dict(_TEXT, num_landmarks=4,
                                                                         segment_means_seq_len=20), {}, "text", None),
@@ -215,18 +208,9 @@ FAMILIES = {
     "focalnet": ("FocalNetConfig", "FocalNetModel", dict(image_size=32, embed_dim=16, depths=[1, 1],
                                                           focal_levels=[2, 2], focal_windows=[3, 3]), {},
                  (1, 3, 32, 32), None),
-    "data2vec-audio": ("Data2VecAudioConfig", "Data2VecAudioModel", dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
-        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
-        {}, (2, 800), None),
-    "sew": ("SEWConfig", "SEWModel", dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
-        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
-        squeeze_factor=2), {}, (2, 800), None),
-    "unispeech": ("UniSpeechConfig", "UniSpeechModel", dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
-        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
-        {}, (2, 800), None),
+    "data2vec-audio": ("Data2VecAudioConfig", "Data2VecAudioModel", _AUDIO, {}, (2, 800), None),
+    "sew": ("SEWConfig", "SEWModel", dict(_AUDIO, squeeze_factor=2), {}, (2, 800), None),
+    "unispeech": ("UniSpeechConfig", "UniSpeechModel", _AUDIO, {}, (2, 800), None),
 }
 EXPORTERS = ("legacy", "dynamo", "opset23", "dynamic", "dynamo-dynamic")
 
