@@ -347,8 +347,9 @@ def test_mask_over_merged_batch_heads_without_batch_axis_fuses():
     assert params["q_layout"] == "BHSD"  # read from the 4-D tensors, not their [B·H, S, D] views
 
 
-def test_interleaved_head_split_is_refused():
-    # k split as [B, T, D, H] (head index innermost): a valid graph the op's layouts cannot express
+def test_interleaved_head_split_fuses_through_a_transposed_copy():
+    # k split as [B, T, D, H] (head index innermost), no BSHD/BHSD view of it exists: the permuted Kᵀ tensor
+    # [B, H, D, T] the graph makes is read through a transposed copy (session 18 and before: refused)
     q, xk, v = _var("q", (B, H, S, D)), _var("xk", (B, T, H * D)), _var("v", (B, H, T, D))
 
     def build(bb):
@@ -356,7 +357,9 @@ def test_interleaved_head_split_is_refused():
         kt = bb.emit(relax.op.permute_dims(k4, [0, 3, 2, 1]))
         return _attend(bb, q, kt, v, lambda sc: sc)
 
-    assert_refused(build_module([q, xk, v], build), ATTENTION, rule=RULE, reason="k is not a head-split view")
+    _, _, (xq, xkv, xv), actual = _assert_fused(build_module([q, xk, v], build))
+    k = xkv.reshape(B, T, D, H).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(actual, _bhsd_attention(xq, k, xv, 0.0, scale=1.0), rtol=1e-4, atol=1e-5)
 
 
 def test_multiplicative_mask_is_refused():
@@ -367,6 +370,26 @@ def test_multiplicative_mask_is_refused():
         return _attend(bb, q, kt, v, lambda sc: bb.emit(relax.op.multiply(sc, m)))
 
     assert_refused(build_module([q, k, v, m], build), ATTENTION, rule=RULE, reason="multiplied by a tensor")
+
+
+def test_channel_first_heads_with_keys_already_transposed_fuse():
+    # SqueezeBERT: Q/K/V from 1×1 convolutions, channel-first [B, H·D, S]; each viewed [B, H, D, S]. Q and V are
+    # transposed to [B, H, S, D]; K is multiplied as it is, already Kᵀ. The output goes back channel-first
+    q, k, v = (_var(x, (B, H * D, n)) for x, n in (("q", S), ("k", T), ("v", T)))
+
+    def build(bb):
+        def heads(x, n):
+            return bb.emit(relax.op.reshape(x, (B, H, D, n)))
+
+        qh, vh = (bb.emit(relax.op.permute_dims(heads(x, n), [0, 1, 3, 2])) for x, n in ((q, S), (v, T)))
+        sc = lambda s: bb.emit(relax.op.divide(s, relax.const(D ** 0.5, "float32")))  # noqa: E731
+        o = _attend(bb, qh, heads(k, T), vh, sc)
+        return bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(o, [0, 1, 3, 2])), (B, H * D, S)))
+
+    fused, _, (xq, xk, xv), actual = _assert_fused(build_module([q, k, v], build))
+    heads = lambda x, n: x.reshape(B, H, D, n).transpose(0, 1, 3, 2)  # noqa: E731
+    want = _bhsd_attention(heads(xq, S), heads(xk, T), heads(xv, T), 0.0)
+    np.testing.assert_allclose(actual, want.transpose(0, 1, 3, 2).reshape(B, H * D, S), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("images", [1, 2])

@@ -464,6 +464,8 @@ class MultiHeadAttentionRule(FusionRule):
         for name in ("q", "k", "v"):
             op: Operand = getattr(p, name)
             x = m.arg(name)
+            if op.transposed:  # K given transposed per head ([B, H, D, T]): the operator reads it BHSD
+                x = bb.emit(relax.op.permute_dims(x, [0, 1, 3, 2]))
             if len(shape_dims(op.base)) == 3:  # a free view as the 4-D tensor the operand reading names
                 b, h, s, d = op.bhsd
                 if op.seq_first:

@@ -42,7 +42,10 @@ SHAPE_OPS = ("relax.permute_dims", "relax.reshape")
 WALK_OPS = SHAPE_OPS + ("relax.expand_dims", "relax.squeeze", "relax.broadcast_to", "relax.repeat", "relax.tile")
 SCALE_OPS = ("relax.multiply", "relax.divide")
 LAYOUTS = ("BHSD", "BSHD")
-_LABELS = {"BHSD": ("b", "h", "s", "d"), "BSHD": ("b", "s", "h", "d")}
+_LABELS = {"BHSD": ("b", "h", "s", "d"), "BSHD": ("b", "s", "h", "d"),
+           # K already transposed per head, [B, H, D, T]: SqueezeBERT's keys, split from channel-first [B, H·D, T]
+           # and multiplied as they are. The operator reads it through a transposed copy (BHSD)
+           "BHDS": ("b", "h", "d", "s")}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -208,6 +211,8 @@ class Operand:
     #: the base is seq-first ``[S, B·H, D]`` with B·H symbolic: read as B·H batches of one head once transposed to
     #: ``[B·H, S, D]`` (a copy, which the graph's own transpose made too)
     seq_first: bool = False
+    #: the base is K transposed, ``[B, H, D, T]``: the operator reads ``permute_dims(base, [0, 1, 3, 2])`` (BHSD)
+    transposed: bool = False
 
 
 def _rope_call(val, graph: FunctionGraph):
@@ -263,12 +268,15 @@ def operand_candidates(e: relax.Expr, graph: FunctionGraph, role: str,
         chain.append(val)
         tensors.append(cur)
     heads_of_e = _batch_heads(e)
+    transposed: List[Operand] = []  # readings that need a transposed copy: after every other one
     for ndim in (4, 3):
         for k in range(len(tensors) - 1, -1, -1):
             shape = shape_dims(tensors[k])
             if shape is None or len(shape) != ndim:
                 continue
-            for layout in (LAYOUTS if ndim == 4 else ("B.HSD", "HSD", "SHD")):
+            layouts = (*LAYOUTS, "BHDS") if ndim == 4 and role == "k" else LAYOUTS if ndim == 4 else \
+                ("B.HSD", "HSD", "SHD")
+            for layout in layouts:
                 if layout == "B.HSD":
                     # a [B·H, S, D] tensor that the operand's own [B, H, ..] view splits (torch's
                     # nn.MultiheadAttention: heads split on 3-D tensors, viewed as 4-D for the matmuls)
@@ -298,6 +306,11 @@ def operand_candidates(e: relax.Expr, graph: FunctionGraph, role: str,
                                    "not grouped")
                     continue
                 group = _group(dims)
+                if ndim == 4 and layout == "BHDS":
+                    if rope is None:  # a rotation is read where the operator reads K, in BSHD/BHSD only
+                        b, h, d, t = shape
+                        transposed.append(Operand(tensors[k], "BHSD", (b, h, t, d), scale, group, transposed=True))
+                    continue
                 if ndim == 4:
                     b, x1, x2, d = shape
                     bhsd = (b, x1, x2, d) if layout == "BHSD" else (b, x2, x1, d)
@@ -318,6 +331,7 @@ def operand_candidates(e: relax.Expr, graph: FunctionGraph, role: str,
                 else:  # B·H symbolic (a dynamic batch): read as B·H batches of one head, the operator's heads static
                     bhsd = (shape[0], 1, *shape[1:])
                 yield Operand(tensors[k], "BHSD", bhsd, scale)
+    yield from transposed
 
 
 def _batch_heads(e: relax.Expr) -> Optional[Tuple]:
