@@ -10,7 +10,9 @@ additive masks (correct; the S×T terms exist either way). BLOOM's ALiBi bias is
 ``[B, H, 1, T]`` mask. Falcon's multi-query attention (one K/V head broadcast by the matmul) fuses. The legacy LLaMA export's identity
 fp32 casts (the residual reads the cast) are looked through: all five RMSNorms fuse. Legacy exports of
 Phi-3 and GPT-NeoX compute their chunk bounds from sizes: they import (the bounds fold) and fuse. XGLM clamps its
-masked scores at float's lowest value, the identity on finite scores: the clamp goes and the attention fuses."""
+masked scores at float's lowest value, the identity on finite scores: the clamp goes and the attention fuses.
+DeepSeek-V3's latent attention has V heads narrower than Q/K's: the operator takes V's head dim. SqueezeBERT
+multiplies channel-first K as ``[B, H, D, T]``: read through a transposed copy."""
 
 import numpy as np
 import pytest
@@ -60,6 +62,9 @@ CASES = [
     # multi-head latent attention: v's head dim (16) is not q/k's (24 = 16 + 8 rotary); the operator takes both
     ("deepseek-v3", "dynamo", "sdpa", dict(attention=2, rmsnorm=9, gated_mlp=2)),
     ("deepseek-v3", "legacy", "sdpa", dict(attention=2, rmsnorm=9, gated_mlp=2)),
+    # channel-first heads (1×1 convolutions, so no dense or QKV): K read through a transposed copy
+    ("squeezebert", "dynamo", "eager", dict(attention=2, layernorm=5, dense=0)),
+    ("squeezebert", "legacy", "eager", dict(attention=2, layernorm=5, dense=0)),
 ]
 
 

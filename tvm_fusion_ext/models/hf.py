@@ -79,6 +79,9 @@ OTHER_FAMILIES = {
     "opt": ("OPTConfig", "OPTModel", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, ffn_dim=160,
                                           vocab_size=1000, max_position_embeddings=160, word_embed_proj_dim=64,
                                           **_TOKENS)),
+    # channel-first heads from 1×1 convolutions: K multiplied as [B, H, D, T], read through a transposed copy
+    "squeezebert": ("SqueezeBertConfig", "SqueezeBertModel", {**_TINY_DECODER, "num_key_value_heads": 4,
+                                                              "embedding_size": 64, **_TOKENS}),
     # multi-head latent attention: q/k heads of 16 + 8 rotary dims, v heads of 16; both layers dense (no MoE,
     # which the exporters cannot trace)
     "deepseek-v3": ("DeepseekV3Config", "DeepseekV3Model",
