@@ -16,10 +16,10 @@ Pattern (matched by meaning, not by listing spellings: :class:`AttentionMatcher`
     ``[B·H, S, D]`` operands (treated as B=1).
 Check (a refusal names its reason)
     softmax on the last axis; every scale a scalar constant, or a tensor varying over the heads only (Swin-v2's
-    logit scale: applied to q); every mask additive (same float dtype as the scores) and
-    broadcastable to (B, H, S, T); q and k head dims (v may have its own, as in MLA and LeViT), key lengths,
-    batch and heads consistent; batch dims of the two matmuls not broadcast. Scores and
-    probabilities must not be used elsewhere (the engine's leak check: they are the intermediates of the match).
+    logit scale: applied to q); every mask additive (same float dtype as the scores) and broadcastable to
+    (B, H, S, T); q and k head dims (v may have its own, as in MLA and LeViT), key lengths, batch and heads
+    consistent; batch dims of the two matmuls not broadcast. Scores and probabilities must not be used elsewhere
+    (the engine's leak check: they are the intermediates of the match).
 Rewrite
     ``fused_attention(q, k, v, mask?; scale, causal, layouts)`` plus a reshape when the graph wanted another view
     of the output (the ``[B, S, H·D]`` head merge, a 3-D ``[B·H, S, D]`` result). A constant mask equal to
