@@ -58,6 +58,7 @@ def test_run_matches_onnxruntime(tiny_encoder_path, tmp_path, run_ort):
         np.testing.assert_allclose(got["last_hidden_state"], ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # 21 s: compile + run; RemovePadding and artifacts each have default-tier tests
 def test_compile_and_run_padding_free_artifact(tiny_encoder_path, tmp_path, run_ort):
     """compile --remove-padding: the artifact records it and matches ORT at valid positions, zeros elsewhere."""
     from tvm_fusion_ext.deploy import load

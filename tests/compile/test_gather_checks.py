@@ -193,6 +193,7 @@ def test_constant_indices_in_range_get_no_check(tmp_path):
     np.testing.assert_array_equal(got, ref)
 
 
+@pytest.mark.slow  # a runtime-only subprocess (25 s); tests/deploy/test_runtime_only.py covers that path by default
 def test_refused_in_one_line_where_only_the_runtime_is_installed(tmp_path):
     """The check is the VM's own (no Python callback): a runtime-only deployment refuses the same way."""
     from tvm_fusion_ext.compile import compile_artifact

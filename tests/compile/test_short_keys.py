@@ -52,7 +52,7 @@ def _inputs(batch, seq, seed):
     return q, k, v, mask
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)])  # 20 s each
 def test_every_branch_matches_numpy_on_both_sides_of_its_boundary(causal):
     params = {"scale": 0.25, "causal": causal}
     with warnings.catch_warnings():

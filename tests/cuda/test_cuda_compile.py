@@ -85,9 +85,11 @@ def _attention(S, D, dtype, layout, arch, heads=4):
 
 @needs_nvcc
 @pytest.mark.parametrize("S,D,dtype,layout,arch,kernels", [
-    (128, 64, "float16", "BSHD", "sm_80", 1),   # K and V read in place: one kernel
+    # K and V read in place: one kernel (25 s of nvcc: slow tier; the bfloat16 case below is the same path)
+    pytest.param(128, 64, "float16", "BSHD", "sm_80", 1, marks=pytest.mark.slow),
     (128, 32, "bfloat16", "BHSD", "sm_90", 1),
-    (80, 32, "float16", "BSHD", "sm_80", 3),    # 80 keys pad to 2 blocks of 64: clamped key-block copies
+    # 80 keys pad to 2 blocks of 64: clamped key-block copies (15 s: slow tier)
+    pytest.param(80, 32, "float16", "BSHD", "sm_80", 3, marks=pytest.mark.slow),
     (32, 16, "float16", "BSHD", "sm_80", 1),    # head dim 16: fp16 tiles aliasing a dead fp32 tile
 ])
 def test_attention_fp16_runs_both_matmuls_on_tensor_cores(S, D, dtype, layout, arch, kernels):
@@ -198,6 +200,7 @@ def test_inspect_cuda_tiny_encoder():
 
 
 @needs_nvcc
+@pytest.mark.slow  # 17 s of nvcc; the fp32 inspect-cuda tests stay in the default tier
 def test_inspect_cuda_cli_fp16_json(capsys):
     from tvm_fusion_ext.cli import main
     from tvm_fusion_ext.models import default_model_path

@@ -313,6 +313,7 @@ def test_select_api_on_foreign_and_corrupt(tiny_encoder_path, tmp_path):
 # out-of-range token ids: refused in one line (as onnxruntime refuses them), never a crash or a clamped answer
 # ---------------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # 22 s through the CLI; tests/compile/test_gather_checks.py checks the refusal by default
 def test_out_of_range_token_ids_are_refused_not_a_crash(tiny_encoder_path, tmp_path, good_inputs, run_ort):
     """ids = vocab + 1000 and int64 min, through ``tvm-fusion run`` in a subprocess (a segfault would show as a
     negative return code): exit 2 and one line naming ``input_ids`` (``compile/gather_checks.py``; before session

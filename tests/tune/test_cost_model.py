@@ -123,6 +123,7 @@ def test_warm_start_skips_records_of_another_target(random_logs):
     assert stats.records == 0 and stats.other_target == 4 and model.booster is None
 
 
+@pytest.mark.slow  # 15 s of tuning through the CLI
 def test_warm_start_from_cli_is_in_the_manifest(tiny_path, random_logs, tmp_path):
     from tvm_fusion_ext.frontend import load_onnx
     from tvm_fusion_ext.tune.driver import TuneOptions, tune
@@ -217,6 +218,7 @@ def test_rank_model_learns_the_order_of_candidates_it_has_not_seen():
     assert spearmanr(pred, -cost[24:]).correlation > 0.5, (pred, cost[24:])
 
 
+@pytest.mark.slow  # 19 s of tuning through the CLI
 def test_rank_cost_model_tunes_from_the_cli_and_warm_starts(tiny_path, random_logs, tmp_path):
     from tvm_fusion_ext.cli import main
 
