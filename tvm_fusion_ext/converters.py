@@ -743,7 +743,8 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
                 raise Unsupported(f"OneHot axis {attr.get('axis')} for indices of rank {rank}")
             wrapped = relax.op.where(relax.op.less(indices, relax.const(0, dt)),
                                      relax.op.add(indices, relax.const(n, dt)), indices)
-            positions = relax.op.reshape(relax.op.arange(0, n, 1, dt), [n if i == axis else 1 for i in range(rank + 1)])
+            along_axis = [n if i == axis else 1 for i in range(rank + 1)]
+            positions = relax.op.reshape(relax.op.arange(0, n, 1, dt), along_axis)
             hit = relax.op.equal(relax.op.expand_dims(wrapped, axis), positions)
             off, on = (relax.op.take(values, relax.const(i, "int64"), axis=0) for i in (0, 1))
             return relax.op.where(hit, on, off)

@@ -274,8 +274,10 @@ def operand_candidates(e: relax.Expr, graph: FunctionGraph, role: str,
             shape = shape_dims(tensors[k])
             if shape is None or len(shape) != ndim:
                 continue
-            layouts = (*LAYOUTS, "BHDS") if ndim == 4 and role == "k" else LAYOUTS if ndim == 4 else \
-                ("B.HSD", "HSD", "SHD")
+            if ndim == 3:
+                layouts = ("B.HSD", "HSD", "SHD")
+            else:  # Kᵀ may also be read as already transposed per head (through a copy: tried last)
+                layouts = (*LAYOUTS, "BHDS") if role == "k" else LAYOUTS
             for layout in layouts:
                 if layout == "B.HSD":
                     # a [B·H, S, D] tensor that the operand's own [B, H, ..] view splits (torch's
