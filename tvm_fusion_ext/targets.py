@@ -30,7 +30,7 @@ _CUDA_LIMITS = {
 #: The widest access one CUDA thread issues as a single instruction (float4 / uint4); TVM's codegen has no
 #: wider vector types either (8 fp32 lanes become ulonglong4 hacks that nvcc rejects).
 CUDA_VECTOR_BYTES = 16
-#: LLVM CPU names whose widest vector unit is AVX-512 (when ``mattr`` does not say so itself).
+#: LLVM CPU names whose widest vector unit is AVX-512, for when LLVM itself cannot be asked.
 _AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "icelake", "tigerlake", "sapphirerapids",
                 "znver4", "znver5", "x86-64-v4")
 _CUDA_ARCH = re.compile(r"^sm_(\d{2,3})a?$")
@@ -99,7 +99,20 @@ def _cpu_vector_bits(target: tvm.target.Target) -> int:
     attrs = target.attrs
     mcpu = str(attrs.get("mcpu") or "") if attrs is not None else ""
     mattr = " ".join(str(a) for a in (attrs.get("mattr") or [])) if attrs is not None else ""
-    return 512 if "avx512" in mattr or mcpu.startswith(_AVX512_CPUS) else 256
+    if "-avx512f" in mattr:
+        return 256
+    if "avx512" in mattr:
+        return 512
+    # Ask LLVM what the named CPU has: a list of names goes stale with every new CPU (an Emerald Rapids host
+    # read as AVX2 got 8-lane tiles and had its 16-lane candidates rejected as unrunnable).
+    if mcpu and str(target.kind.name) == "llvm":
+        from tvm.target import codegen
+
+        try:
+            return 512 if codegen.llvm_cpu_has_features("avx512f", target) else 256
+        except Exception:  # noqa: BLE001  (a CPU or triple LLVM cannot describe: fall back to the names below)
+            pass
+    return 512 if mcpu.startswith(_AVX512_CPUS) else 256
 
 
 def usable_cores() -> int:
