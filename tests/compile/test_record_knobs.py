@@ -15,6 +15,9 @@ import pytest
 import tvm
 from tvm import s_tir
 
+from tvm_fusion_ext.schedules.cpu.dense import default_mr, symbolic_mr
+from tvm_fusion_ext.targets import resolve_target
+
 K, N = 32, 64
 #: non-default knobs (symbolic defaults: mr 4, k [1, 32], unroll index 1): the static row split [ip, i0, mr]
 #: gives mr 2
@@ -199,7 +202,7 @@ def test_symbolic_kernels_take_the_records_knobs(symbolic, logs):
     # prepare time: the register tile's rows pad the run-time rows
     assert json.loads(str(dense.attrs["tfx.params"]))["row_block"] == DENSE_TRANSFERRED["mr"]
     plain = [f for f in _kernels(lowered, "tfx.dense").values() if '"gelu"' not in str(f.attrs["tfx.params"])]
-    assert [json.loads(str(f.attrs["tfx.params"]))["row_block"] for f in plain] == [4]  # no record: default
+    assert [json.loads(str(f.attrs["tfx.params"]))["row_block"] for f in plain] == [symbolic_mr(target)]  # default
 
     # schedule time: the template's samples take the record's decisions
     def decisions(func, rule, table):
@@ -282,9 +285,11 @@ def test_auto_space_and_stale_records_are_counted_not_guessed(symbolic, static_l
     assert sum(n for r, n in reasons.items() if "samples where the template makes" in r) == 1
     assert reasons.get("trace's sample 1 is a one of [0, 16, 64, 256] where the template's 'unroll' is a one of "
                        "[0, 16, 64] (stale or foreign)") == 1
-    # a trace records every decision: the knobs not given are the static defaults (k [1, 32], mr 4 at 16 rows)
+    # a trace records every decision: the knobs not given are the static defaults (k [1, 32], mr at 16 rows: 4 on
+    # AVX2, 8 on AVX-512)
+    mr = default_mr(16, resolve_target("llvm"))
     assert [(e["rule"], e["knobs"]) for e in compiled.transferred] == [("tfx.dense", {"k": [1, 32], "unroll": 3,
-                                                                                      "mr": 4})]
+                                                                                      "mr": mr})]
     x = np.random.default_rng(1).standard_normal((2, 5, K)).astype("float32")
     vm = tvm.relax.VirtualMachine(compiled.executable, tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x)).numpy()

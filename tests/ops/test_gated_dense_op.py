@@ -17,6 +17,7 @@ from tvm_fusion_ext.ops.registry import make_prim_func
 from tvm_fusion_ext.schedules.registry import get_template
 from tvm_fusion_ext.targets import resolve_target
 from tvm_fusion_ext.testing import numpy_activation
+from tvm_fusion_ext.schedules.cpu.dense import symbolic_mr
 
 CPU = resolve_target("llvm")
 
@@ -88,7 +89,7 @@ def test_symbolic_rows_take_the_template_padded_to_its_register_tile(N):
     K = 32
     wg, wu, b = _weights(K, N, seed=2)
     mod = _model((batch, seq), K, wg, wu, b, "silu")
-    assert [params_of(f).get("row_block") for f in _kernels(lower(mod, CPU))] == [4]
+    assert [params_of(f).get("row_block") for f in _kernels(lower(mod, CPU))] == [symbolic_mr(CPU)]
     scheduled = _kernels(ApplyTemplates(CPU, fallback=False)(lower(mod, CPU)))
     assert all(bool(f.attrs["tirx.is_scheduled"]) for f in scheduled)
     vm = relax.VirtualMachine(build(mod, CPU, fuse=False), tvm.cpu())

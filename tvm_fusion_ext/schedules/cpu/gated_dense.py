@@ -32,8 +32,8 @@ from ...ops.gated_dense import pack_gated_weight
 from ...targets import TargetInfo
 from ..common import flatten_rows_map, has_symbolic_rows, op_params, static_extents_reason
 from ..rule import Knobs, TemplateRule
-from .dense import (KC_MAX, MR_MAX, SYMBOLIC_MR, UNROLL_STEPS, _decision, _extent, _row_independent_knobs,
-                    copy_padded_rows, default_ip, default_kc, default_mr, panel_group)
+from .dense import (KC_MAX, MR_MAX, UNROLL_STEPS, _decision, _extent, _row_independent_knobs, _wide,
+                    copy_padded_rows, default_ip, default_kc, default_mr, panel_group, symbolic_mr)
 
 #: columns per panel: 2·nr accumulators per row, so mr=4 rows of 8 columns keep 8 AVX2 (4 AVX-512) registers
 #: of accumulators with room for the weight panel and the broadcast
@@ -41,8 +41,9 @@ GATED_NR = 8
 
 
 def gated_pack_nr(n: int, target: Optional[tvm.target.Target] = None) -> int:
-    """Panel width for a (K, n, 2) weight: a divisor of n when one fits, else a zero-padded last panel."""
-    for nr in (GATED_NR, 16, 4):
+    """Panel width for a (K, n, 2) weight: a divisor of n when one fits, else a zero-padded last panel. A panel
+    row is 2·nr floats: one AVX2 register pair at 8, two AVX-512 registers at 16 (see dense.py's tile)."""
+    for nr in (16, GATED_NR, 4) if _wide(target) else (GATED_NR, 16, 4):
         if n % nr == 0:
             return nr
     return GATED_NR
@@ -70,7 +71,7 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
     row_block = params.get("row_block")
     if row_block is None:
         M = _extent(sch, rows)
-        mr = default_mr(M)
+        mr = default_mr(M, target)
         ip = default_ip(M // mr, n_tiles, TargetInfo.of(target).cores,
                         mr * K * tvm.DataType(sch.get(block).reads[0].source.dtype).bits // 8)
         i_dec = _decision(knobs.get("i"), [ip, M // (ip * mr), mr])
@@ -163,5 +164,5 @@ class GatedDenseCPU(TemplateRule):
             inputs["w"] = relax.const(pack_gated_weight(w, gated_pack_nr(n, target)))
             params.update(w_layout="packed", out_features=n)
         if params.get("row_block") is None and has_symbolic_rows(call):
-            params["row_block"] = int(self.knobs.mr or SYMBOLIC_MR)
+            params["row_block"] = int(self.knobs.mr or symbolic_mr(target))
         return call.replace(inputs=inputs, params=params) if params != call.params else None
