@@ -201,3 +201,14 @@ def test_target_info_is_the_one_source_of_target_facts():
     assert cuda.family == "cuda" and cuda.lanes("float32") == 4 and cuda.lanes("float16") == 8
     assert cuda.limits() == {"threads": 1024, "smem": 49152, "warp": 32, "registers": 65536}
     assert TargetInfo.of(resolve_target({"kind": "llvm", "mcpu": "skylake-avx512"})).lanes() == 16
+
+
+@pytest.mark.parametrize("mcpu,mattr,lanes", [
+    ("emeraldrapids", None, 16), ("graniterapids", None, 16), ("znver4", None, 16),  # not in any name list
+    ("znver3", None, 8), ("x86-64-v3", None, 8),
+    ("emeraldrapids", ["-avx512f"], 8),   # AVX-512 switched off
+    ("x86-64-v3", ["+avx512f"], 16),
+])
+def test_vector_width_is_what_llvm_says_the_cpu_has(mcpu, mattr, lanes):
+    spec = {"kind": "llvm", "mcpu": mcpu, **({"mattr": mattr} if mattr else {})}
+    assert TargetInfo.of(resolve_target(spec)).lanes() == lanes
