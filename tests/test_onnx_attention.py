@@ -40,9 +40,9 @@ CASES = {
     # values wider than the keys: the operator's output takes V's head dim (since session 19; refused before)
     "value_width": (23, [("q", F32, [1, 2, 4, 8]), ("k", F32, [1, 2, 5, 8]), ("v", F32, [1, 2, 5, 12])], {}, 1,
                     True),
-    # capped scores are not plain attention (the rule refuses them, as Gemma 2's)
+    # capped scores, then the causal bias: the operator's soft-capping (Gemma 2's order)
     "softcap": (23, [("q", F32, [1, 2, 4, 8]), ("k", F32, [1, 2, 4, 8]), ("v", F32, [1, 2, 4, 8])],
-                {"softcap": 3.0, "is_causal": 1}, 1, False),
+                {"softcap": 3.0, "is_causal": 1}, 1, True),
     # the graph reads the probabilities: they must exist
     "probs_output": (23, [("q", F32, [1, 2, 4, 8]), ("k", F32, [1, 2, 4, 8]), ("v", F32, [1, 2, 4, 8])],
                      {"qk_matmul_output_mode": 3}, 4, False),

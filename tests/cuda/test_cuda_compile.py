@@ -72,12 +72,14 @@ def test_dense_compiles_without_spills(M, K, N, dtype, arch, transpose_b):
         assert "ldmatrix" in src and "mma.sync.aligned.m16n8k16" in src
 
 
-def _attention(S, D, dtype, layout, arch, heads=4):
+def _attention(S, D, dtype, layout, arch, heads=4, softcap=0.0):
     key_block = min(64, S)  # as the build path sets for CUDA (AttentionCUDA.prepare_operator)
     shape = (1, S, heads, D) if layout == "BSHD" else (1, heads, S, D)
     inputs = {"q": (shape, dtype), "k": (shape, dtype), "v": (shape, dtype), "mask": ((1, 1, 1, S), dtype)}
     params = {"scale": D ** -0.5, "key_block": key_block,
               **{f"{t}_layout": layout for t in ("q", "k", "v", "out")}}
+    if softcap:
+        params["softcap"] = softcap
     mod, target = _scheduled("fused_attention", inputs, params, "tfx.attention", arch)
     (src,) = cuda_sources(tvm.compile(mod, target))
     return kernel_report(src, arch), src
@@ -102,6 +104,16 @@ def test_attention_fp16_runs_both_matmuls_on_tensor_cores(S, D, dtype, layout, a
     # both matmuls: ldmatrix with and without .trans (Kᵀ read as (key, d) in place, V as (key, d))
     assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src and "ldmatrix.sync.aligned.m8n8.x4.trans" in src
     assert src.count("mma.sync.aligned.m16n8k16") >= 4
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_soft_capped_attention_compiles_on_its_usual_path(dtype):
+    # Gemma 2's capped scores: one tanh per score inside the flash loop, same kernels and paths as uncapped
+    rows, src = _attention(64, 32, dtype, "BHSD", "sm_90", softcap=50.0)
+    assert all(r["spill_bytes"] == 0 and r["stack_bytes"] == 0 for r in rows), rows
+    assert any(r["tensor_core"] for r in rows) == (dtype != "float32"), rows
+    assert "tanh" in src
 
 
 @needs_nvcc

@@ -2,8 +2,8 @@
 tiny random-weight exports (torch's dynamo exporter, batch 2, rows of different valid lengths through the mask)
 must fuse what their meaning allows, build, and match torch within 1e-4 at the valid positions.
 
-What must not fuse, and does not: Gemma2's soft-capped logits (``cap · tanh(s / cap)`` before the softmax) are
-not plain attention. DeBERTa-v3's disentangled terms (q against relative-position keys, relative-position queries
+Gemma2's soft-capped logits (``cap · tanh(s / cap)`` before the softmax) fuse with the operator's ``softcap``.
+DeBERTa-v3's disentangled terms (q against relative-position keys, relative-position queries
 against k, each gathered by relative distance) are tensors added to the scaled q·kᵀ: they reach the operator as
 additive masks (correct; the S×T terms exist either way). BLOOM's ALiBi bias is added to
 ``[B·H, S, T]`` scores (one ``baddbmm``) before they are viewed as ``[B, H, S, T]``: it reaches the operator as a
@@ -38,7 +38,9 @@ CASES = [
     ("gemma", "dynamo", "sdpa", dict(_DECODER, rmsnorm=5, qkv=2)),
     ("qwen3", "dynamo", "sdpa", dict(_DECODER, rmsnorm=9, qkv=2)),  # + q_norm and k_norm per layer
     ("olmo2", "dynamo", "sdpa", dict(_DECODER, rmsnorm=9, qkv=2)),
-    ("gemma2", "dynamo", "eager", dict(attention=0, rope=4, gated_mlp=2, rmsnorm=9, qkv=2, dense=6)),
+    # soft-capped logits (cap · tanh(s / cap), here with a cap of 1 so that it bends): the operator's softcap
+    ("gemma2", "dynamo", "eager", dict(attention=2, rope=4, gated_mlp=2, rmsnorm=9, qkv=2, dense=6)),
+    ("gemma2", "legacy", "eager", dict(attention=2, rope=4, gated_mlp=2, rmsnorm=9, qkv=2, dense=6)),
     ("gpt2", "dynamo", "sdpa", dict(attention=2, layernorm=5, dense=8)),
     # GPT-NeoX's two norms of one residual are identical in a random init: the exporter keeps one
     ("gpt_neox", "dynamo", "sdpa", dict(attention=2, rope=4, layernorm=3, qkv=2, dense=6)),  # partial rotary

@@ -24,12 +24,14 @@ def _from_bhsd(x, layout):
     return x if layout == "BHSD" else x.transpose(0, 2, 1, 3)
 
 
-def _reference(q, k, v, mask, scale, causal, layouts):
-    """softmax in float64 over scores rounded like the kernel's (fp32 scale·qkᵀ + mask); empty rows → 0."""
+def _reference(q, k, v, mask, scale, causal, layouts, softcap=0.0):
+    """softmax in float64 over scores rounded like the kernel's (fp32 scale·qkᵀ, capped, + mask); empty rows → 0."""
     ql, kl, vl, ol = layouts
     q, k, v = (_to_bhsd(x, lay).astype("float64") for x, lay in ((q, ql), (k, kl), (v, vl)))
     S, T = q.shape[2], k.shape[2]
     s = (q @ k.transpose(0, 1, 3, 2)).astype("float32") * np.float32(scale)
+    if softcap:
+        s = (softcap * np.tanh(s.astype("float64") / softcap)).astype("float32")
     if mask is not None:
         s = s + mask.astype("float32")
     s = s.astype("float64")
@@ -61,11 +63,11 @@ def _schedule(func, knobs=None):
 
 
 def _run(B, H, S, T, D, layouts=("BSHD",) * 4, mask_shape=None, causal=False, mask=None, knobs=None,
-         scheduled=True, dtype="float32", key_block=None, seed=0, DV=None):
+         scheduled=True, dtype="float32", key_block=None, seed=0, DV=None, softcap=0.0, spread=1.0):
     rng = np.random.default_rng(seed)
     ql, kl, vl, ol = layouts
     DV = DV or D
-    q = rng.standard_normal(_shape(ql, B, H, S, D)).astype(dtype)
+    q = (spread * rng.standard_normal(_shape(ql, B, H, S, D))).astype(dtype)
     k = rng.standard_normal(_shape(kl, B, H, T, D)).astype(dtype)
     v = rng.standard_normal(_shape(vl, B, H, T, DV)).astype(dtype)
     if mask is None and mask_shape is not None:
@@ -75,13 +77,15 @@ def _run(B, H, S, T, D, layouts=("BSHD",) * 4, mask_shape=None, causal=False, ma
               "out_layout": ol}
     if key_block is not None:
         params["key_block"] = key_block
+    if softcap:
+        params["softcap"] = softcap
     func = _func({"q": q, "k": k, "v": v, "mask": mask}, params)
     mod = _schedule(func, knobs) if scheduled else tvm.IRModule({"main": func})
     lib = tvm.compile(mod, target=TARGET)
     dev = tvm.cpu()
     out = tvm.runtime.empty(_shape(ol, B, H, S, DV), dtype, dev)
     lib(*[tvm.runtime.tensor(a, dev) for a in (q, k, v, mask) if a is not None], out)
-    return out.numpy(), _reference(q, k, v, mask, scale, causal, layouts)
+    return out.numpy(), _reference(q, k, v, mask, scale, causal, layouts, softcap)
 
 
 def _close(got, want, tol=2e-5):
@@ -128,6 +132,18 @@ def test_value_head_dim_differs(B, H, S, T, D, DV, layouts, causal):
 ])
 def test_masks_and_causal(mask_shape, causal):
     _close(*_run(2, 2, 9, 13, 32, ("BSHD", "BHSD", "BHSD", "BSHD"), mask_shape=mask_shape, causal=causal))
+
+
+@pytest.mark.parametrize("mask_shape,causal,scheduled", [
+    (None, False, True), ((2, 1, 9, 13), True, True), ((1, 1, 1, 13), False, False)])
+def test_soft_capped_scores(mask_shape, causal, scheduled):
+    # q scaled up: most scores lie past the cap, where tanh bends (uncapped attention is far from this)
+    got, want = _run(2, 2, 9, 13, 32, ("BSHD", "BHSD", "BHSD", "BSHD"), mask_shape=mask_shape, causal=causal,
+                     scheduled=scheduled, softcap=1.5, spread=4.0)
+    _close(got, want)
+    _, plain = _run(2, 2, 9, 13, 32, ("BSHD", "BHSD", "BHSD", "BSHD"), mask_shape=mask_shape, causal=causal,
+                    scheduled=scheduled, spread=4.0)
+    assert np.abs(got - plain).max() > 1e-2
 
 
 @pytest.mark.parametrize("S,T", [(5, 12), (12, 5), (1, 9), (70, 70)])

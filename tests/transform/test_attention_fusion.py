@@ -217,11 +217,88 @@ def test_non_constant_scale_is_refused():
     assert_refused(mod, ATTENTION, rule=RULE, reason="scale is not a scalar constant")
 
 
-@pytest.mark.parametrize("mask", [None, "bool_add"])
-def test_soft_capped_logits_are_refused(mask):
-    # Gemma2: cap · tanh(s / cap) before the softmax is another function of the scores than plain attention
+def _capped_attention(q, k, v, mask, cap, scale=D ** -0.5):
+    """Independent reference (float64): softmax(cap · tanh(scale · q kᵀ / cap) + mask) v, all BHSD."""
+    sc = scale * (q.astype("float64") @ np.swapaxes(k.astype("float64"), -1, -2))
+    sc = cap * np.tanh(sc / cap) + mask
+    e = np.exp(sc - sc.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v.astype("float64")
+
+
+@pytest.mark.parametrize("mask", [None, "bool_add", "causal_add"])
+def test_soft_capped_logits_fuse(mask):
+    # Gemma 2: cap · tanh(s / cap) of the scaled scores, the masks added after it. Inputs are scaled up so that
+    # most scores lie where tanh bends (|s| > cap): plain attention is far from the answer there.
     mod = attention_module("bshd", scale="mul", mask=mask, softcap=2.0)
-    assert_refused(mod, *_steps(True), rule=RULE, reason="scores pass through tanh before the softmax")
+    inputs = [x * 4 if x.dtype == np.float32 else x for x in random_inputs(mod, seed=3)]
+    fused, report, _, actual = _assert_fused(mod, canonicalize=True, inputs=inputs)
+    (params,) = _attention_params(fused)
+    assert params["softcap"] == pytest.approx(2.0) and params["scale"] == pytest.approx(D ** -0.5, rel=1e-6)
+    assert params["causal"] is (mask == "causal_add")
+    assert any("softcap 2" in e.detail for e in report.applied if e.kind == "attention")
+    xq, xk, xv = (x.reshape(B, -1, H, D).transpose(0, 2, 1, 3) for x in inputs[:3])
+    t = xk.shape[2]
+    if mask == "bool_add":
+        add = np.where(inputs[3], 0.0, float(np.finfo("float32").min))
+    elif mask == "causal_add":
+        add = np.where(np.arange(t)[None, :] > np.arange(S)[:, None] + (t - S), -np.inf, 0.0)
+    else:
+        add = 0.0
+    want = _capped_attention(xq, xk, xv, add, 2.0).transpose(0, 2, 1, 3).reshape(actual.shape)
+    np.testing.assert_allclose(actual, want, rtol=1e-4, atol=1e-5)
+    plain = _capped_attention(xq, xk, xv, add, 1e9).transpose(0, 2, 1, 3).reshape(actual.shape)
+    assert np.abs(actual - plain).max() > 1e-2  # the cap changed the answer: a test that can fail
+
+
+def test_soft_capping_with_factors_around_it_fuses():
+    # c · tanh(a · q kᵀ) in any spelling: the factors outside the tanh are the cap, those inside the scale
+    q, k, v = _var("q", (B, H, S, D)), _var("k", (B, H, T, D)), _var("v", (B, H, T, D))
+
+    def build(bb):
+        kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+        qs = bb.emit(relax.op.multiply(q, relax.const(0.5, "float32")))
+        return _attend(bb, qs, kt, v, lambda sc: bb.emit(relax.op.divide(
+            bb.emit(relax.op.multiply(relax.const(30.0, "float32"),
+                                      bb.emit(relax.op.tanh(bb.emit(relax.op.multiply(sc, relax.const(0.1, "float32"))))))),
+            relax.const(3.0, "float32"))))
+
+    mod = build_module([q, k, v], build)
+    inputs = [x * 3 for x in random_inputs(mod, seed=5)]
+    fused, _, (xq, xk, xv), actual = _assert_fused(mod, inputs=inputs)
+    (params,) = _attention_params(fused)
+    assert params["softcap"] == pytest.approx(10.0)
+    # 10 · tanh(0.05 · q kᵀ) = softcap · tanh(scale · q kᵀ / softcap) with scale 0.5
+    np.testing.assert_allclose(actual, _capped_attention(xq, xk, xv, 0.0, 10.0, scale=0.5), rtol=1e-4, atol=1e-5)
+
+
+def _capped_scores_module(inner):
+    """softmax(2 · tanh(inner(q kᵀ) / 2)) v, ``inner`` adding whatever else sits inside the tanh."""
+    q, k, v, m = _var("q", (B, H, S, D)), _var("k", (B, H, T, D)), _var("v", (B, H, T, D)), _var("m", (B, 1, 1, T))
+
+    def build(bb):
+        kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+
+        def scores(sc):
+            th = bb.emit(relax.op.tanh(bb.emit(relax.op.divide(inner(bb, sc, m), relax.const(2.0, "float32")))))
+            return bb.emit(relax.op.multiply(th, relax.const(2.0, "float32")))
+
+        return _attend(bb, q, kt, v, scores)
+
+    return build_module([q, k, v, m], build)
+
+
+def test_mask_inside_the_soft_capping_tanh_is_refused():
+    # ONNX's reference caps after the bias: a hidden key (-inf) then weighs exp(-cap), not 0; not what the
+    # operator computes
+    mod = _capped_scores_module(lambda bb, sc, m: bb.emit(relax.op.add(sc, m)))
+    assert_refused(mod, ATTENTION, rule=RULE, reason="a mask is added inside the soft-capping tanh")
+
+
+def test_tanh_twice_or_another_function_of_the_scores_is_refused():
+    twice = _capped_scores_module(lambda bb, sc, m: bb.emit(relax.op.tanh(sc)))
+    assert_refused(twice, ATTENTION, rule=RULE, reason="pass through tanh before the softmax (besides one")
+    sig = _capped_scores_module(lambda bb, sc, m: bb.emit(relax.op.sigmoid(sc)))
+    assert_refused(sig, ATTENTION, rule=RULE, reason="the scores pass through sigmoid before the softmax")
 
 
 def test_the_same_graph_without_soft_capping_fuses():
@@ -421,6 +498,37 @@ def test_shifted_window_mask_on_a_5d_view_of_the_scores(images):
     want = _bhsd_attention(xq, xk, xv, np.broadcast_to(xm, (images, nw, 1, n, n)).reshape(images * nw, 1, n, n),
                            scale=1.0)
     np.testing.assert_allclose(actual, want, rtol=1e-4, atol=1e-5)
+
+
+def test_decomposed_relative_positions_on_a_view_splitting_queries_and_keys():
+    # ViTDet (and SAM's image encoder): [B·H, S, T] scores viewed as [B·H, qh, qw, kh, kw], a bias per query and key
+    # row and one per query and key column added there, viewed back. No grouping of (B, H, S, T) holds the view;
+    # the biases reach the operator broadcast to the view and reshaped to [B, H, S, T], the scores' own order
+    qh, qw, kh, kw = 2, 3, 3, 2
+    s, t = qh * qw, kh * kw
+    q, k, v = _var("q", (B, H, s, D)), _var("k", (B, H, t, D)), _var("v", (B, H, t, D))
+    rel_h, rel_w = _var("rel_h", (B * H, qh, qw, kh, 1)), _var("rel_w", (B * H, qh, qw, 1, kw))
+
+    def build(bb):
+        q3, k3, v3 = (bb.emit(relax.op.reshape(x, (B * H, n, D))) for x, n in ((q, s), (k, t), (v, t)))
+        kt = bb.emit(relax.op.permute_dims(k3, [0, 2, 1]))
+
+        def scores(sc):
+            sc5 = bb.emit(relax.op.reshape(sc, (B * H, qh, qw, kh, kw)))
+            sc5 = bb.emit(relax.op.add(bb.emit(relax.op.add(sc5, rel_h)), rel_w))
+            return bb.emit(relax.op.reshape(sc5, (B * H, s, t)))
+
+        return _attend(bb, q3, kt, v3, scores)
+
+    mod = build_module([q, k, v, rel_h, rel_w], build)
+    fused, report = fuse(mod, ATTENTION)
+    assert report.fused["attention"] == 1 and fused_calls(fused) == {"fused_attention": 1}, report.summary()
+    xq, xk, xv, xh, xw = inputs = random_inputs(mod, seed=4)
+    expected, actual = run_before_after(mod, fused, inputs)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+    bias = (np.broadcast_to(xh, (B * H, qh, qw, kh, kw)) + xw).reshape(B, H, s, t)
+    np.testing.assert_allclose(actual.reshape(B, H, s, D), _bhsd_attention(xq, xk, xv, bias, scale=1.0),
+                               rtol=1e-4, atol=1e-5)
 
 
 def _per_head_scaled(op="multiply", scale_shape=(H, 1, 1), computed=False, mask_first=False):

@@ -59,7 +59,7 @@ OTHER_FAMILIES = {
     "gemma": ("GemmaConfig", "GemmaModel", {**_TINY_DECODER, "head_dim": 16}),
     "qwen3": ("Qwen3Config", "Qwen3Model", {**_TINY_DECODER, "head_dim": 16}),
     "gemma2": ("Gemma2Config", "Gemma2Model", {**_TINY_DECODER, "head_dim": 16, "sliding_window": 8,
-                                                "query_pre_attn_scalar": 16}),
+                                                "query_pre_attn_scalar": 16, "attn_logit_softcapping": 1.0}),
     "gpt2": ("GPT2Config", "GPT2Model", dict(n_layer=2, n_embd=64, n_head=4, n_inner=160, vocab_size=1000,
                                              n_positions=160)),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXModel", {**_TINY_DECODER, "num_key_value_heads": 4}),

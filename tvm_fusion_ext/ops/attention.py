@@ -1,4 +1,4 @@
-"""fused_attention: ``softmax(scale · q kᵀ + mask [causal]) v`` in one kernel, flash style.
+"""fused_attention: ``softmax(cap(scale · q kᵀ) + mask [causal]) v`` in one kernel, flash style.
 
 V's head dim may differ from Q's and K's (DeepSeek's multi-head latent attention: 192 against 128; LeViT):
 the output has V's.
@@ -16,6 +16,8 @@ running statistics, O(S·d) in total. The one buffer not placed that way is ``at
 
 Semantics the graph-side rules rely on:
 
+* ``softcap`` (Gemma 2's logit soft-capping): when non-zero, the scaled scores ``s`` become
+  ``softcap · tanh(s / softcap)`` before any mask is added (``cap`` above; the identity when 0).
 * ``mask`` (rank ≤ 4) is broadcast right-aligned against (B, H, S, T) and added to the scaled scores.
 * ``causal``: key ``j`` is visible to query ``i`` iff ``j <= i + T - S``. Key blocks no row of a query tile
   can see are skipped by the compiled kernel (:mod:`..compile.causal_skip`): about half the work.
@@ -123,7 +125,7 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
                     row_seq=None, key_bias=None, *, scale: float,
                     causal: bool = False, q_layout: str = "BSHD", k_layout: str = "BSHD", v_layout: str = "BSHD",
                     out_layout: str = "BSHD", key_block: Optional[int] = None, q_rope: str = "none",
-                    k_rope: str = "none", query_block: Optional[int] = None):
+                    k_rope: str = "none", query_block: Optional[int] = None, softcap: float = 0.0):
     for name, lay in (("q", q_layout), ("k", k_layout), ("v", v_layout), ("out", out_layout)):
         if lay not in LAYOUTS:
             raise ValueError(f"fused_attention: {name}_layout must be one of {LAYOUTS}, got '{lay}'")
@@ -245,6 +247,8 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
     def score(b, h, i, jb, jj):
         j = jb * kb + jj
         s = qk[b, h, i, jb, jj] * f32(scale)
+        if softcap:
+            s = f32(softcap) * tirx.tanh(s * f32(1.0 / softcap))
         if varlen:
             n = seq_of(i)
             s = s + key_bias[n, tirx.min(j, span - 1)].astype(ACC)

@@ -76,6 +76,9 @@ class _Plan:
     #: the heads only, it is applied to q instead, reshaped to ``head_view`` (q's layout, one value per head)
     head_scale: Optional["_HeadScale"] = None
     head_view: Optional[list] = None
+    #: the factor ``c`` of soft-capped scores ``c · tanh(a · q kᵀ)`` (Gemma 2: ``cap · tanh(s / cap)``), 0 if none;
+    #: the operator's ``softcap``, with ``scale = a · c`` so that ``scale · q kᵀ / softcap`` is ``a · q kᵀ``
+    softcap: float = 0.0
 
 
 @dataclass
@@ -163,9 +166,9 @@ def _through_reshapes(value, graph: FunctionGraph, covered: list):
     return value
 
 
-#: elementwise functions that can sit between q·kᵀ and the softmax but are no scale or mask: Gemma2's logit
-#: soft-capping ``cap · tanh(s / cap)`` and the like. The operator computes plain attention, so a match through
-#: one is refused, with the function named (not silently skipped).
+#: elementwise functions that can sit between q·kᵀ and the softmax but are no scale or mask. One tanh is logit
+#: soft-capping (Gemma 2's ``cap · tanh(s / cap)``, whatever factors surround it), which the operator computes;
+#: a match through any other is refused, with the function named (not silently skipped).
 _SCORE_NONLINEAR = ("relax.tanh", "relax.sigmoid", "relax.exp", "relax.log", "relax.erf", "relax.abs", "relax.clip")
 
 
@@ -182,6 +185,7 @@ def _leads_to_matmul(e, graph: FunctionGraph, depth=0) -> bool:
 def _walk_scores(x, graph: FunctionGraph, plan: _Plan, covered: list) -> Optional[relax.Call]:
     """From the softmax input down to q·kᵀ, collecting scales and masks; None if there is no q·kᵀ."""
     factor = 1.0
+    capped = False  # below a soft-capping tanh: what is found now is inside it
     cur = x
     while True:
         covered.extend(graph.chain(cur))
@@ -198,6 +202,9 @@ def _walk_scores(x, graph: FunctionGraph, plan: _Plan, covered: list) -> Optiona
                 cur, mask = b, a
             else:
                 return None
+            if capped:
+                plan.reason = plan.reason or "a mask is added inside the soft-capping tanh (the operator caps the " \
+                                             "scaled scores, then adds the masks)"
             plan.masks.append(_Mask(mask, factor, shape_dims(val)))
             continue
         if op == "relax.reshape" and _leads_to_matmul(val.args[0], graph):
@@ -225,9 +232,18 @@ def _walk_scores(x, graph: FunctionGraph, plan: _Plan, covered: list) -> Optiona
             factor *= c
             cur = val.args[so[0]]
             continue
+        if op == "relax.tanh" and not capped and plan.head_scale is None and _leads_to_matmul(val.args[0], graph):
+            # c · tanh(a · q kᵀ): the factors found so far are c, those below it a (plan.scale takes a; _analyse
+            # multiplies in c). Masks found so far were added outside the tanh, as the operator adds them.
+            if factor == 0.0:
+                plan.reason = plan.reason or "the soft-capped scores are multiplied by 0"
+            plan.softcap, factor, capped = factor, 1.0, True
+            cur = val.args[0]
+            continue
         if op in _SCORE_NONLINEAR and _leads_to_matmul(val.args[0], graph):
-            plan.reason = plan.reason or f"the scores pass through {op[len('relax.'):]} before the softmax " \
-                                         f"(logit soft-capping?): not plain attention"
+            plan.reason = plan.reason or f"the scores pass through {op[len('relax.'):]} before the softmax" \
+                                         f"{' (besides one soft-capping tanh)' if op == 'relax.tanh' else ''}: " \
+                                         f"not plain attention"
             cur = val.args[0]
             continue
         return None
@@ -308,6 +324,8 @@ def _analyse(plan: _Plan, sm, qk, mm, out_chain, graph: FunctionGraph) -> Option
         if reason:
             return reason
     plan.scale *= plan.q.scale * plan.k.scale
+    if plan.softcap:
+        plan.scale *= plan.softcap
     if not math.isfinite(plan.scale):
         return "scale is not finite"
     reason = _analyse_masks(plan, (bq, hq, s, t), str(qk.ty.dtype), graph)
@@ -345,6 +363,21 @@ def _mask_over_split_batch(mask: _Mask, ms, bhst) -> Optional[str]:
     return None
 
 
+def _mask_over_any_view(mask: _Mask, ms, bhst, reason: str) -> Optional[str]:
+    """Scores viewed in a shape that splits S or T (ViTDet's decomposed relative positions: ``[B·H, S, T]`` viewed
+    as ``[B·H, qh, qw, kh, kw]``, a bias per query row and key row added there). Only reshapes lie between q·kᵀ
+    and the mask (the score walk admits no permute), so the view keeps the scores' row-major order: the mask
+    broadcast to the view and reshaped to (B, H, S, T) adds the same value to every score. That tensor is as
+    large as the scores, so this is the last reading tried."""
+    sc = list(mask.scores)
+    padded = [1] * (len(sc) - len(ms)) + list(ms)
+    if not same_dim(dims_product(sc), dims_product(list(bhst))) \
+            or any(not (isinstance(m, int) and m == 1) and not same_dim(m, g) for m, g in zip(padded, sc)):
+        return reason
+    mask.tile, mask.view = sc, list(bhst)
+    return None
+
+
 def _per_head_factors(plan: _Plan, bhst) -> Optional[str]:
     """A factor of the scores that varies over the heads only is one factor per query head: the rewrite applies it
     to q (``(c_h q) kᵀ = c_h (q kᵀ)``; rotary Q commutes with it too). One that varies over the batch, queries or
@@ -356,7 +389,7 @@ def _per_head_factors(plan: _Plan, bhst) -> Optional[str]:
     shape = shape_dims(hs.expr)
     probe = _Mask(hs.expr, 1.0, hs.scores)
     if shape is None or hs.scores is None or len(shape) > len(hs.scores) or not all(isinstance(n, int) for n in shape) \
-            or _mask_view(probe, shape, bhst) is not None:
+            or _mask_view(probe, shape, bhst) is not None or probe.tile is not None:
         return "scores are multiplied by a tensor, not a scalar scale"
     view = probe.view or [1] * (4 - len(shape)) + list(shape)
     if any(not (isinstance(n, int) and n == 1) for n in (view[0], view[2], view[3])):
@@ -409,7 +442,8 @@ def _mask_view(mask: _Mask, ms, bhst) -> Optional[str]:
     otherwise (a ``[B·H, 1, T]`` bias: ``[B, H, 1, T]``)."""
     groups = regroup(atoms(bhst, ("b", "h", "s", "t")), mask.scores)
     if groups is None:
-        return _mask_over_split_batch(mask, ms, bhst)
+        reason = _mask_over_split_batch(mask, ms, bhst)
+        return reason and _mask_over_any_view(mask, ms, bhst, reason)
     padded = [1] * (len(mask.scores) - len(ms)) + list(ms)
     sizes = {"b": 1, "h": 1, "s": 1, "t": 1}
     for m_i, g_i, group in zip(padded, mask.scores, groups):
@@ -450,6 +484,8 @@ class MultiHeadAttentionRule(FusionRule):
             parts.append(f"rope {' and '.join(ropes)} ({getattr(p, ropes[0]).rope.style})")
         if p.head_view is not None:
             parts.append("per-head scale")
+        if p.softcap:
+            parts.append(f"softcap {p.softcap:.6g}")
         if p.masks:
             parts.append("mask")
         if p.causal:
@@ -499,6 +535,8 @@ class MultiHeadAttentionRule(FusionRule):
         inputs["mask"] = mask
         params = {"scale": float(p.scale), "causal": bool(p.causal), "q_layout": p.q.layout,
                   "k_layout": p.k.layout, "v_layout": p.v.layout, "out_layout": p.out_layout}
+        if p.softcap:  # absent otherwise: the PrimFuncs (and the tuning records naming them) stay as they were
+            params["softcap"] = float(p.softcap)
         for name in ("q", "k"):
             rope = getattr(p, name).rope
             if rope is not None:  # read rotated by the operator: the standalone fused_rope becomes dead code
