@@ -740,3 +740,21 @@ def test_one_hot_with_values_computed_at_run_time(run_llvm, run_ort, axis, depth
     (got,), (ref,) = run_llvm(load_onnx(m), feeds), run_ort(m, feeds)
     assert got.shape == ref.shape
     np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("op", ["Min", "Max"])
+def test_variadic_op_of_a_dynamic_size_and_a_tensor(run_llvm, run_ort, op):
+    # DeBERTa's dynamic export: min(seq, span) with seq read as Shape → Squeeze (a bare size to TVM's importer)
+    # and span a scalar constant. The pair reached a tensor op with the bare size and crashed in legalisation
+    span = numpy_helper.from_array(np.array(5, np.int64), "span")
+    nodes = [helper.make_node("Shape", ["x"], ["s"], start=1, end=2),
+             helper.make_node("Squeeze", ["s"], ["seq"]),
+             helper.make_node(op, ["seq", "span"], ["m"]),
+             helper.make_node("Cast", ["m"], ["mf"], to=TP.FLOAT),
+             helper.make_node("Add", ["x", "mf"], ["y"])]
+    m = _model(nodes, [_vi("x", TP.FLOAT, ["batch", "seq"])], [_vi("y", TP.FLOAT, None)], inits=[span])
+    mod = load_onnx(m)
+    for seq in (3, 8):
+        x = np.random.default_rng(seq).standard_normal((2, seq)).astype(np.float32)
+        (got,), (ref,) = run_llvm(mod, {"x": x}), run_ort(m, {"x": x})
+        np.testing.assert_allclose(got, ref, rtol=1e-6)

@@ -393,6 +393,28 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
                 raise Unsupported("a Constant without a value of a supported form")
             return stock(bb, inputs, attr, params)
 
+    class TopK(_Fixed, of.TopK):
+        """``sorted=0`` leaves the order of the k results to the runtime (ONNX), so the sorted order is one valid
+        answer; TVM's converter refused the attribute (Doge's dynamic mask picks its kept keys this way)."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            return stock(bb, inputs, {**attr, "sorted": 1}, params)
+
+    class Einsum(_Fixed, of.Einsum):
+        """A Relax ``einsum`` call, where TVM's converter emits its TE kernel (a ``call_tir`` no rule can read):
+        canonicalisation rewrites matrix products to ``matmul`` (``canonical/einsum_matmul.py``: ProphetNet's
+        attention), the rest is legalised to the same kernel as before."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            eq = attr["equation"]
+            eq = eq.decode("utf-8") if isinstance(eq, bytes) else str(eq)
+            try:
+                return bb.normalize(relax.op.einsum(list(inputs), eq))
+            except Exception:  # noqa: BLE001  (an equation Relax's shape inference does not take: the TE kernel)
+                return stock(bb, inputs, attr, params)
+
     class IsInf(_Fixed, of.IsInf):
         """``detect_negative``/``detect_positive`` (the stock converter ignores both and detects either sign)."""
 
@@ -710,7 +732,12 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
         def convert(cls, bb, inputs, attr, params, opset, stock):
             if len(inputs) < 2 or all(isinstance(v, tvm.ir.GenericConst) for v in inputs):
                 return stock(bb, inputs, attr, params)
-            return cls._impl_dynamic(bb, list(inputs))
+            inputs = list(inputs)
+            if any(tvm.ir.is_prim_expr(v) for v in inputs) and any(isinstance(v, relax.Expr) for v in inputs):
+                # a size kept as a bare scalar (``Shape → Squeeze``) beside a tensor: DeBERTa's dynamic export
+                # takes min(seq, span); TVM's legalisation of a scalar-tensor pair crashed
+                inputs = [scalar_tensor(bb, v) if tvm.ir.is_prim_expr(v) else v for v in inputs]
+            return cls._impl_dynamic(bb, inputs)
 
     class Max(_Pairwise, of.Max):
         pass
@@ -773,7 +800,7 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
         if hasattr(of, name):
             folded.append(type(name, (_FoldedUnary, getattr(of, name)), {"numpy_fn": staticmethod(fn)}))
 
-    return {cls.__name__: cls for cls in (Constant, IsInf, BitShift, Mod, Equal, ReduceMax, ReduceMin, Pow,
+    return {cls.__name__: cls for cls in (Constant, TopK, Einsum, IsInf, BitShift, Mod, Equal, ReduceMax, ReduceMin, Pow,
                                            SpaceToDepth, LayerNormalization,
                                            RMSNormalization, Dropout, NonMaxSuppression, Reshape, Tile, Max, Min,
                                            Sum, Mean, QuantizeLinear, OneHot, *folded)}

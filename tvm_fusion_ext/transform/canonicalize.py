@@ -11,6 +11,7 @@ import tvm
 
 from .canonical.attention_scale import MergeSplitAttentionScale
 from .canonical.bool_mask import BoolMaskToAdditive
+from .canonical.einsum_matmul import EinsumAsMatmul
 from .canonical.gather_nd_slice import GatherNDToSlice
 from .canonical.gelu_erf import ErfGeluToGelu
 from .canonical.identity_cast import DropIdentityCast
@@ -29,6 +30,7 @@ CANONICAL_RULES = (
     DropIdentityCast,
     DropRoundTripCast,
     DropSingleConcat,
+    EinsumAsMatmul,
     GatherNDToSlice,
     ErfGeluToGelu,
     TanhGeluToGeluTanh,
