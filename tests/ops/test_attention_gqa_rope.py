@@ -141,6 +141,22 @@ def test_rejects_tables_of_the_wrong_length():
         _func(arrays, _params(False, "half"))
 
 
+def test_tables_of_a_computed_symbolic_length_fit():
+    # Wav2Vec2-Conformer's dynamic export: the rotary length is the feature encoder's output, seq // 10 - 1, which
+    # reaches x and the tables as two equal expressions, not one object (a crash in the op's check before)
+    from tvm import te, tirx
+
+    from tvm_fusion_ext.ops.rope import check_rope_tables
+
+    seq = tirx.Var("seq", "int64")
+    length = lambda: seq // 10 - 1  # noqa: E731  (a fresh expression each time)
+    cos, sin = (te.placeholder((length(), 1, 16), "float32", n) for n in ("cos", "sin"))
+    check_rope_tables("fused_rope", "x", "half", cos, sin, length(), tirx.IntImm("int64", 4), 16)
+    other = tirx.Var("other", "int64")
+    with pytest.raises(ValueError, match="x_cos/x_sin of shape"):
+        check_rope_tables("fused_rope", "x", "half", cos, sin, other // 10 - 1, tirx.IntImm("int64", 4), 16)
+
+
 # -- the causal key-block bound -----------------------------------------------------------------------------------
 
 def _key_block_loop(mod):
