@@ -443,7 +443,9 @@ def _mask_view(mask: _Mask, ms, bhst) -> Optional[str]:
     groups = regroup(atoms(bhst, ("b", "h", "s", "t")), mask.scores)
     if groups is None:
         reason = _mask_over_split_batch(mask, ms, bhst)
-        return reason and _mask_over_any_view(mask, ms, bhst, reason)
+        if reason is None:
+            return None
+        return _mask_over_any_view(mask, ms, bhst, reason)
     padded = [1] * (len(mask.scores) - len(ms)) + list(ms)
     sizes = {"b": 1, "h": 1, "s": 1, "t": 1}
     for m_i, g_i, group in zip(padded, mask.scores, groups):

@@ -69,9 +69,9 @@ def pack_nr(n: int, target: Optional[tvm.target.Target] = None) -> int:
     if _wide(target):
         # wide panels, but two per core at least: the panels are the parallel tasks when rows are few
         fits = [nr for nr in _WIDE_PACK_NR if n % nr == 0]
-        enough = [nr for nr in fits if n // nr >= 2 * TargetInfo.of(target).cores]
+        tasks = 2 * TargetInfo.of(target).cores
         if fits:
-            return (enough or fits)[0]
+            return next((nr for nr in fits if n // nr >= tasks), fits[0])
     for nr in (16, 24, 32, 8):
         if n % nr == 0:
             return nr
