@@ -11,6 +11,7 @@ import tvm
 
 from .canonical.attention_scale import MergeSplitAttentionScale
 from .canonical.bool_mask import BoolMaskToAdditive
+from .canonical.conv_matmul import ConvAsMatmul
 from .canonical.einsum_matmul import EinsumAsMatmul
 from .canonical.gather_nd_slice import GatherNDToSlice
 from .canonical.gelu_erf import ErfGeluToGelu
@@ -31,6 +32,7 @@ CANONICAL_RULES = (
     DropRoundTripCast,
     DropSingleConcat,
     EinsumAsMatmul,
+    ConvAsMatmul,
     GatherNDToSlice,
     ErfGeluToGelu,
     TanhGeluToGeluTanh,

@@ -1,0 +1,102 @@
+"""ConvAsMatmul: 1-D and 2-D convolutions become a patch gather and one matmul (+ bias), which the dense rule
+fuses; what it cannot read as such keeps TVM's kernel with a reason. Every case computes what ONNX Runtime
+computes on the same file."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_fusion_ext.compile import fuse
+from tvm_fusion_ext.frontend import load_onnx
+from tvm_fusion_ext.runtime import CompiledModel
+
+ort = pytest.importorskip("onnxruntime")
+F32 = TensorProto.FLOAT
+
+
+def _conv_model(x_shape, w_shape, bias=True, act=None, dynamic_length=False, conv_w_input=False, **attrs):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype("float32")
+    inits = [] if conv_w_input else [numpy_helper.from_array(w, "w")]
+    ins = ["x", "w"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(w_shape[0]).astype("float32"), "b"))
+        ins.append("b")
+    nodes = [helper.make_node("Conv", ins, ["c" if act else "y"], **attrs)]
+    if act:
+        nodes.append(helper.make_node(act, ["c"], ["y"]))
+    shape = list(x_shape)
+    if dynamic_length:
+        shape[0], shape[-1] = "batch", "length"
+    inputs = [helper.make_tensor_value_info("x", F32, shape)]
+    if conv_w_input:
+        inputs.append(helper.make_tensor_value_info("w", F32, list(w_shape)))
+    graph = helper.make_graph(nodes, "conv", inputs, [helper.make_tensor_value_info("y", F32, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20 if act == "Gelu" else 17)]), w
+
+
+def _check(model, feeds, tol=1e-4):
+    mod = load_onnx(model)
+    compiled = CompiledModel.from_module(mod)
+    got = compiled.run(feeds)["y"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    return compiled.report
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [
+    ((1, 3, 32, 32), (24, 3, 8, 8), dict(strides=[8, 8])),                        # a patch embedding
+    ((2, 3, 30, 28), (16, 3, 8, 8), dict(strides=[8, 8])),                        # patches that do not tile it
+    ((1, 4, 11, 9), (8, 4, 3, 3), dict(pads=[1, 1, 1, 1])),                       # same-padded 3x3
+    ((1, 4, 13, 12), (6, 4, 3, 2), dict(strides=[2, 1], pads=[1, 0, 2, 1], dilations=[1, 2])),
+    ((2, 5, 7, 7), (9, 5, 1, 1), {}),                                             # pointwise
+])
+def test_conv2d_is_a_matmul_of_patches(x_shape, w_shape, attrs):
+    model, _ = _conv_model(x_shape, w_shape, **attrs)
+    x = np.random.default_rng(1).standard_normal(x_shape).astype("float32")
+    report = _check(model, {"x": x})
+    assert report.canonicalized.get("ConvAsMatmul") == 1 and report.fused["dense"] == 1, report.summary()
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs,act", [
+    ((1, 8, 60), (12, 8, 3), dict(pads=[1, 1]), "Gelu"),                            # Whisper's first conv
+    ((1, 12, 60), (12, 12, 3), dict(strides=[2], pads=[1, 1]), "Gelu"),           # ... its second
+    ((2, 1, 400), (16, 1, 10), dict(strides=[5]), None),                          # wav2vec2's first, no bias
+    ((1, 6, 50), (4, 6, 5), dict(dilations=[3]), None),
+])
+def test_conv1d_is_a_matmul_of_patches(x_shape, w_shape, attrs, act):
+    model, _ = _conv_model(x_shape, w_shape, bias=act is not None, act=act, **attrs)
+    x = np.random.default_rng(1).standard_normal(x_shape).astype("float32")
+    report = _check(model, {"x": x})
+    assert report.canonicalized.get("ConvAsMatmul") == 1 and report.fused["dense"] == 1, report.summary()
+
+
+def test_conv1d_of_a_symbolic_length():
+    # an audio export with dynamic axes: the patch index is computed from the length at run time
+    model, _ = _conv_model((1, 4, 0), (6, 4, 3), strides=[2], pads=[1, 1], dynamic_length=True)
+    mod = load_onnx(model, max_shapes={"x": [4, 4, 512]})
+    compiled = CompiledModel.from_module(mod)
+    assert compiled.report.canonicalized.get("ConvAsMatmul") == 1, compiled.report.summary()
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape in [(1, 4, 37), (3, 4, 64), (2, 4, 5)]:
+        x = np.random.default_rng(2).standard_normal(shape).astype("float32")
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("build,why", [
+    (lambda: _conv_model((1, 4, 8, 8), (4, 1, 3, 3), group=4, pads=[1, 1, 1, 1]), "4 groups"),   # depthwise
+    (lambda: _conv_model((1, 4, 8, 8), (6, 4, 3, 3), conv_w_input=True), "computed at run time"),
+])
+def test_what_is_not_read_as_a_matmul_keeps_the_stock_kernel(build, why):
+    model, w = build()
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 4, 8, 8)).astype("float32")}
+    if "w" in [i.name for i in model.graph.input]:
+        feeds["w"] = w
+    mod = load_onnx(model)
+    _, report = fuse(mod)
+    assert not report.canonicalized.get("ConvAsMatmul")
+    assert any(why in e.detail for e in report.refused if e.rule == "ConvAsMatmul")
+    got = CompiledModel.from_module(mod).run(feeds)["y"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,177 @@
+"""``conv1d`` / ``conv2d`` (+ a per-channel bias) → gather the patches, then one ``matmul`` (+ bias).
+
+A convolution is a matrix product of its input patches with the flattened filters. TVM's stock conv kernels,
+scheduled by the generic fallback, run at a few GFLOP/s on CPU, and the Transformers that have one put it where it
+is large: ViT's 16×16 patch embedding (89 ms of a 2-layer ViT-B's 166 ms), Whisper's two audio convolutions
+(680 of 790 ms), wav2vec2's feature encoder (seconds). As a matmul the product is the dense template's GEMM; the
+patches are gathered once (``take`` with a computed index: one copy of the input per filter tap, and none at all
+where the filter tiles the input, as a patch embedding does).
+
+Pattern
+    ``conv1d(x, w)`` or ``conv2d(x, w)``, optionally under ``add(conv, b)`` with ``b`` a constant that varies
+    along the channel axis only (the ONNX importer's bias).
+Check (a reason says what keeps the stock kernel)
+    layouts NCW/OIW or NCHW/OIHW, one group, a float dtype with no other ``out_dtype``, a constant filter; a static
+    width (and height) of the input for conv2d (conv1d's length may be symbolic: an audio export's); the gathered
+    patches at most :data:`MAX_PATCH_BYTES` when their size is known.
+Rewrite
+    ``take(pad(x)_flattened, index, axis=2)`` with ``index[p, t]`` the flat input position of output position
+    ``p``'s tap ``t`` (a constant, or ``arange``s for a symbolic length); permuted and reshaped to
+    ``[N, P, C·taps]``; ``matmul`` with the filters as a ``[C·taps, O]`` constant; ``+ b``; permuted back to
+    ``[N, O, ...]``. The dense rule then reads ``matmul + add`` as ``fused_dense``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..graph import FunctionGraph, explicit_out_dtype, is_constant, op_name, shape_dims
+from ..rule import Found, FusionRule, Match, Matcher, Variant
+
+CONV_OPS = ("relax.nn.conv1d", "relax.nn.conv2d")
+#: the gathered patches of one call, at most (above it the stock kernel's lower memory wins)
+MAX_PATCH_BYTES = 512 << 20
+_LAYOUTS = {"relax.nn.conv1d": ("NCW", "OIW"), "relax.nn.conv2d": ("NCHW", "OIHW")}
+
+
+def _ints(arr) -> List[int]:
+    return [int(v) for v in arr]
+
+
+class _ConvMatcher(Matcher):
+    """At ``add(conv, b)`` (``with_bias``) or at the conv itself."""
+
+    def __init__(self, with_bias: bool):
+        self.with_bias = with_bias
+
+    def match(self, root: relax.Var, graph: FunctionGraph) -> Optional[Found]:
+        value = graph.var2val[root]
+        if not self.with_bias:
+            if op_name(value) not in CONV_OPS:
+                return None
+            return Found({"x": value.args[0], "w": value.args[1], "conv": value})
+        if op_name(value) != "relax.add":
+            return None
+        for conv_var, bias in (value.args, value.args[::-1]):
+            conv = graph.value(conv_var)
+            if isinstance(conv_var, relax.Var) and op_name(conv) in CONV_OPS and is_constant(graph.value(bias)):
+                return Found({"x": conv.args[0], "w": conv.args[1], "conv": conv, "bias": bias}, covered=[conv_var])
+        return None
+
+
+def _channel_bias(b: np.ndarray, out_channels: int, rank: int) -> Optional[np.ndarray]:
+    """``b`` as a vector of the output channels, if it varies along the channel axis only (else None)."""
+    if b.ndim > rank:
+        return None
+    shape = (1,) * (rank - b.ndim) + tuple(b.shape)
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, out_channels):
+        return None
+    return np.broadcast_to(b.reshape(shape).reshape(-1), (out_channels,)).copy()
+
+
+class ConvAsMatmul(FusionRule):
+    name = "ConvAsMatmul"
+    kind = "canonical"
+
+    def variants(self) -> List[Variant]:
+        return [Variant(_ConvMatcher(with_bias=True), root_op="relax.add"),
+                Variant(_ConvMatcher(with_bias=False), root_op="relax.nn.conv1d"),
+                Variant(_ConvMatcher(with_bias=False), root_op="relax.nn.conv2d")]
+
+    def check(self, m: Match) -> Optional[str]:
+        conv = m["conv"]
+        op = op_name(conv)
+        a = conv.attrs
+        data_layout, kernel_layout = _LAYOUTS[op]
+        if str(a.data_layout) != data_layout or str(a.kernel_layout) != kernel_layout or \
+                str(a.out_layout) != data_layout:
+            return f"{op} layouts {a.data_layout}/{a.kernel_layout}/{a.out_layout}, not {data_layout}/{kernel_layout}"
+        if int(a.groups) != 1:
+            return f"{op} has {int(a.groups)} groups"
+        dtype = m.dtype("x")
+        out_dtype = explicit_out_dtype(conv) or dtype
+        if dtype not in ("float32", "float16", "bfloat16") or out_dtype != dtype or m.dtype("w") != dtype:
+            return f"{op} of {dtype} x {m.dtype('w')} into {out_dtype} (float in, the same float out)"
+        w = m.const("w")
+        if w is None:
+            return f"{op}'s filter is computed at run time"
+        x = m.dims("x")
+        if x is None or len(x) != len(w.shape):
+            return f"{op}'s input shape is unknown"
+        spatial = x[2:]
+        if op == "relax.nn.conv2d" and not all(isinstance(d, int) for d in spatial):
+            return f"{op} of a symbolic image size {x}"
+        if not isinstance(x[1], int) or x[1] != w.shape[1]:
+            return f"{op}: input channels {x[1]} against the filter's {w.shape[1]}"
+        if m.has("bias") and _channel_bias(m.const("bias"), w.shape[0], len(x)) is None:
+            return f"{op}'s bias of shape {m.const('bias').shape} varies along other axes than the channels"
+        out = shape_dims(conv)
+        if out is not None and all(isinstance(d, int) for d in out):
+            taps = int(np.prod(w.shape[2:]))
+            patches = int(np.prod(out)) // w.shape[0] * w.shape[1] * taps * np.dtype(
+                "float32" if dtype == "float32" else "float16").itemsize
+            if patches > MAX_PATCH_BYTES:
+                return f"{op}'s patches would take {patches >> 20} MiB (more than {MAX_PATCH_BYTES >> 20})"
+        return None
+
+    def rewrite(self, m: Match, bb: relax.BlockBuilder) -> relax.Expr:
+        conv = m["conv"]
+        a = conv.attrs
+        w = m.const("w")
+        out_channels, channels, *kernel = w.shape
+        x = m.arg("x")
+        dims = m.dims("x")
+        rank = len(dims)
+        strides, dilation, padding = _ints(a.strides), _ints(a.dilation), _ints(a.padding)
+        spatial_rank = rank - 2
+        # relax pads (before..., after...) per spatial axis
+        before, after = padding[:spatial_rank], padding[spatial_rank:]
+        if any(padding):
+            pad_width = [0, 0, 0, 0]
+            for i in range(spatial_rank):
+                pad_width += [before[i], after[i]]
+            x = bb.emit(relax.op.nn.pad(x, pad_width))
+        padded = [d + before[i] + after[i] for i, d in enumerate(dims[2:])]
+        out_dims = shape_dims(conv)[2:]
+        if spatial_rank == 2:
+            x = bb.emit(relax.op.reshape(x, [dims[0], channels, padded[0] * padded[1]]))
+        index = self._index(bb, out_dims, kernel, strides, dilation, padded)
+        taps = int(np.prod(kernel))
+        patches = bb.emit(relax.op.take(x, index, axis=2, mode="clip"))          # [N, C, P, taps]
+        patches = bb.emit(relax.op.permute_dims(patches, [0, 2, 1, 3]))           # [N, P, C, taps]
+        positions = out_dims[0] if spatial_rank == 1 else out_dims[0] * out_dims[1]
+        patches = bb.emit(relax.op.reshape(patches, [dims[0], positions, channels * taps]))
+        filters = relax.const(np.ascontiguousarray(w.reshape(out_channels, channels * taps).T))
+        y = bb.emit(relax.op.matmul(patches, filters))                            # [N, P, O]
+        if m.has("bias"):
+            bias = _channel_bias(m.const("bias"), out_channels, rank).astype(w.dtype)
+            y = bb.emit(relax.op.add(y, relax.const(bias)))
+        y = bb.emit(relax.op.permute_dims(y, [0, 2, 1]))                          # [N, O, P]
+        if spatial_rank == 1:
+            return y
+        return relax.op.reshape(y, [dims[0], out_channels, *out_dims])
+
+    @staticmethod
+    def _index(bb, out_dims, kernel, strides, dilation, padded) -> relax.Expr:
+        """``[P, taps]``: the flat position, in the padded input, of each output position's taps."""
+        if all(isinstance(d, (int, tvm.tirx.IntImm)) for d in out_dims):
+            out = [int(d) for d in out_dims]
+            grids = np.meshgrid(*[np.arange(o) * s for o, s in zip(out, strides)], indexing="ij")
+            taps = np.meshgrid(*[np.arange(k) * d for k, d in zip(kernel, dilation)], indexing="ij")
+            if len(out) == 1:
+                pos, tap = grids[0].reshape(-1, 1), taps[0].reshape(1, -1)
+            else:
+                pos = (grids[0] * padded[1] + grids[1]).reshape(-1, 1)
+                tap = (taps[0] * padded[1] + taps[1]).reshape(1, -1)
+            return relax.const((pos + tap).astype("int32"), "int32")
+        # a symbolic length (conv1d only, see check): arange(L_out) * stride + arange(k) * dilation
+        (length,), (k,), (s,), (d,) = out_dims, kernel, strides, dilation
+        pos = bb.emit(relax.op.arange(0, length, 1, "int64"))
+        pos = bb.emit(relax.op.multiply(pos, relax.const(s, "int64")))
+        pos = bb.emit(relax.op.expand_dims(pos, [1]))
+        tap = relax.const((np.arange(k) * d).reshape(1, -1), "int64")
+        return bb.emit(relax.op.add(pos, tap))
