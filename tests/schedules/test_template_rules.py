@@ -104,6 +104,33 @@ def test_symbolic_rows_take_the_dense_template_padded_to_its_register_tile(n):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows,padded", [((197,), True), ((1, 197), True), ((2, 197), True), ((128,), False),
+                                         ((1, 198), False), ((5,), False)])
+def test_static_rows_without_a_divisor_near_the_tile_are_padded_to_it(rows, padded):
+    """197 rows (ViT's patches + CLS) are prime: an exact tiling would give 1-row register tiles. They are
+    padded to the symbolic tile instead; 2 × 197 = 394 (tiles of 2) too; 128, 198 (tiles of 6) and a handful of
+    rows are not."""
+    from tvm_fusion_ext.ops import op_of, params_of
+    from tvm_fusion_ext.testing import numpy_activation
+
+    rng = np.random.default_rng(3)
+    w, b = rng.standard_normal((40, 48)).astype("float32"), rng.standard_normal(48).astype("float32")
+    x = relax.Var("x", relax.TensorType((*rows, 40), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(call_op(bb, "fused_dense", {"x": x, "w": relax.const(w), "bias": relax.const(b)},
+                                       {"act": "gelu"}))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    kernels = [f for _, f in lower(mod, CPU).functions_items() if isinstance(f, tvm.tirx.PrimFunc) and op_of(f)]
+    assert [params_of(f).get("row_block") for f in kernels] == [symbolic_mr(CPU) if padded else None]
+    vm = relax.VirtualMachine(build(mod, CPU, fuse=False), tvm.cpu())
+    xs = rng.standard_normal((*rows, 40)).astype("float32")
+    got = vm["main"](tvm.runtime.tensor(xs)).numpy()
+    np.testing.assert_allclose(got, numpy_activation(xs.astype("float64") @ w + b, "gelu"), rtol=1e-4, atol=1e-4)
+
+
 def test_panel_group_streams_x_once_per_group_and_keeps_tasks_for_every_core():
     from tvm_fusion_ext.schedules.cpu.dense import PANEL_GROUP_BYTES, panel_group
 

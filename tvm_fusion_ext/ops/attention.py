@@ -175,7 +175,8 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
     # Queries known only at run time, with query_block: every stage runs over the rows padded to a multiple
     # of query_block (padding rows read the last real query), so a template tiles them with no tail inside
     # the flash loop; only the final write-back (attn_out) is bounded by the real rows.
-    padded_rows = query_block is not None and not isinstance(_dim(S), int)
+    # Static rows are padded too when they do not fill whole tiles (a template asked for it: ViT's 197 rows).
+    padded_rows = query_block is not None and (not isinstance(_dim(S), int) or _dim(S) % int(query_block) != 0)
     if padded_rows:
         qb = int(query_block)
         if qb <= 0:

@@ -89,6 +89,28 @@ def default_mr(m: int, target: Optional[tvm.target.Target] = None) -> int:
     return max(ds)
 
 
+def row_block_for(call, knobs_mr: Optional[int], knobs_i, target: Optional[tvm.target.Target]) -> Optional[int]:
+    """The ``row_block`` a dense-like operator should pad its rows to, or None to keep them as they are.
+
+    Rows known only at run time are always padded (to the ``mr`` knob or :func:`symbolic_mr`). Static rows are
+    tiled exactly, by a divisor, so a row count with no divisor near the register tile gets a thin tile: 197 rows
+    (ViT-B/16's 196 patches + CLS) are prime, and 1-row tiles ran ViT's dense layers at 80 GFLOP/s against 260 for
+    128 rows. Such rows are padded to the symbolic tile instead (a few wasted rows, the full register tile),
+    unless a tuning record fixed the static row split (``i``)."""
+    if has_symbolic_rows(call):
+        return int(knobs_mr or symbolic_mr(target))
+    if knobs_i is not None:
+        return None
+    m = 1
+    for d in call.inputs["x"].ty.shape.values[:-1]:
+        m *= int(d)
+    return symbolic_mr(target) if m > MR_MAX and default_mr(m, target) < THIN_MR else None
+
+
+#: a static row tile thinner than this (the best divisor of the rows) is replaced by padding the rows
+THIN_MR = 4
+
+
 def symbolic_mr(target: Optional[tvm.target.Target] = None) -> int:
     """Rows per register tile (the operator's ``row_block``) when the rows are known only at run time."""
     return MR_MAX if _wide(target) else SYMBOLIC_MR
@@ -330,7 +352,8 @@ class DenseCPU(TemplateRule):
 
     def prepare_operator(self, call, target):
         """Constant weights pre-packed into the (N/nr, K, nr) panels the micro-kernel streams; rows known only
-        at run time padded to the register tile (``row_block``, see ops/dense.py)."""
+        at run time, or static rows with no divisor near the register tile, padded to it (``row_block``, see
+        ops/dense.py and :func:`row_block_for`)."""
         if call.op != "fused_dense":
             return None
         inputs, params = {}, dict(call.params)
@@ -340,6 +363,8 @@ class DenseCPU(TemplateRule):
             n = int(w.shape[0] if transpose_b else w.shape[1])
             inputs["w"] = relax.const(pack_weight(w, pack_nr(n, target), transpose_b))
             params.update(w_layout="packed", out_features=n, transpose_b=False)
-        if params.get("row_block") is None and has_symbolic_rows(call):
-            params["row_block"] = int(self.knobs.mr or symbolic_mr(target))
+        if params.get("row_block") is None:
+            row_block = row_block_for(call, self.knobs.mr, self.knobs.i, target)
+            if row_block is not None:
+                params["row_block"] = row_block
         return call.replace(inputs=inputs, params=params) if params != call.params else None

@@ -33,7 +33,7 @@ from ...targets import TargetInfo
 from ..common import flatten_rows_map, has_symbolic_rows, op_params, static_extents_reason
 from ..rule import Knobs, TemplateRule
 from .dense import (KC_MAX, MR_MAX, UNROLL_STEPS, _decision, _extent, _row_independent_knobs, _wide,
-                    copy_padded_rows, default_ip, default_kc, default_mr, panel_group, symbolic_mr)
+                    copy_padded_rows, default_ip, default_kc, default_mr, panel_group, row_block_for, symbolic_mr)
 
 #: columns per panel: 2·nr accumulators per row, so mr=4 rows of 8 columns keep 8 AVX2 (4 AVX-512) registers
 #: of accumulators with room for the weight panel and the broadcast
@@ -154,7 +154,8 @@ class GatedDenseCPU(TemplateRule):
         return _row_independent_knobs(static, ("k", "unroll"))
 
     def prepare_operator(self, call, target):
-        """Constant weights packed into (N/nr, K, nr, 2) panels; symbolic rows padded to the register tile."""
+        """Constant weights packed into (N/nr, K, nr, 2) panels; symbolic rows, or static rows with no divisor near
+        the register tile, padded to it (:func:`~.dense.row_block_for`)."""
         if call.op != "fused_gated_dense":
             return None
         inputs, params = {}, dict(call.params)
@@ -163,6 +164,8 @@ class GatedDenseCPU(TemplateRule):
             n = int(w.shape[1])
             inputs["w"] = relax.const(pack_gated_weight(w, gated_pack_nr(n, target)))
             params.update(w_layout="packed", out_features=n)
-        if params.get("row_block") is None and has_symbolic_rows(call):
-            params["row_block"] = int(self.knobs.mr or symbolic_mr(target))
+        if params.get("row_block") is None:
+            row_block = row_block_for(call, self.knobs.mr, self.knobs.i, target)
+            if row_block is not None:
+                params["row_block"] = row_block
         return call.replace(inputs=inputs, params=params) if params != call.params else None
