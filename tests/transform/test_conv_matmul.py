@@ -84,8 +84,20 @@ def test_conv1d_of_a_symbolic_length():
         np.testing.assert_allclose(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [
+    ((1, 32, 49), (32, 8, 16), dict(group=4, pads=[8, 8])),      # wav2vec2-like positional conv (even kernel)
+    ((2, 16, 20), (24, 8, 3), dict(group=2, strides=[2])),
+    ((1, 16, 9, 9), (32, 4, 3, 3), dict(group=4, pads=[1, 1, 1, 1])),
+])
+def test_grouped_conv_is_a_matmul_per_group(x_shape, w_shape, attrs):
+    model, _ = _conv_model(x_shape, w_shape, **attrs)
+    x = np.random.default_rng(1).standard_normal(x_shape).astype("float32")
+    report = _check(model, {"x": x})
+    assert report.canonicalized.get("ConvAsMatmul") == 1, report.summary()
+
+
 @pytest.mark.parametrize("build,why", [
-    (lambda: _conv_model((1, 4, 8, 8), (4, 1, 3, 3), group=4, pads=[1, 1, 1, 1]), "4 groups"),   # depthwise
+    (lambda: _conv_model((1, 4, 8, 8), (4, 1, 3, 3), group=4, pads=[1, 1, 1, 1]), "4 groups of 1 output"),  # depthwise
     (lambda: _conv_model((1, 4, 8, 8), (6, 4, 3, 3), conv_w_input=True), "computed at run time"),
 ])
 def test_what_is_not_read_as_a_matmul_keeps_the_stock_kernel(build, why):

@@ -11,14 +11,16 @@ Pattern
     ``conv1d(x, w)`` or ``conv2d(x, w)``, optionally under ``add(conv, b)`` with ``b`` a constant that varies
     along the channel axis only (the ONNX importer's bias).
 Check (a reason says what keeps the stock kernel)
-    layouts NCW/OIW or NCHW/OIHW, one group, a float dtype with no other ``out_dtype``, a constant filter; a static
+    layouts NCW/OIW or NCHW/OIHW, groups of at least :data:`MIN_GROUP_OUTPUTS` output channels (a grouped
+    filter is one matmul per group; a depthwise one would be matrix-vector products), a float dtype with no other ``out_dtype``, a constant filter; a static
     width (and height) of the input for conv2d (conv1d's length may be symbolic: an audio export's); the gathered
     patches at most :data:`MAX_PATCH_BYTES` when their size is known.
 Rewrite
     ``take(pad(x)_flattened, index, axis=2)`` with ``index[p, t]`` the flat input position of output position
     ``p``'s tap ``t`` (a constant, or ``arange``s for a symbolic length); permuted and reshaped to
     ``[N, P, C·taps]``; ``matmul`` with the filters as a ``[C·taps, O]`` constant; ``+ b``; permuted back to
-    ``[N, O, ...]``. The dense rule then reads ``matmul + add`` as ``fused_dense``.
+    ``[N, O, ...]``. The dense rule then reads ``matmul + add`` as ``fused_dense``. Grouped: ``[N, G, P, Cg·taps]``
+    times ``[G, Cg·taps, Og]``, a batched matmul.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from ..rule import Found, FusionRule, Match, Matcher, Variant
 CONV_OPS = ("relax.nn.conv1d", "relax.nn.conv2d")
 #: the gathered patches of one call, at most (above it the stock kernel's lower memory wins)
 MAX_PATCH_BYTES = 512 << 20
+#: output channels per group, at least, for a grouped convolution (wav2vec2's positional conv: 16 groups of 48)
+MIN_GROUP_OUTPUTS = 8
 _LAYOUTS = {"relax.nn.conv1d": ("NCW", "OIW"), "relax.nn.conv2d": ("NCHW", "OIHW")}
 
 
@@ -90,8 +94,11 @@ class ConvAsMatmul(FusionRule):
         if str(a.data_layout) != data_layout or str(a.kernel_layout) != kernel_layout or \
                 str(a.out_layout) != data_layout:
             return f"{op} layouts {a.data_layout}/{a.kernel_layout}/{a.out_layout}, not {data_layout}/{kernel_layout}"
-        if int(a.groups) != 1:
-            return f"{op} has {int(a.groups)} groups"
+        groups = int(a.groups)
+        w_shape = m.shape("w")
+        if groups != 1 and w_shape and w_shape[0] // groups < MIN_GROUP_OUTPUTS:
+            return f"{op} has {groups} groups of {w_shape[0] // groups} output channels (a depthwise-like " \
+                   f"filter: a matmul per group would be a matrix-vector product)"
         dtype = m.dtype("x")
         out_dtype = explicit_out_dtype(conv) or dtype
         if dtype not in ("float32", "float16", "bfloat16") or out_dtype != dtype or m.dtype("w") != dtype:
@@ -105,14 +112,14 @@ class ConvAsMatmul(FusionRule):
         spatial = x[2:]
         if op == "relax.nn.conv2d" and not all(isinstance(d, int) for d in spatial):
             return f"{op} of a symbolic image size {x}"
-        if not isinstance(x[1], int) or x[1] != w.shape[1]:
-            return f"{op}: input channels {x[1]} against the filter's {w.shape[1]}"
+        if not isinstance(x[1], int) or x[1] != w.shape[1] * groups:
+            return f"{op}: input channels {x[1]} against the filter's {w.shape[1]} × {groups} groups"
         if m.has("bias") and _channel_bias(m.const("bias"), w.shape[0], len(x)) is None:
             return f"{op}'s bias of shape {m.const('bias').shape} varies along other axes than the channels"
         out = shape_dims(conv)
         if out is not None and all(isinstance(d, int) for d in out):
             taps = int(np.prod(w.shape[2:]))
-            patches = int(np.prod(out)) // w.shape[0] * w.shape[1] * taps * np.dtype(
+            patches = int(np.prod(out)) // w.shape[0] * x[1] * taps * np.dtype(
                 "float32" if dtype == "float32" else "float16").itemsize
             if patches > MAX_PATCH_BYTES:
                 return f"{op}'s patches would take {patches >> 20} MiB (more than {MAX_PATCH_BYTES >> 20})"
@@ -122,7 +129,9 @@ class ConvAsMatmul(FusionRule):
         conv = m["conv"]
         a = conv.attrs
         w = m.const("w")
-        out_channels, channels, *kernel = w.shape
+        groups = int(a.groups)
+        out_channels, group_channels, *kernel = w.shape
+        channels = group_channels * groups
         x = m.arg("x")
         dims = m.dims("x")
         rank = len(dims)
@@ -142,15 +151,27 @@ class ConvAsMatmul(FusionRule):
         index = self._index(bb, out_dims, kernel, strides, dilation, padded)
         taps = int(np.prod(kernel))
         patches = bb.emit(relax.op.take(x, index, axis=2, mode="clip"))          # [N, C, P, taps]
-        patches = bb.emit(relax.op.permute_dims(patches, [0, 2, 1, 3]))           # [N, P, C, taps]
         positions = out_dims[0] if spatial_rank == 1 else out_dims[0] * out_dims[1]
-        patches = bb.emit(relax.op.reshape(patches, [dims[0], positions, channels * taps]))
-        filters = relax.const(np.ascontiguousarray(w.reshape(out_channels, channels * taps).T))
-        y = bb.emit(relax.op.matmul(patches, filters))                            # [N, P, O]
-        if m.has("bias"):
-            bias = _channel_bias(m.const("bias"), out_channels, rank).astype(w.dtype)
-            y = bb.emit(relax.op.add(y, relax.const(bias)))
-        y = bb.emit(relax.op.permute_dims(y, [0, 2, 1]))                          # [N, O, P]
+        bias = _channel_bias(m.const("bias"), out_channels, rank).astype(w.dtype) if m.has("bias") else None
+        if groups == 1:
+            patches = bb.emit(relax.op.permute_dims(patches, [0, 2, 1, 3]))       # [N, P, C, taps]
+            patches = bb.emit(relax.op.reshape(patches, [dims[0], positions, channels * taps]))
+            filters = relax.const(np.ascontiguousarray(w.reshape(out_channels, channels * taps).T))
+            y = bb.emit(relax.op.matmul(patches, filters))                        # [N, P, O]
+            if bias is not None:
+                y = bb.emit(relax.op.add(y, relax.const(bias)))
+            y = bb.emit(relax.op.permute_dims(y, [0, 2, 1]))                      # [N, O, P]
+        else:  # one product per group: [N, G, P, Cg·taps] x [G, Cg·taps, Og]
+            outputs = out_channels // groups
+            patches = bb.emit(relax.op.reshape(patches, [dims[0], groups, group_channels, positions, taps]))
+            patches = bb.emit(relax.op.permute_dims(patches, [0, 1, 3, 2, 4]))    # [N, G, P, Cg, taps]
+            patches = bb.emit(relax.op.reshape(patches, [dims[0], groups, positions, group_channels * taps]))
+            filters = w.reshape(groups, outputs, group_channels * taps).transpose(0, 2, 1)
+            y = bb.emit(relax.op.matmul(patches, relax.const(np.ascontiguousarray(filters))))  # [N, G, P, Og]
+            if bias is not None:
+                y = bb.emit(relax.op.add(y, relax.const(bias.reshape(groups, 1, outputs))))
+            y = bb.emit(relax.op.permute_dims(y, [0, 1, 3, 2]))                   # [N, G, Og, P]
+            y = bb.emit(relax.op.reshape(y, [dims[0], out_channels, positions]))
         if spatial_rank == 1:
             return y
         return relax.op.reshape(y, [dims[0], out_channels, *out_dims])
