@@ -46,8 +46,12 @@ def test_fusion_runs_on_every_cnn(name):
     mod = load_onnx(os.path.join(LIGHT, name))
     fused, report = fuse(mod)
     assert report.fused["attention"] == 0 and report.fused["layernorm"] == 0
-    gemms = sum(1 for n in onnx.load(os.path.join(LIGHT, name)).graph.node if n.op_type == "Gemm")
-    assert report.fused["dense"] == gemms  # every classifier Gemm becomes a fused dense
+    nodes = onnx.load(os.path.join(LIGHT, name)).graph.node
+    gemms = sum(1 for n in nodes if n.op_type == "Gemm")
+    # every classifier Gemm becomes a fused dense, and so does every ungrouped Conv (a patch gather + matmul)
+    convs = sum(1 for n in nodes if n.op_type == "Conv" and
+                all(a.i == 1 for a in n.attribute if a.name == "group"))
+    assert report.fused["dense"] == gemms + convs, report.summary()
     fused["main"].script()  # well formed
 
 
