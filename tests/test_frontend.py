@@ -758,3 +758,25 @@ def test_variadic_op_of_a_dynamic_size_and_a_tensor(run_llvm, run_ort, op):
         x = np.random.default_rng(seq).standard_normal((2, seq)).astype(np.float32)
         (got,), (ref,) = run_llvm(mod, {"x": x}), run_ort(m, {"x": x})
         np.testing.assert_allclose(got, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add"])
+def test_scatter_nd_of_no_updates_passes_the_data_through(run_llvm, run_ort, reduction):
+    # X-MOD's dynamo export: each language's rows go through its adapter by a boolean-mask index_put; a language
+    # no row has leaves a ScatterND of [0] updates at rows NonZero finds none of. TVM's kernel divided by the
+    # empty extent while it was built (a crash); the result is the data unchanged
+    rows = numpy_helper.from_array(np.zeros((0, 1), np.int64), "rows")
+    flat = numpy_helper.from_array(np.array([-1], np.int64), "flat")
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    nodes = [helper.make_node("Equal", ["lang", "one"], ["hit"]),
+             helper.make_node("NonZero", ["hit"], ["nz"]),
+             helper.make_node("Transpose", ["nz"], ["idx"], perm=[1, 0]),
+             helper.make_node("GatherND", ["x", "rows"], ["picked"]),
+             helper.make_node("Reshape", ["picked", "flat"], ["upd"]),
+             helper.make_node("ScatterND", ["x", "idx", "upd"], ["y"],
+                              **({} if reduction == "none" else {"reduction": reduction}))]
+    m = _model(nodes, [_vi("x", TP.FLOAT, [2, 3]), _vi("lang", TP.INT64, [2, 3])], [_vi("y", TP.FLOAT, None)],
+               inits=[rows, flat, one], opset=18)
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "lang": np.zeros((2, 3), np.int64)}
+    (got,), (ref,) = run_llvm(load_onnx(m), feeds), run_ort(m, feeds)
+    np.testing.assert_array_equal(got, ref)

@@ -776,6 +776,20 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
             off, on = (relax.op.take(values, relax.const(i, "int64"), axis=0) for i in (0, 1))
             return relax.op.where(hit, on, off)
 
+    class ScatterND(_Fixed, of.ScatterND):
+        """Updates with no elements write nothing: the data passes through. X-MOD's dynamo export routes each
+        language's rows through its adapter by a boolean-mask ``index_put``; a language no row has leaves a
+        ``ScatterND`` of ``[0]`` updates, whose stock kernel divides by the empty extent while it is built (a
+        crash)."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            shape = getattr(inputs[2].ty, "shape", None)
+            dims = getattr(shape, "values", None) or ()
+            if any(isinstance(d, tvm.tirx.IntImm) and int(d) == 0 for d in dims):
+                return inputs[0]
+            return stock(bb, inputs, attr, params)
+
     class _FoldedUnary(_Fixed):
         """Computed on the spot when the input is a constant. Exporters write size arithmetic in floats (MobileViT's
         ``int(math.ceil(h / p) * p)``: ``Ceil(2.0) · 2.0 → Cast → Div ...`` into a Reshape target); TVM's binary
@@ -803,4 +817,4 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
     return {cls.__name__: cls for cls in (Constant, TopK, Einsum, IsInf, BitShift, Mod, Equal, ReduceMax, ReduceMin, Pow,
                                            SpaceToDepth, LayerNormalization,
                                            RMSNormalization, Dropout, NonMaxSuppression, Reshape, Tile, Max, Min,
-                                           Sum, Mean, QuantizeLinear, OneHot, *folded)}
+                                           Sum, Mean, QuantizeLinear, OneHot, ScatterND, *folded)}
