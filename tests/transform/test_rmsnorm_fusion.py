@@ -96,6 +96,40 @@ def test_zero_or_absent_eps(eps):
     assert fuse(mod, RULE)[1].applied[0].detail == "eps=0"
 
 
+@pytest.mark.parametrize("inverse", ["rsqrt", "reciprocal", "divide"])
+def test_weightless_norm_in_every_inverse_spelling(inverse):
+    # NanoChat: x · (1 / sqrt(mean(x²) + eps)) with no γ. The product also reads as γ = x times "1 / sqrt(s)"
+    # (a mean over another tensor, refused), and that first reading hid the right one
+    mod = rmsnorm_module(inverse=inverse, gamma="none")
+    fused = _assert_fused(mod)
+    inputs = random_inputs(mod, seed=1)
+    _, actual = run_before_after(mod, fused, inputs)
+    x = inputs[0].astype("float64")
+    np.testing.assert_allclose(actual, x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6), rtol=1e-5, atol=1e-6)
+
+
+def test_weightless_norm_of_a_weightless_norm():
+    # NanoChat normalises the normed embeddings again: n2 = n1 · (1 / sqrt(mean(n1²) + eps)) also reads as
+    # n1 (a norm) times a γ of shape [B, S, 1]; both norms fuse
+    x = relax.Var("x", relax.TensorType(SHAPE, "float32"))
+
+    def norm(bb, v):
+        s = bb.emit(relax.op.add(bb.emit(relax.op.mean(bb.emit(relax.op.power(v, _c(2.0))), axis=[-1],
+                                                       keepdims=True)), _c(1e-6)))
+        return bb.emit(relax.op.multiply(v, bb.emit(relax.op.divide(_c(1.0), bb.emit(relax.op.sqrt(s))))))
+
+    mod = build_module([x], lambda bb: norm(bb, norm(bb, x)))
+    fused, report = fuse(mod, RULE)
+    assert report.fused["rmsnorm"] == 2, report.summary()
+    assert fused_calls(fused) == {"fused_rmsnorm": 2}
+    a = random_inputs(mod, seed=2)
+    _, actual = run_before_after(mod, fused, a)
+    ref = a[0].astype("float64")
+    for _ in range(2):
+        ref = ref / np.sqrt((ref * ref).mean(-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(actual, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_gamma_of_shape_1_1_n():
     _assert_fused(rmsnorm_module(gamma_shape=(1, 1, SHAPE[-1])))
 

@@ -55,12 +55,22 @@ class RMSNormMatcher(Matcher):
         if op == "relax.nn.rms_norm":
             plan = _rms_norm_op(value, graph, covered)
         elif op == "relax.multiply":
+            # ``γ · n`` with γ on either side, or the product is ``n = xf · r`` itself (no γ). Each reading that
+            # parses is a candidate and the first one that passes the checks wins: a weightless norm
+            # ``xf · (1 / sqrt(s))`` also parses as γ = xf times "n" = ``1 / sqrt(s)`` (a refused mean over
+            # another tensor), and one applied to a previous weightless norm's output (NanoChat's norm of the
+            # normed embeddings) as that output times a γ of shape [B, S, 1]; taking the first parse refused both
+            candidates = []
             for normed, gamma in ((value.args[0], value.args[1]), (value.args[1], value.args[0])):
-                plan = _normalised(normed, graph, list(covered) + graph.chain(normed))
-                if plan is not None:
-                    plan.gamma = gamma
-                    break
-            plan = plan or _normalised_value(value, graph, covered)
+                reading = _normalised(normed, graph, list(covered) + graph.chain(normed))
+                if reading is not None:
+                    reading.gamma = gamma
+                    candidates.append(reading)
+            reading = _normalised_value(value, graph, covered)
+            if reading is not None:
+                candidates.append(reading)
+            plan = next((c for c in candidates if c.reason is None and _check(c, root) is None),
+                        candidates[0] if candidates else None)
         elif op == "relax.divide":
             plan = _normalised_value(value, graph, covered)
         if plan is None:
