@@ -30,8 +30,10 @@ def attention_module(form="bshd", scale="div", mask=None, guard=False, softmax_a
     scale: "div" (scores / √D), "mul" (scores · 1/√D), "q" (q · 1/√D before the matmul), "split" (q and kᵀ each
            · D^-¼), "none".
     softcap: Gemma2's logit soft-capping ``cap · tanh(s / cap)`` of the scaled scores, before the mask.
-    mask: None | "causal_add" (constant additive) | "causal_where" (where(tril, s, -inf)) | "bool" (bool input,
-          where(mask, s, NEG)) | "bool_add" (scores + where(mask, 0, NEG)) | a shape tuple (float input added).
+    mask: None | "causal_add" (constant additive) | "causal_where" (where(tril, s, -inf)) | "causal_mul" (OpenAI
+          GPT's s · tril + NEG · (1 - tril), the second term one constant as exporters fold it) | "bool" (bool
+          input, where(mask, s, NEG)) | "bool_add" (scores + where(mask, 0, NEG)) | a shape tuple (float input
+          added).
     """
     params = []
 
@@ -90,6 +92,10 @@ def attention_module(form="bshd", scale="div", mask=None, guard=False, softmax_a
         elif mask == "causal_where":
             tril = relax.const(np.tril(np.ones((s, t), bool), t - s))
             sc = bb.emit(relax.op.where(tril, sc, _c(mask_value)))
+        elif mask == "causal_mul":
+            tril = np.tril(np.ones((1, 1, s, t), "float32"), t - s)
+            sc = bb.emit(relax.op.multiply(sc, relax.const(tril)))
+            sc = bb.emit(relax.op.add(sc, relax.const((mask_value * (1 - tril)).astype("float32"))))
         elif mask == "bool":
             sc = bb.emit(relax.op.where(m, sc, _c(mask_value)))
         elif mask == "bool_add":  # the exports' own form: an additive mask built from a boolean one
@@ -126,7 +132,7 @@ def numpy_attention(inputs, form="bshd", mask=None, s=S, t=T, mask_value=NEG_INF
     sc = q @ np.swapaxes(k, -1, -2) / math.sqrt(D)
     if isinstance(mask, tuple):
         sc = sc + inputs[3]
-    elif mask in ("causal_add", "causal_where"):
+    elif mask in ("causal_add", "causal_where", "causal_mul"):
         hidden = np.arange(t)[None, :] > np.arange(s)[:, None] + (t - s)
         sc = np.where(hidden, mask_value, sc)
     elif mask == "bool":

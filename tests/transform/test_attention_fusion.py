@@ -147,6 +147,16 @@ def test_non_causal_constant_mask_stays_a_mask():
     assert _attention_params(fused)[0]["causal"] is False
 
 
+@pytest.mark.parametrize("mask_value", [-10000.0, F32_MIN])
+def test_multiplicative_causal_mask_fuses_after_canonicalize(mask_value):
+    # OpenAI GPT: s · tril + -1e4 · (1 - tril) read as a multiplicative mask, attention left unfused
+    mod = attention_module("bshd", mask="causal_mul", mask_value=mask_value)
+    fused, report, inputs, actual = _assert_fused(mod, canonicalize=True)
+    assert report.canonicalized.get("MultiplicativeMaskToAdditive") == 1
+    np.testing.assert_allclose(actual, numpy_attention(inputs, mask="causal_mul", mask_value=mask_value),
+                               rtol=1e-4, atol=1e-5)
+
+
 def test_bool_mask_fuses_after_canonicalize():
     mod = attention_module("bshd", mask="bool", guard=True)
     inputs = random_inputs(mod, seed=3)

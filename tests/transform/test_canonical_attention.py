@@ -14,6 +14,7 @@ from tvm import relax
 from tvm_fusion_ext.testing import assert_refused, build_module, fuse, random_inputs, run_before_after, run_relax
 from tvm_fusion_ext.transform.canonical.attention_scale import MergeSplitAttentionScale
 from tvm_fusion_ext.transform.canonical.bool_mask import BoolMaskToAdditive
+from tvm_fusion_ext.transform.canonical.multiplicative_mask import MultiplicativeMaskToAdditive
 from tvm_fusion_ext.transform.canonical.softmax_nan_guard import DropSoftmaxNanGuard
 
 B, H, S, T, D = 2, 3, 5, 7, 4
@@ -148,6 +149,93 @@ def test_already_additive_mask_is_left_alone():
     out, report = fuse(mod, BoolMaskToAdditive())
     tvm.ir.assert_structural_equal(out, mod)
     assert report.applied == [] and report.refused == []
+
+
+# --- MultiplicativeMaskToAdditive ---------------------------------------------------------------------
+
+def _tril01(s=S, t=T):
+    return np.tril(np.ones((s, t), "float32"), t - s)
+
+
+def _product_softmax(factor, added, b_first=False, c_first=False, extra=False):
+    """softmax(x · factor + added [+ pad]) with constant factor and added (OpenAI GPT's causal mask)."""
+    x = _var("x", (B, H, S, T))
+    params = [x]
+    if extra:
+        pad = _var("pad", (B, 1, 1, T))
+        params.append(pad)
+
+    def build(bb):
+        b, c = relax.const(np.asarray(factor, "float32")), relax.const(np.asarray(added, "float32"))
+        prod = bb.emit(relax.op.multiply(b, x) if b_first else relax.op.multiply(x, b))
+        sc = bb.emit(relax.op.add(c, prod) if c_first else relax.op.add(prod, c))
+        if extra:
+            sc = bb.emit(relax.op.add(sc, pad))
+        return bb.emit(relax.op.nn.softmax(sc))
+
+    return build_module(params, build)
+
+
+@pytest.mark.parametrize("b_first", [False, True])
+@pytest.mark.parametrize("c_first", [False, True])
+@pytest.mark.parametrize("extra", [False, True])
+def test_multiplicative_mask_becomes_additive(b_first, c_first, extra):
+    tril = _tril01()
+    mod = _product_softmax(tril, -10000.0 * (1 - tril), b_first, c_first, extra)
+    out, report = fuse(mod, MultiplicativeMaskToAdditive())
+    assert report.count("MultiplicativeMaskToAdditive") == 1
+    assert "relax.multiply" not in _ops(out)
+    inputs = random_inputs(mod, seed=4)
+    if extra:  # a padding mask (finfo.min) on the last key of batch 1: every row keeps key 0
+        inputs[1] = np.zeros((B, 1, 1, T), "float32")
+        inputs[1][1, ..., -1] = F32_MIN
+    x = inputs[0].astype("float64")
+    ref = np.where(tril == 1, x, -10000.0) + (inputs[1] if extra else 0.0)  # the product form, independently
+    e = np.exp(ref - ref.max(-1, keepdims=True))
+    _, actual = run_before_after(mod, out, inputs)
+    np.testing.assert_allclose(actual, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_multiplicative_mask_cut_from_a_causal_buffer():
+    # OpenAI GPT's dynamo export: b = buffer[:, :, :S, :T] (strided slices of a larger constant) and the added
+    # term -1e4 · (1 - b) left unfolded; both are evaluated from the constants
+    x = _var("x", (B, H, S, T))
+
+    def build(bb):
+        buf = relax.const(np.tril(np.ones((1, 1, 16, 16), "float32"), T - S))
+        b = bb.emit(relax.op.strided_slice(bb.emit(relax.op.strided_slice(buf, [2], [0], [S])), [3], [0], [T]))
+        c = bb.emit(relax.op.multiply(bb.emit(relax.op.subtract(_c(1.0), b)), _c(-10000.0)))
+        return bb.emit(relax.op.nn.softmax(bb.emit(relax.op.add(bb.emit(relax.op.multiply(x, b)), c))))
+
+    mod = build_module([x], build)
+    out, report = fuse(mod, MultiplicativeMaskToAdditive())
+    assert report.count("MultiplicativeMaskToAdditive") == 1
+    inputs = random_inputs(mod, seed=5)
+    ref = np.where(_tril01() == 1, inputs[0].astype("float64"), -10000.0)
+    e = np.exp(ref - ref.max(-1, keepdims=True))
+    np.testing.assert_allclose(run_before_after(mod, out, inputs)[1], e / e.sum(-1, keepdims=True), rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("factor, added, reason", [
+    (0.5 * _tril01(), -10000.0 * (1 - _tril01()), "other than 0 and 1"),  # a real product, not a mask
+    (_tril01(), -100.0 * (1 - _tril01()), "does not hide the key"),  # exp(-100) is not 0: weights would change
+    (_tril01(), -10000.0 * (1 - _tril01()) + 1.0, "not 0 where the factor keeps"),
+    # a row the factor empties: the product form weighs its keys evenly, the additive one by their scores
+    (np.concatenate([np.zeros((1, T), "float32"), _tril01()[1:]]), -10000.0 * (1 - _tril01()), "keeps no key"),
+])
+def test_multiplicative_mask_near_misses_are_refused(factor, added, reason):
+    if "keeps no key" in reason:
+        added = -10000.0 * (1 - factor)
+    assert_refused(_product_softmax(factor, added), MultiplicativeMaskToAdditive(), reason=reason)
+
+
+def test_product_with_an_input_is_left_alone():
+    # the factor is not a constant: a gate or a multiplicative mask given at run time, not rewritten
+    x, g = _var("x", (B, H, S, T)), _var("g", (B, 1, 1, T))
+    mod = build_module([x, g], lambda bb: bb.emit(relax.op.nn.softmax(bb.emit(relax.op.add(
+        bb.emit(relax.op.multiply(x, g)), relax.const(np.zeros((S, T), "float32")))))))
+    assert_refused(mod, MultiplicativeMaskToAdditive(), reason="not computed from constants")
 
 
 # --- MergeSplitAttentionScale -------------------------------------------------------------------------

@@ -77,6 +77,8 @@ def const_eval(e: relax.Expr, graph: FunctionGraph, depth: int = 0) -> Optional[
         if a is None or shape is None:
             return None
         return a.reshape(shape) if op == "relax.reshape" else np.broadcast_to(a, shape)
+    if op == "relax.strided_slice":  # a causal buffer cut to the sequence (OpenAI GPT's dynamo export)
+        return _slice_value(e, arg(0))
     if op in _BINARY:
         a, b = arg(0), arg(1)
         if a is None or b is None:
@@ -87,6 +89,27 @@ def const_eval(e: relax.Expr, graph: FunctionGraph, depth: int = 0) -> Optional[
         a = arg(0)
         return None if a is None else np.logical_not(a)
     return None
+
+
+def _slice_value(e: relax.Call, a: Optional[np.ndarray]) -> Optional[np.ndarray]:
+    """``strided_slice`` of a constant with constant bounds, by numpy's slicing (the same clamping and negative
+    indices); None unless the result has the binding's static shape."""
+    shape = static_shape(e)
+    if a is None or shape is None:
+        return None
+    bounds = []
+    for t in e.args[1:]:
+        fields = getattr(t, "fields", None)
+        if fields is None or not all(isinstance(f, tvm.tirx.IntImm) for f in fields):
+            return None
+        bounds.append([int(f) for f in fields])
+    axes, begin, end = bounds[:3]
+    strides = bounds[3] if len(bounds) > 3 else [1] * len(axes)
+    index = [slice(None)] * a.ndim
+    for axis, b, n, st in zip(axes, begin, end, strides):
+        index[axis % a.ndim] = slice(b, n, st)
+    out = a[tuple(index)]
+    return out if tuple(out.shape) == tuple(shape) else None
 
 
 def is_causal_mask(value: np.ndarray, s: int, t: int) -> bool:

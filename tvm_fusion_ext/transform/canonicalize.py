@@ -19,6 +19,7 @@ from .canonical.identity_cast import DropIdentityCast
 from .canonical.gelu_tanh import TanhGeluToGeluTanh
 from .canonical.layernorm_decomposed import DecomposedLayerNormToLayerNorm
 from .canonical.lowest_clamp import DropLowestClamp
+from .canonical.multiplicative_mask import MultiplicativeMaskToAdditive
 from .canonical.round_trip_cast import DropRoundTripCast
 from .canonical.scalar_constants import FoldScalarConstants
 from .canonical.silu import SigmoidMulToSilu
@@ -40,6 +41,7 @@ CANONICAL_RULES = (
     DecomposedLayerNormToLayerNorm,
     DropSoftmaxNanGuard,
     DropLowestClamp,
+    MultiplicativeMaskToAdditive,
     BoolMaskToAdditive,
     MergeSplitAttentionScale,
 )
