@@ -157,6 +157,37 @@ def test_multiplicative_causal_mask_fuses_after_canonicalize(mask_value):
                                rtol=1e-4, atol=1e-5)
 
 
+def test_bool_mask_on_a_view_of_3d_scores_fuses_after_canonicalize():
+    # FSMT (fairseq): q, k, v as [B·H, S, D]; the [B·H, S, T] scores are viewed as [B, H, S, T] for a where-mask
+    # and viewed back for the softmax
+    q, k, v = (relax.Var(n, relax.TensorType((B * H, n_, D), "float32")) for n, n_ in (("q", S), ("k", T), ("v", T)))
+    m = relax.Var("mask", relax.TensorType((B, 1, 1, T), "bool"))
+
+    def build(bb):
+        sc = bb.emit(relax.op.matmul(bb.emit(relax.op.multiply(q, relax.const(1 / np.sqrt(D), "float32"))),
+                                     bb.emit(relax.op.permute_dims(k, [0, 2, 1]))))
+        sc4 = bb.emit(relax.op.reshape(sc, (B, H, S, T)))
+        masked = bb.emit(relax.op.where(m, relax.const(F32_MIN, "float32"), sc4))
+        p = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.reshape(masked, (B * H, S, T)))))
+        return bb.emit(relax.op.matmul(p, v))
+
+    mod = build_module([q, k, v, m], build)
+    inputs = random_inputs(mod, seed=7)
+    inputs[3] = np.zeros((B, 1, 1, T), bool)
+    inputs[3][1, ..., -2:] = True  # the last two keys of batch 1 are padding
+    # the operator sees B·H heads of one batch, so the mask reaches it broadcast to the scores' size (the
+    # view-mask reading); what is checked is that the attention fuses and computes the same numbers
+    fused, report = fuse(mod, *_steps(True))
+    assert report.canonicalized.get("BoolMaskToAdditive") == 1
+    assert report.fused["attention"] == 1 and fused_calls(fused) == {"fused_attention": 1}, report.summary()
+    _, actual = run_before_after(mod, fused, inputs)
+    qq, kk, vv = (a.astype("float64") for a in inputs[:3])
+    sc = (qq @ kk.transpose(0, 2, 1) / np.sqrt(D)).reshape(B, H, S, T)
+    sc = np.where(inputs[3], F32_MIN, sc).reshape(B * H, S, T)
+    e = np.exp(sc - sc.max(-1, keepdims=True))
+    np.testing.assert_allclose(actual, (e / e.sum(-1, keepdims=True)) @ vv, rtol=1e-4, atol=1e-5)
+
+
 def test_bool_mask_fuses_after_canonicalize():
     mod = attention_module("bshd", mask="bool", guard=True)
     inputs = random_inputs(mod, seed=3)

@@ -137,6 +137,29 @@ def test_where_mask_becomes_additive(neg, keep_first, extra):
     _assert_same_numbers(mod, out, inputs)
 
 
+@pytest.mark.parametrize("keep_first", [True, False])
+def test_where_mask_on_a_view_of_the_scores_becomes_additive(keep_first):
+    # FSMT (fairseq): [B·H, S, T] scores viewed as [B, H, S, T], masked with where, viewed back for the softmax
+    x, m = _var("x", (B * H, S, T)), _var("m", (B, 1, 1, T), "bool")
+
+    def build(bb):
+        x4 = bb.emit(relax.op.reshape(x, (B, H, S, T)))
+        sel = bb.emit(relax.op.where(m, x4, _c(F32_MIN)) if keep_first else relax.op.where(m, _c(F32_MIN), x4))
+        return bb.emit(relax.op.nn.softmax(bb.emit(relax.op.reshape(sel, (B * H, S, T)))))
+
+    mod = build_module([x, m], build)
+    out, report = fuse(mod, BoolMaskToAdditive())
+    assert report.count("BoolMaskToAdditive") == 1
+    inputs = random_inputs(mod, seed=6)
+    inputs[1] = np.zeros((B, 1, 1, T), bool)
+    inputs[1][0, ..., :3] = inputs[1][1, ..., 2:] = True  # keys kept (where(keep, s, NEG)) or hidden
+    hide = ~inputs[1] if keep_first else inputs[1]
+    ref = np.where(hide, F32_MIN, inputs[0].astype("float64").reshape(B, H, S, T)).reshape(B * H, S, T)
+    e = np.exp(ref - ref.max(-1, keepdims=True))
+    np.testing.assert_allclose(run_before_after(mod, out, inputs)[1], e / e.sum(-1, keepdims=True), rtol=1e-5,
+                               atol=1e-6)
+
+
 def test_small_negative_fill_is_refused():
     # where(m, s, -10000) and s + where(m, 0, -10000) differ on fully masked rows (uniform vs softmax(s))
     assert_refused(_where_softmax(-10000.0), BoolMaskToAdditive(), reason="not -inf")

@@ -15,12 +15,13 @@ real exports' own masks (``scores + where(mask, 0, -inf)``, dynamo's ``where(mas
 all layers) are already additive and need nothing.
 
 Pattern
-    ``softmax(where(cond, s, NEG) [+ other])`` or ``softmax(where(cond, NEG, s) [+ other])``, ``s`` not a
-    constant.
+    ``softmax([reshape] (where(cond, s, NEG) [+ other]))`` or the same with ``where(cond, NEG, s)``, ``s`` not a
+    constant (the reshape: FSMT masks a ``[B, H, S, T]`` view of its ``[B·H, S, T]`` scores).
 Check
     ``cond`` is boolean; NEG is one value, -inf or <= -1e30; the select does not broadcast ``s``.
 Rewrite
-    ``softmax(s + where(cond, 0, NEG) [+ other])`` (or ``where(cond, NEG, 0)``), same softmax axis.
+    ``softmax([reshape] (s + where(cond, 0, NEG) [+ other]))`` (or ``where(cond, NEG, 0)``), same softmax axis
+    and view.
 """
 
 from __future__ import annotations
@@ -47,15 +48,22 @@ class BoolMaskToAdditive(FusionRule):
         out = []
         for keep_first in (True, False):  # where(keep, s, NEG) | where(drop, NEG, s)
             for extra in (False, True):  # the select alone under the softmax, or plus another additive mask
-                # the selected tensor is not a constant: where(mask, 0, -inf) is already an additive mask
-                cond, s, neg, other = wildcard(), ~is_const(), wildcard(), wildcard()
-                sel = is_op("relax.where")(cond, s, neg) if keep_first else is_op("relax.where")(cond, neg, s)
-                x = is_op("relax.add")(sel, other) if extra else sel
-                root = is_op("relax.nn.softmax")(x)
-                names = {"cond": cond, "s": s, "neg": neg, "sel": sel}
-                if extra:
-                    names["other"] = other
-                out.append(Variant(root, names, {"keep_first": keep_first, "extra": extra}, "relax.nn.softmax"))
+                # the masked scores reach the softmax directly, or through a reshape: FSMT (fairseq) masks a
+                # [B, H, S, T] view of its [B·H, S, T] scores and views them back for the softmax
+                for view in (False, True):
+                    # the selected tensor is not a constant: where(mask, 0, -inf) is already an additive mask
+                    cond, s, neg, other, shape = wildcard(), ~is_const(), wildcard(), wildcard(), wildcard()
+                    sel = is_op("relax.where")(cond, s, neg) if keep_first else is_op("relax.where")(cond, neg, s)
+                    x = is_op("relax.add")(sel, other) if extra else sel
+                    x = is_op("relax.reshape")(x, shape) if view else x
+                    root = is_op("relax.nn.softmax")(x)
+                    names = {"cond": cond, "s": s, "neg": neg, "sel": sel}
+                    if extra:
+                        names["other"] = other
+                    if view:
+                        names["shape"] = shape
+                    out.append(Variant(root, names, {"keep_first": keep_first, "extra": extra, "view": view},
+                                       "relax.nn.softmax"))
         return out
 
     def check(self, m: Match) -> Optional[str]:
@@ -77,4 +85,6 @@ class BoolMaskToAdditive(FusionRule):
         x = bb.emit(relax.op.add(m.arg("s"), bb.emit(add_mask)))
         if m.tag["extra"]:
             x = bb.emit(relax.op.add(x, m.arg("other")))
+        if m.tag["view"]:
+            x = bb.emit(relax.op.reshape(x, m.arg("shape")))
         return relax.op.nn.softmax(x, axis=int(m.root_value.attrs.axis))
