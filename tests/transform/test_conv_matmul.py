@@ -112,3 +112,53 @@ def test_what_is_not_read_as_a_matmul_keeps_the_stock_kernel(build, why):
     got = CompiledModel.from_module(mod).run(feeds)["y"]
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [
+    ((1, 8, 14, 14), (8, 1, 7, 7), dict(group=8, pads=[3, 3, 3, 3])),         # ConvNeXt's 7x7
+    ((2, 6, 9, 11), (6, 1, 3, 3), dict(group=6, strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((1, 6, 10, 10), (6, 1, 3, 3), dict(group=6, dilations=[2, 2], pads=[2, 1, 2, 1])),
+    ((1, 12, 40), (12, 1, 31), dict(group=12, pads=[15, 15])),                # a Conformer's convolution module
+])
+def test_depthwise_conv_is_a_sum_of_shifted_taps(x_shape, w_shape, attrs):
+    model, _ = _conv_model(x_shape, w_shape, **attrs)
+    x = np.random.default_rng(1).standard_normal(x_shape).astype("float32")
+    report = _check(model, {"x": x})
+    assert report.canonicalized.get("DepthwiseConvAsTaps") == 1, report.summary()
+    assert not report.canonicalized.get("ConvAsMatmul")
+
+
+def test_depthwise_conv_of_a_transposed_input_keeps_the_stock_kernel():
+    # tokens [B, H*W, C] viewed as an image (SegFormer's Mix-FFN): FuseOps would read every tap through the transpose
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 1, 3, 3)).astype("float32")
+    nodes = [helper.make_node("Transpose", ["t"], ["tt"], perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["tt", "image"], ["x"]),
+             helper.make_node("Conv", ["x", "w"], ["y"], group=6, pads=[1, 1, 1, 1])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([1, 6, 4, 5], "int64"), "image")]
+    graph = helper.make_graph(nodes, "segformer_dw", [helper.make_tensor_value_info("t", F32, [1, 20, 6])],
+                              [helper.make_tensor_value_info("y", F32, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    _, report = fuse(load_onnx(model))
+    assert not report.canonicalized.get("DepthwiseConvAsTaps")
+    assert any("transpose" in e.detail or "permute_dims" in e.detail for e in report.refused
+               if e.rule == "DepthwiseConvAsTaps")
+    _check(model, {"t": rng.standard_normal((1, 20, 6)).astype("float32")})
+
+
+def test_depthwise_conv_of_a_channels_last_tensor_runs_channels_last():
+    # ConvNeXt: NHWC -> NCHW for the depthwise 7x7, back to NHWC for its LayerNorm: the taps run over the NHWC tensor
+    # and the two transposes around them cancel (LayoutChainAsReshape)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 1, 7, 7)).astype("float32")
+    b = rng.standard_normal(6).astype("float32")
+    nodes = [helper.make_node("Transpose", ["t"], ["x"], perm=[0, 3, 1, 2]),
+             helper.make_node("Conv", ["x", "w", "b"], ["c"], group=6, pads=[3, 3, 3, 3]),
+             helper.make_node("Transpose", ["c"], ["y"], perm=[0, 2, 3, 1])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    graph = helper.make_graph(nodes, "convnext_dw", [helper.make_tensor_value_info("t", F32, [1, 9, 10, 6])],
+                              [helper.make_tensor_value_info("y", F32, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    report = _check(model, {"t": rng.standard_normal((1, 9, 10, 6)).astype("float32")})
+    assert report.canonicalized.get("DepthwiseConvAsTaps") == 1, report.summary()
+    assert report.canonicalized.get("LayoutChainAsReshape") == 1, report.summary()

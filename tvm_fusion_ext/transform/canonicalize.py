@@ -12,10 +12,12 @@ import tvm
 from .canonical.attention_scale import MergeSplitAttentionScale
 from .canonical.bool_mask import BoolMaskToAdditive
 from .canonical.conv_matmul import ConvAsMatmul
+from .canonical.depthwise_conv_taps import DepthwiseConvAsTaps
 from .canonical.einsum_matmul import EinsumAsMatmul
 from .canonical.gather_nd_slice import GatherNDToSlice
 from .canonical.gelu_erf import ErfGeluToGelu
 from .canonical.identity_cast import DropIdentityCast
+from .canonical.layout_chain import LayoutChainAsReshape
 from .canonical.gelu_tanh import TanhGeluToGeluTanh
 from .canonical.layernorm_decomposed import DecomposedLayerNormToLayerNorm
 from .canonical.lowest_clamp import DropLowestClamp
@@ -34,6 +36,7 @@ CANONICAL_RULES = (
     DropSingleConcat,
     EinsumAsMatmul,
     ConvAsMatmul,
+    DepthwiseConvAsTaps,
     GatherNDToSlice,
     ErfGeluToGelu,
     TanhGeluToGeluTanh,
@@ -44,6 +47,7 @@ CANONICAL_RULES = (
     MultiplicativeMaskToAdditive,
     BoolMaskToAdditive,
     MergeSplitAttentionScale,
+    LayoutChainAsReshape,
 )
 
 

@@ -8,8 +8,8 @@ patches are gathered once (``take`` with a computed index: one copy of the input
 where the filter tiles the input, as a patch embedding does).
 
 Pattern
-    ``conv1d(x, w)`` or ``conv2d(x, w)``, optionally under ``add(conv, b)`` with ``b`` a constant that varies
-    along the channel axis only (the ONNX importer's bias).
+    ``conv1d(x, w)`` or ``conv2d(x, w)``, optionally under ``add(conv, b)`` with ``b`` a constant (or a constant
+    reshaped: the ONNX importer's ``[1, O, 1, 1]`` bias) that varies along the channel axis only.
 Check (a reason says what keeps the stock kernel)
     layouts NCW/OIW or NCHW/OIHW, groups of at least :data:`MIN_GROUP_OUTPUTS` output channels (a grouped
     filter is one matmul per group; a depthwise one would be matrix-vector products), a float dtype with no other ``out_dtype``, a constant filter; a static
@@ -31,7 +31,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..graph import FunctionGraph, explicit_out_dtype, is_constant, op_name, shape_dims
+from ..graph import FunctionGraph, const_value, explicit_out_dtype, is_constant, op_name, shape_dims, static_shape
 from ..rule import Found, FusionRule, Match, Matcher, Variant
 
 CONV_OPS = ("relax.nn.conv1d", "relax.nn.conv2d")
@@ -62,9 +62,22 @@ class _ConvMatcher(Matcher):
             return None
         for conv_var, bias in (value.args, value.args[::-1]):
             conv = graph.value(conv_var)
-            if isinstance(conv_var, relax.Var) and op_name(conv) in CONV_OPS and is_constant(graph.value(bias)):
-                return Found({"x": conv.args[0], "w": conv.args[1], "conv": conv, "bias": bias}, covered=[conv_var])
+            b = _constant(graph, bias)
+            if isinstance(conv_var, relax.Var) and op_name(conv) in CONV_OPS and b is not None:
+                return Found({"x": conv.args[0], "w": conv.args[1], "conv": conv, "bias": b}, covered=[conv_var])
         return None
+
+
+def _constant(graph: FunctionGraph, e) -> Optional[np.ndarray]:
+    """The value of a constant, or of a constant reshaped (the ONNX importer's ``[1, O, 1, 1]`` bias), else None."""
+    value = graph.value(e)
+    if is_constant(value):
+        return const_value(value)
+    if op_name(value) in ("relax.reshape", "relax.expand_dims") and is_constant(graph.value(value.args[0])):
+        shape = static_shape(value)
+        inner = const_value(graph.value(value.args[0]))
+        return None if shape is None or inner is None or inner.size != int(np.prod(shape)) else inner.reshape(shape)
+    return None
 
 
 def _channel_bias(b: np.ndarray, out_channels: int, rank: int) -> Optional[np.ndarray]:
@@ -114,8 +127,8 @@ class ConvAsMatmul(FusionRule):
             return f"{op} of a symbolic image size {x}"
         if not isinstance(x[1], int) or x[1] != w.shape[1] * groups:
             return f"{op}: input channels {x[1]} against the filter's {w.shape[1]} × {groups} groups"
-        if m.has("bias") and _channel_bias(m.const("bias"), w.shape[0], len(x)) is None:
-            return f"{op}'s bias of shape {m.const('bias').shape} varies along other axes than the channels"
+        if m.has("bias") and _channel_bias(m["bias"], w.shape[0], len(x)) is None:
+            return f"{op}'s bias of shape {m['bias'].shape} varies along other axes than the channels"
         out = shape_dims(conv)
         if out is not None and all(isinstance(d, int) for d in out):
             taps = int(np.prod(w.shape[2:]))
@@ -152,7 +165,7 @@ class ConvAsMatmul(FusionRule):
         taps = int(np.prod(kernel))
         patches = bb.emit(relax.op.take(x, index, axis=2, mode="clip"))          # [N, C, P, taps]
         positions = out_dims[0] if spatial_rank == 1 else out_dims[0] * out_dims[1]
-        bias = _channel_bias(m.const("bias"), out_channels, rank).astype(w.dtype) if m.has("bias") else None
+        bias = _channel_bias(m["bias"], out_channels, rank).astype(w.dtype) if m.has("bias") else None
         if groups == 1:
             patches = bb.emit(relax.op.permute_dims(patches, [0, 2, 1, 3]))       # [N, P, C, taps]
             patches = bb.emit(relax.op.reshape(patches, [dims[0], positions, channels * taps]))

@@ -1,0 +1,127 @@
+"""A chain of ``permute_dims`` / ``reshape`` that moves no element → one ``reshape`` (or ``permute_dims``).
+
+Layout changes meet in pairs that cancel. ViT's patch embedding, as :mod:`.conv_matmul` writes it, ends in
+``[N, P, O] → permute → [N, O, P] → reshape → [N, O, h, w]``, and the model then flattens and transposes back to
+``[N, P, O]``; ConvNeXt permutes to channels-last around each LayerNorm and back. TVM keeps every permute as a
+copy (and a fused elementwise kernel that reads through one strides across memory). What a chain of layout ops
+does is decidable on its shapes alone: apply it to ``arange`` of the source's size and compare.
+
+Pattern
+    ``permute_dims`` or ``reshape`` at the end of a chain of ``permute_dims`` / ``reshape`` bindings, each
+    intermediate read by the next one only, at least one of them a ``permute_dims``.
+Check (in the matcher: a chain that moves data is what it says, not a near miss)
+    static shapes, at most :data:`MAX_ELEMENTS` elements; the chain is the identity, a ``reshape`` of its source,
+    or a single ``permute_dims`` of it.
+Rewrite
+    the source, ``reshape(source, shape)``, or ``permute_dims(source, axes)``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+from tvm import relax
+
+from ..graph import FunctionGraph, op_name, static_shape
+from ..rule import Found, FusionRule, Match, Matcher, Variant
+
+LAYOUT_OPS = ("relax.permute_dims", "relax.reshape")
+#: the arange the check runs the chain on, at most this many elements
+MAX_ELEMENTS = 1 << 24
+
+
+def _axes(call: relax.Call, rank: int) -> List[int]:
+    axes = call.attrs.axes
+    return list(range(rank))[::-1] if axes is None else [int(a) for a in axes]
+
+
+def apply_layout_chain(chain: List[relax.Call], source: np.ndarray, shapes: List[List[int]]) -> np.ndarray:
+    """``source`` (an array) through the chain's permutes and reshapes (``shapes``: each op's output shape)."""
+    a = source
+    for call, shape in zip(chain, shapes):
+        if op_name(call) == "relax.permute_dims":
+            a = a.transpose(_axes(call, a.ndim))
+        else:
+            a = a.reshape(shape)
+    return a
+
+
+def _single_permutation(source: np.ndarray, result: np.ndarray) -> Optional[List[int]]:
+    if source.ndim != result.ndim:
+        return None
+    # the axis of the source each result axis walks: where one step along it lands
+    strides = [s // source.itemsize for s in source.strides]
+    flat = source.reshape(-1)
+    axes = []
+    for axis in range(result.ndim):
+        if result.shape[axis] == 1:
+            axes.append(None)
+            continue
+        idx = [0] * result.ndim
+        idx[axis] = 1
+        step = int(result[tuple(idx)] - flat[0])
+        if step not in strides:
+            return None
+        axes.append(strides.index(step))
+    free = [a for a in range(source.ndim) if a not in axes]
+    axes = [free.pop(0) if a is None else a for a in axes]
+    if sorted(axes) != list(range(source.ndim)) or not np.array_equal(source.transpose(axes), result):
+        return None
+    return axes
+
+
+def _plan(source_shape, chain, shapes):
+    """``("reshape", shape)`` or ``("permute", axes)`` for a chain that is one of them, else None."""
+    if source_shape is None or any(sh is None for sh in shapes) or int(np.prod(source_shape)) > MAX_ELEMENTS:
+        return None
+    source = np.arange(int(np.prod(source_shape)), dtype=np.int64).reshape(source_shape)
+    result = apply_layout_chain(chain, source, shapes)
+    if np.array_equal(result.reshape(-1), source.reshape(-1)):
+        return ("reshape", list(result.shape))
+    axes = _single_permutation(source, result)
+    return None if axes is None else ("permute", axes)
+
+
+class _ChainMatcher(Matcher):
+    def match(self, root: relax.Var, graph: FunctionGraph) -> Optional[Found]:
+        value = graph.var2val[root]
+        if op_name(value) not in LAYOUT_OPS:
+            return None
+        chain, links, aliases, user = [value], [root], [], root
+        e = value.args[0]
+        # walk up while the previous layout op is read by this chain alone (through aliases a rewrite left)
+        while isinstance(e, relax.Var) and graph.users(e) == {user} and len(chain) < 8:
+            bound = graph.var2val.get(e)
+            if isinstance(bound, relax.Var):
+                aliases.append(e)
+                user, e = e, bound
+                continue
+            if op_name(bound) not in LAYOUT_OPS:
+                break
+            user = e
+            links.append(e)
+            chain.append(bound)
+            e = bound.args[0]
+        if len(chain) < 2 or not any(op_name(c) == "relax.permute_dims" for c in chain):
+            return None
+        chain, links = chain[::-1], links[::-1]
+        plan = _plan(static_shape(e), chain, [static_shape(v) for v in links])
+        if plan is None:
+            return None
+        return Found({"source": e, "plan": plan}, covered=links[:-1] + aliases)
+
+
+class LayoutChainAsReshape(FusionRule):
+    name = "LayoutChainAsReshape"
+    kind = "canonical"
+
+    def variants(self) -> List[Variant]:
+        return [Variant(_ChainMatcher(), root_op=op) for op in LAYOUT_OPS]
+
+    def rewrite(self, m: Match, bb: relax.BlockBuilder) -> relax.Expr:
+        kind, arg = m["plan"]
+        source = m.arg("source")
+        if kind == "reshape":
+            return source if static_shape(m["source"]) == arg else relax.op.reshape(source, arg)
+        return relax.op.permute_dims(source, arg)
