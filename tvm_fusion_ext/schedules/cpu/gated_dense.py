@@ -30,10 +30,10 @@ from tvm import relax, s_tir
 
 from ...ops.gated_dense import pack_gated_weight
 from ...targets import TargetInfo
-from ..common import flatten_rows_map, has_symbolic_rows, op_params, static_extents_reason
+from ..common import flatten_rows_map, op_params, static_extents_reason
 from ..rule import Knobs, TemplateRule
 from .dense import (KC_MAX, MR_MAX, UNROLL_STEPS, _decision, _extent, _row_independent_knobs, _wide,
-                    copy_padded_rows, default_ip, default_kc, default_mr, panel_group, row_block_for, symbolic_mr)
+                    copy_padded_rows, default_ip, default_kc, default_mr, panel_group, row_block_for)
 
 #: columns per panel: 2·nr accumulators per row, so mr=4 rows of 8 columns keep 8 AVX2 (4 AVX-512) registers
 #: of accumulators with room for the weight panel and the broadcast

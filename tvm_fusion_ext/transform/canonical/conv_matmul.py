@@ -90,23 +90,37 @@ def _channel_bias(b: np.ndarray, out_channels: int, rank: int) -> Optional[np.nd
     return np.broadcast_to(b.reshape(shape).reshape(-1), (out_channels,)).copy()
 
 
+def conv_variants() -> List[Variant]:
+    """A convolution, with or without the importer's bias ``add`` over it (this rule's and the depthwise one's)."""
+    return [Variant(_ConvMatcher(with_bias=True), root_op="relax.add"),
+            Variant(_ConvMatcher(with_bias=False), root_op="relax.nn.conv1d"),
+            Variant(_ConvMatcher(with_bias=False), root_op="relax.nn.conv2d")]
+
+
+def layout_reason(conv: relax.Call) -> Optional[str]:
+    """Why the convolution's layouts are not the channels-first ones the rewrites read, or None."""
+    op, a = op_name(conv), conv.attrs
+    data_layout, kernel_layout = _LAYOUTS[op]
+    if str(a.data_layout) != data_layout or str(a.kernel_layout) != kernel_layout or \
+            str(a.out_layout) != data_layout:
+        return f"{op} layouts {a.data_layout}/{a.kernel_layout}/{a.out_layout}, not {data_layout}/{kernel_layout}"
+    return None
+
+
 class ConvAsMatmul(FusionRule):
     name = "ConvAsMatmul"
     kind = "canonical"
 
     def variants(self) -> List[Variant]:
-        return [Variant(_ConvMatcher(with_bias=True), root_op="relax.add"),
-                Variant(_ConvMatcher(with_bias=False), root_op="relax.nn.conv1d"),
-                Variant(_ConvMatcher(with_bias=False), root_op="relax.nn.conv2d")]
+        return conv_variants()
 
     def check(self, m: Match) -> Optional[str]:
         conv = m["conv"]
         op = op_name(conv)
         a = conv.attrs
-        data_layout, kernel_layout = _LAYOUTS[op]
-        if str(a.data_layout) != data_layout or str(a.kernel_layout) != kernel_layout or \
-                str(a.out_layout) != data_layout:
-            return f"{op} layouts {a.data_layout}/{a.kernel_layout}/{a.out_layout}, not {data_layout}/{kernel_layout}"
+        reason = layout_reason(conv)
+        if reason:
+            return reason
         groups = int(a.groups)
         w_shape = m.shape("w")
         if groups != 1 and w_shape and w_shape[0] // groups < MIN_GROUP_OUTPUTS:

@@ -30,7 +30,7 @@ from tvm import relax
 
 from ..graph import explicit_out_dtype, op_name, shape_dims, static_shape
 from ..rule import FusionRule, Match, Variant
-from .conv_matmul import _LAYOUTS, _ConvMatcher, _channel_bias, _ints
+from .conv_matmul import _channel_bias, _ints, conv_variants, layout_reason
 from .layout_chain import apply_layout_chain
 
 #: taps of one filter, at most: each is a slice and a multiply-add in the graph (a 9×9 filter is 81)
@@ -88,18 +88,15 @@ class DepthwiseConvAsTaps(FusionRule):
     kind = "canonical"
 
     def variants(self) -> List[Variant]:
-        return [Variant(_ConvMatcher(with_bias=True), root_op="relax.add"),
-                Variant(_ConvMatcher(with_bias=False), root_op="relax.nn.conv1d"),
-                Variant(_ConvMatcher(with_bias=False), root_op="relax.nn.conv2d")]
+        return conv_variants()
 
     def check(self, m: Match) -> Optional[str]:
         conv = m["conv"]
         op = op_name(conv)
         a = conv.attrs
-        data_layout, kernel_layout = _LAYOUTS[op]
-        if str(a.data_layout) != data_layout or str(a.kernel_layout) != kernel_layout or \
-                str(a.out_layout) != data_layout:
-            return f"{op} layouts {a.data_layout}/{a.kernel_layout}/{a.out_layout}, not {data_layout}/{kernel_layout}"
+        reason = layout_reason(conv)
+        if reason:
+            return reason
         w_shape, x = m.shape("w"), m.dims("x")
         groups = int(a.groups)
         if w_shape is None or x is None or groups == 1 or w_shape[1] != 1 or w_shape[0] != groups or \
