@@ -130,3 +130,25 @@ def test_other_einsums_still_compute_what_onnx_runtime_does(eq, shapes):
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     got = CompiledModel.from_module(mod).run(feeds)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dim_typed_as_an_equal_expression_keeps_the_einsums_type():
+    # Pegasus-X's dynamic export: both operands carry seq // 4 + 1 (built twice), and Relax types the einsum's dim
+    # as max(seq // 4 + 1, seq // 4 + 1); the matmul's plain seq // 4 + 1 broke the engine's type check (a crash)
+    from tvm import relax, tirx
+
+    from tvm_fusion_ext.testing import build_module, run_relax
+    from tvm_fusion_ext.testing import fuse as fuse_rules
+    from tvm_fusion_ext.transform.canonical.einsum_matmul import EinsumAsMatmul
+
+    n = tirx.Var("n", "int64")
+    a = relax.Var("a", relax.TensorType((2, n // 4 + 1, 3, 8), "float32"))
+    b = relax.Var("b", relax.TensorType((2, n // 4 + 1, 8, 5), "float32"))
+    seq = relax.Var("seq", relax.TensorType((n,), "float32"))  # binds n when the module runs
+    mod = build_module([a, b, seq], lambda bb: bb.emit(relax.op.einsum([a, b], "bsij,bsjk->bsik")))
+    out, report = fuse_rules(mod, EinsumAsMatmul())
+    assert report.count("EinsumAsMatmul") == 1
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((2, 3, 3, 8), dtype="float32"), rng.standard_normal((2, 3, 8, 5), dtype="float32")
+    got = run_relax(out, [x, y, np.zeros(9, "float32")])  # n = 9: 9 // 4 + 1 = 3
+    np.testing.assert_allclose(got, np.einsum("bsij,bsjk->bsik", x, y), rtol=1e-5, atol=1e-5)

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+import tvm_ffi
 from tvm import relax
 
-from ..graph import FunctionGraph, op_name, same_dim, shape_dims
+from ..graph import FunctionGraph, op_name, same_dim, same_dims, shape_dims
 from ..rule import Found, FusionRule, Match, Matcher, Variant
 
 
@@ -110,6 +111,12 @@ class EinsumAsMatmul(FusionRule):
         b = _permuted(bb, m.arg("b"), p.b, p.batch + [k] + p.right)
         product = relax.op.matmul(a, b)
         got = "".join(p.batch + p.left + p.right)
-        if got == p.out:
-            return product
-        return relax.op.permute_dims(bb.emit(product), [got.index(c) for c in p.out])
+        out = product if got == p.out else relax.op.permute_dims(bb.emit(product), [got.index(c) for c in p.out])
+        # Relax's einsum may type a dim as an expression equal to, but not written like, the matmul's (Pegasus-X's
+        # dynamic export: ``max(seq // 4 + 1, seq // 4 + 1)``); the engine wants the type kept exactly, so the
+        # result is viewed in the einsum's own shape (a reshape to the same sizes moves nothing)
+        out = bb.normalize(out)
+        old = m.root_var.ty
+        if not tvm_ffi.structural_equal(out.ty, old) and same_dims(shape_dims(out), shape_dims(m.root_var)):
+            return relax.op.reshape(bb.emit(out), old.shape)
+        return out
