@@ -227,3 +227,20 @@ def _key_blocks(mod):
 ])
 def test_cuda_16bit_attention_gets_tensor_core_key_blocks(dtype, S, target, want):
     assert _key_blocks(lower(_attention_model(dtype, S), as_target(target))) == want
+
+
+def test_a_reshape_tvm_cannot_view_stays_a_copy():
+    # Pegasus-X's dynamic export: [B, seq + 4, 16] -> [B, (seq + 4) · 4, 4]. TVM's RewriteDataflowReshape asserted
+    # on it ("the padding factor ... is not divisible"), a crash at build time; the reshape now stays a copy kernel
+    seq = tvm.tirx.Var("seq", "int64")
+    x = relax.Var("x", relax.TensorType((2, seq + 4, 16), "float32"))
+    ids = relax.Var("ids", relax.TensorType((seq,), "float32"))  # binds seq when the module runs
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, ids]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.reshape(x, (2, (seq + 4) * 4, 4)))
+            out = bb.emit_output(bb.emit(relax.op.add(y, y)))
+        bb.emit_func_output(out)
+    xv = np.random.default_rng(1).standard_normal((2, 7, 16)).astype("float32")
+    got = _run(build(bb.get(), "llvm", fuse=False), xv, np.zeros(3, "float32"))
+    np.testing.assert_array_equal(got, 2 * xv.reshape(2, 28, 4))

@@ -14,7 +14,12 @@ def finalize_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
         from tvm.relax.backend.cuda import pipeline as backend
     else:
         from tvm.relax.backend.cpu_generic import pipeline as backend
-    passes = backend.dataflow_lower_passes(target) + backend.finalize_passes(target) + [_ShapeFunctionsNoAlias()]
+    from .lower import ReshapesAsViews
+
+    # the backend runs RewriteDataflowReshape again: the same guard against TVM's assertion (see ReshapesAsViews)
+    passes = [ReshapesAsViews() if p.info.name == "RewriteDataflowReshape" else p
+              for p in backend.dataflow_lower_passes(target)]
+    passes += backend.finalize_passes(target) + [_ShapeFunctionsNoAlias()]
 
     @tvm.transform.module_pass(opt_level=0, name="tfx.finalize")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
