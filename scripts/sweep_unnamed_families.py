@@ -574,7 +574,8 @@ def run_case(family: str, exporter: str, out_dir: str, artifact: bool = False) -
         return {"outcome": "export-failed", "detail": str(err).strip().splitlines()[0][:160]}
     try:
         # audio lengths are samples, far past the default sequence bound (512)
-        max_shapes = {"input_values": [8, 4096]} if "dynamic" in exporter and "input_values" in names else None
+        max_shapes = {"input_values": [8, 4096]} if "dynamic" in exporter and "input_values" in names \
+            and inputs["input_values"].ndim == 2 else None  # raw samples (AST's rank-3 filterbanks keep the default)
         if artifact:  # the deploy path: compile to an artifact directory, load it as a server would
             compiled = _Deployed(path, max_shapes)
         else:
