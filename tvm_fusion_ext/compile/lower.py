@@ -194,6 +194,7 @@ def lower(mod: tvm.IRModule, target: TargetSpec = None, knobs: Optional[dict] = 
     from .gather_checks import CheckGatherIndices
     from .low_precision import AccumulateInFloat32
     from .matmul_checks import CheckMatmulReductions
+    from .reshape_checks import CheckReshapeSizes
     from .scalar_calls import KeepScalarCallsUnfused
 
     target = resolve_target(target)
@@ -202,6 +203,7 @@ def lower(mod: tvm.IRModule, target: TargetSpec = None, knobs: Optional[dict] = 
         CheckGatherIndices(),  # a bad token id, or a mask shorter than the cache, is refused, not read past
         ClampGatherIndices(),  # and a take never reads past its table, whoever calls the VM
         CheckMatmulReductions(),  # nor a length the export named apart past the other operand
+        CheckReshapeSizes(),  # nor a reshape valid only for some lengths view the wrong number of elements
         AccumulateInFloat32(),  # stock fp16 matmuls/convolutions sum in float32, as ours do
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
