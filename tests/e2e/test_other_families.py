@@ -64,9 +64,10 @@ CASES = [
     # multi-head latent attention: v's head dim (16) is not q/k's (24 = 16 + 8 rotary); the operator takes both
     ("deepseek-v3", "dynamo", "sdpa", dict(attention=2, rmsnorm=9, gated_mlp=2)),
     ("deepseek-v3", "legacy", "sdpa", dict(attention=2, rmsnorm=9, gated_mlp=2)),
-    # channel-first heads (1×1 convolutions, so no dense or QKV): K read through a transposed copy
-    ("squeezebert", "dynamo", "eager", dict(attention=2, layernorm=5, dense=0)),
-    ("squeezebert", "legacy", "eager", dict(attention=2, layernorm=5, dense=0)),
+    # channel-first heads (1×1 convolutions): K read through a transposed copy; the two ungrouped convolutions become
+    # fused dense (ConvAsMatmul), the grouped Q/K/V and FFN ones batched matmuls per group
+    ("squeezebert", "dynamo", "eager", dict(attention=2, layernorm=5, dense=2)),  # its ungrouped 1-wide convs
+    ("squeezebert", "legacy", "eager", dict(attention=2, layernorm=5, dense=2)),
 ]
 
 
