@@ -187,18 +187,14 @@ def test_cpu_thread_pool_uses_every_core():
 
 
 @pytest.mark.parametrize("given,want", [(None, "1000"), ("0", "0"), ("300000", "300000")])
-def test_idle_workers_yield_briefly_unless_the_environment_says_otherwise(given, want):
-    # A fresh process: TVM reads the count once, when its pool's first worker starts.
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TVM_THREAD_POOL_SPIN_COUNT"}
+def test_idle_workers_yield_briefly_unless_the_environment_says_otherwise(given, want, monkeypatch):
+    # TVM reads the count once, when its pool's first worker starts: what is checked is what the pool would read
+    monkeypatch.setenv("TVM_THREAD_POOL_SPIN_COUNT", "")  # recorded, so that the test's own setting is undone
+    monkeypatch.delenv("TVM_THREAD_POOL_SPIN_COUNT")
     if given is not None:
-        env["TVM_THREAD_POOL_SPIN_COUNT"] = given
-    code = ("import os; from tvm_fusion_ext.deploy.threads import configure_cpu_threads as c; c(); "
-            "print(os.environ['TVM_THREAD_POOL_SPIN_COUNT'])")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == want
+        monkeypatch.setenv("TVM_THREAD_POOL_SPIN_COUNT", given)
+    configure_cpu_threads()
+    assert os.environ["TVM_THREAD_POOL_SPIN_COUNT"] == want
 
 
 def _attention_model(dtype, S, D=32, heads=2):

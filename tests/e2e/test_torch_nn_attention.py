@@ -92,6 +92,7 @@ def test_torch_attention_fuses_and_matches_torch(export_dir, make, batch_first, 
     _check(module, path, layers)
 
 
+@pytest.mark.slow  # 14-15 s each
 @pytest.mark.parametrize("make, batch_first, layers", [(_Encoder, True, 2), (_Block, False, 1)],
                          ids=["encoder-batch-first", "mha-seq-first"])
 def test_dynamic_export_with_the_traced_length_baked_in(export_dir, make, batch_first, layers):
