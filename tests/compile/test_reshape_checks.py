@@ -27,7 +27,8 @@ def _blocks_model():
         helper.make_node("Reshape", ["x", "target"], ["r"]),
         helper.make_node("ReduceSum", ["r", "last"], ["y"], keepdims=0),
     ]
-    graph = helper.make_graph(nodes, "blocks", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])],
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])
+    graph = helper.make_graph(nodes, "blocks", [x],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [i64("zero", 0), i64("one", 1), i64("four", 4), i64("four1", [4]), i64("axes", [0]),
                                i64("last", [-1])])

@@ -11,10 +11,11 @@ Pattern
     ``conv1d(x, w)`` or ``conv2d(x, w)``, optionally under ``add(conv, b)`` with ``b`` a constant (or a constant
     reshaped: the ONNX importer's ``[1, O, 1, 1]`` bias) that varies along the channel axis only.
 Check (a reason says what keeps the stock kernel)
-    layouts NCW/OIW or NCHW/OIHW, groups of at least :data:`MIN_GROUP_OUTPUTS` output channels (a grouped
-    filter is one matmul per group; a depthwise one would be matrix-vector products), a float dtype with no other ``out_dtype``, a constant filter; a static
-    width (and height) of the input for conv2d (conv1d's length may be symbolic: an audio export's); the gathered
-    patches at most :data:`MAX_PATCH_BYTES` when their size is known.
+    layouts NCW/OIW or NCHW/OIHW, a float dtype with no other ``out_dtype``, a constant filter (:func:`conv_reason`);
+    groups of at least :data:`MIN_GROUP_OUTPUTS` output channels (a grouped filter is one matmul per group; a
+    depthwise one would be matrix-vector products); a static width (and height) of the input for conv2d (conv1d's
+    length may be symbolic: an audio export's); the gathered patches at most :data:`MAX_PATCH_BYTES` when their size
+    is known.
 Rewrite
     ``take(pad(x)_flattened, index, axis=2)`` with ``index[p, t]`` the flat input position of output position
     ``p``'s tap ``t`` (a constant, or ``arange``s for a symbolic length); permuted and reshaped to
@@ -97,13 +98,21 @@ def conv_variants() -> List[Variant]:
             Variant(_ConvMatcher(with_bias=False), root_op="relax.nn.conv2d")]
 
 
-def layout_reason(conv: relax.Call) -> Optional[str]:
-    """Why the convolution's layouts are not the channels-first ones the rewrites read, or None."""
+def conv_reason(m: Match) -> Optional[str]:
+    """Why a matched convolution is not one the rewrites read (channels-first layouts, a float dtype kept by the
+    output, a constant filter), or None."""
+    conv = m["conv"]
     op, a = op_name(conv), conv.attrs
     data_layout, kernel_layout = _LAYOUTS[op]
     if str(a.data_layout) != data_layout or str(a.kernel_layout) != kernel_layout or \
             str(a.out_layout) != data_layout:
         return f"{op} layouts {a.data_layout}/{a.kernel_layout}/{a.out_layout}, not {data_layout}/{kernel_layout}"
+    dtype = m.dtype("x")
+    out_dtype = explicit_out_dtype(conv) or dtype
+    if dtype not in ("float32", "float16", "bfloat16") or out_dtype != dtype or m.dtype("w") != dtype:
+        return f"{op} of {dtype} x {m.dtype('w')} into {out_dtype} (float in, the same float out)"
+    if m.const("w") is None:
+        return f"{op}'s filter is computed at run time"
     return None
 
 
@@ -118,21 +127,15 @@ class ConvAsMatmul(FusionRule):
         conv = m["conv"]
         op = op_name(conv)
         a = conv.attrs
-        reason = layout_reason(conv)
+        reason = conv_reason(m)
         if reason:
             return reason
         groups = int(a.groups)
-        w_shape = m.shape("w")
-        if groups != 1 and w_shape and w_shape[0] // groups < MIN_GROUP_OUTPUTS:
-            return f"{op} has {groups} groups of {w_shape[0] // groups} output channels (a depthwise-like " \
+        w = m.const("w")
+        if groups != 1 and w.shape[0] // groups < MIN_GROUP_OUTPUTS:
+            return f"{op} has {groups} groups of {w.shape[0] // groups} output channels (a depthwise-like " \
                    f"filter: a matmul per group would be a matrix-vector product)"
         dtype = m.dtype("x")
-        out_dtype = explicit_out_dtype(conv) or dtype
-        if dtype not in ("float32", "float16", "bfloat16") or out_dtype != dtype or m.dtype("w") != dtype:
-            return f"{op} of {dtype} x {m.dtype('w')} into {out_dtype} (float in, the same float out)"
-        w = m.const("w")
-        if w is None:
-            return f"{op}'s filter is computed at run time"
         x = m.dims("x")
         if x is None or len(x) != len(w.shape):
             return f"{op}'s input shape is unknown"

@@ -28,9 +28,9 @@ from typing import List, Optional
 import numpy as np
 from tvm import relax
 
-from ..graph import explicit_out_dtype, op_name, shape_dims, static_shape
+from ..graph import op_name, shape_dims, static_shape
 from ..rule import FusionRule, Match, Variant
-from .conv_matmul import _channel_bias, _ints, conv_variants, layout_reason
+from .conv_matmul import _channel_bias, _ints, conv_reason, conv_variants
 from .layout_chain import apply_layout_chain
 
 #: taps of one filter, at most: each is a slice and a multiply-add in the graph (a 9×9 filter is 81)
@@ -94,7 +94,7 @@ class DepthwiseConvAsTaps(FusionRule):
         conv = m["conv"]
         op = op_name(conv)
         a = conv.attrs
-        reason = layout_reason(conv)
+        reason = conv_reason(m)
         if reason:
             return reason
         w_shape, x = m.shape("w"), m.dims("x")
@@ -102,19 +102,13 @@ class DepthwiseConvAsTaps(FusionRule):
         if w_shape is None or x is None or groups == 1 or w_shape[1] != 1 or w_shape[0] != groups or \
                 x[1] != groups:
             return f"{op} is not depthwise ({groups} groups, filter {w_shape}, input {x})"
-        dtype = m.dtype("x")
-        out_dtype = explicit_out_dtype(conv) or dtype
-        if dtype not in ("float32", "float16", "bfloat16") or out_dtype != dtype or m.dtype("w") != dtype:
-            return f"{op} of {dtype} x {m.dtype('w')} into {out_dtype} (float in, the same float out)"
-        if m.const("w") is None:
-            return f"{op}'s filter is computed at run time"
         out = shape_dims(conv)
         if not all(isinstance(d, int) for d in x[2:]) or out is None or not all(isinstance(d, int) for d in out[2:]):
             return f"{op} of a symbolic spatial size {x}"
         permuted = _permuted_input(m)
         if permuted and channels_last_source(m) is None:
-            return f"{op}'s input is a {permuted} of its producer, not of a channels-last tensor: the taps' one fused " \
-                   f"kernel would read each tap through it (2x slower than the stock kernel)"
+            return f"{op}'s input is a {permuted} of its producer, not of a channels-last tensor: the taps' one " \
+                   f"fused kernel would read each tap through it (2x slower than the stock kernel)"
         taps = int(np.prod(w_shape[2:]))
         if taps > MAX_TAPS:
             return f"{op}'s filter has {taps} taps (more than {MAX_TAPS})"
