@@ -116,20 +116,27 @@ def conv_reason(m: Match) -> Optional[str]:
     return None
 
 
-class ConvAsMatmul(FusionRule):
-    name = "ConvAsMatmul"
+class ConvRewrite(FusionRule):
+    """A rewrite of a convolution (and its bias): the pattern and the checks every such rewrite needs
+    (:func:`conv_reason`); a subclass adds its own in ``check_conv``."""
+
     kind = "canonical"
 
     def variants(self) -> List[Variant]:
         return conv_variants()
 
     def check(self, m: Match) -> Optional[str]:
+        return conv_reason(m) or self.check_conv(m, op_name(m["conv"]), m["conv"].attrs)
+
+    def check_conv(self, m: Match, op: str, a) -> Optional[str]:
+        return None
+
+
+class ConvAsMatmul(ConvRewrite):
+    name = "ConvAsMatmul"
+
+    def check_conv(self, m: Match, op: str, a) -> Optional[str]:
         conv = m["conv"]
-        op = op_name(conv)
-        a = conv.attrs
-        reason = conv_reason(m)
-        if reason:
-            return reason
         groups = int(a.groups)
         w = m.const("w")
         if groups != 1 and w.shape[0] // groups < MIN_GROUP_OUTPUTS:

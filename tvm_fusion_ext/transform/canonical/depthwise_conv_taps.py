@@ -23,14 +23,14 @@ Rewrite
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import numpy as np
 from tvm import relax
 
 from ..graph import op_name, shape_dims, static_shape
-from ..rule import FusionRule, Match, Variant
-from .conv_matmul import _channel_bias, _ints, conv_reason, conv_variants
+from ..rule import Match
+from .conv_matmul import ConvRewrite, _channel_bias, _ints
 from .layout_chain import apply_layout_chain
 
 #: taps of one filter, at most: each is a slice and a multiply-add in the graph (a 9×9 filter is 81)
@@ -83,20 +83,11 @@ def channels_last_source(m: Match):
     return None
 
 
-class DepthwiseConvAsTaps(FusionRule):
+class DepthwiseConvAsTaps(ConvRewrite):
     name = "DepthwiseConvAsTaps"
-    kind = "canonical"
 
-    def variants(self) -> List[Variant]:
-        return conv_variants()
-
-    def check(self, m: Match) -> Optional[str]:
+    def check_conv(self, m: Match, op: str, a) -> Optional[str]:
         conv = m["conv"]
-        op = op_name(conv)
-        a = conv.attrs
-        reason = conv_reason(m)
-        if reason:
-            return reason
         w_shape, x = m.shape("w"), m.dims("x")
         groups = int(a.groups)
         if w_shape is None or x is None or groups == 1 or w_shape[1] != 1 or w_shape[0] != groups or \
