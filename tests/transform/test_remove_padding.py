@@ -40,7 +40,7 @@ def _run(executable, ids, mask):
     return vm["main"](tvm.runtime.tensor(ids), tvm.runtime.tensor(mask)).numpy()
 
 
-@pytest.fixture(scope="module", params=["eager", "sdpa"])
+@pytest.fixture(scope="module", params=[pytest.param("eager", marks=pytest.mark.slow), "sdpa"])  # 16 s each
 def builds(request):
     """(onnx model, padding-free build, padded build, report of the padding-free one) for one attention export."""
     model = build_encoder_onnx(num_layers=2, batch=B, seq=S, attention=request.param)

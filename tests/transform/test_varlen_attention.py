@@ -64,6 +64,7 @@ def test_bias_beyond_the_keys_keeps_the_scatter_gather(kind, case):
     assert len(reasons) == 1 and "non-uniform constant" in reasons[0] and "scatter/gather" in reasons[0]
 
 
+@pytest.mark.slow  # 15 s: builds the packed kernel
 def test_uniform_bias_still_runs_packed():
     """A constant the same for every (query, key) is part of g(m[b, j]): still key-only."""
     model = _with_position_bias(build_encoder_onnx(num_layers=1, batch=B, seq=S),

@@ -211,6 +211,8 @@ def lower(mod: tvm.IRModule, target: TargetSpec = None, knobs: Optional[dict] = 
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
+        # exporters rebuild the same mask (or position table) inside every layer: once is enough
+        relax.transform.EliminateCommonSubexpr(),
         KeepScalarCallsUnfused(),
         ShapeDefinitionsFirst(),
         relax.transform.FuseOps(),
