@@ -16,7 +16,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tvm_fusion_ext"
 LAYERS = [
     ("errors", "fileio", "targets", "deploy"),
     ("frontend", "converters", "onnx_attention", "onnx_rotary", "onnx_slice", "onnx_reshape", "onnx_pad", "onnx_dft", "dims", "symbolic_values", "ops",
-     "records"),
+     "records", "ort_contrib"),
     ("transform", "schedules"),
     ("compile",),
     ("runtime", "tune"),

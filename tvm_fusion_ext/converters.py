@@ -25,6 +25,9 @@ from typing import Callable, Dict, Iterator, Optional
 import numpy as np
 
 from .errors import ModelLoadError
+from .ort_contrib import MICROSOFT_OPS as ORT_CONTRIB_OPS
+from .ort_contrib import ONNX_DOMAIN_OPS as ORT_ONNX_DOMAIN_OPS
+from .ort_contrib import unsupported_reason as ort_unsupported_reason
 
 #: ONNX element types TVM cannot compute with (or, for bfloat16 at a graph boundary, numpy cannot hold)
 NO_COMPUTE_TYPES = frozenset({"FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0",
@@ -32,9 +35,8 @@ NO_COMPUTE_TYPES = frozenset({"FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "F
                               "COMPLEX128", "UNDEFINED"})
 NO_NUMPY_TYPES = NO_COMPUTE_TYPES | {"BFLOAT16"}
 
-#: TVM converters written for ONNX Runtime's ``com.microsoft`` ops (TVM's map is keyed by op name alone)
-MICROSOFT_OPS = frozenset({"Attention", "BiasGelu", "EmbedLayerNormalization", "FastGelu", "Gelu",
-                           "MatMulInteger16", "SkipLayerNormalization"})
+#: ONNX Runtime's ``com.microsoft`` ops that import: ours (:mod:`.ort_contrib`), and TVM's ``MatMulInteger16``
+MICROSOFT_OPS = ORT_CONTRIB_OPS | {"MatMulInteger16"}
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
@@ -171,12 +173,12 @@ def domain_refusal(node, tvm_ops) -> Optional[str]:
     import onnx.defs
 
     if node.domain in _DEFAULT_DOMAINS:
-        if node.op_type in tvm_ops and not onnx.defs.has(node.op_type):
+        if node.op_type in tvm_ops and not onnx.defs.has(node.op_type) and node.op_type not in ORT_ONNX_DOMAIN_OPS:
             return f"'{node.op_type}' is not an ONNX op (ONNX Runtime's contrib ops have the domain com.microsoft)"
         return None
     if node.domain == "com.microsoft" and node.op_type in MICROSOFT_OPS:
         return None
-    return f"ops of domain '{node.domain}' are not supported by TVM's ONNX importer"
+    return ort_unsupported_reason(node) or f"ops of domain '{node.domain}' are not supported by TVM's ONNX importer"
 
 
 def check_graph(graph, label: str, tvm_ops) -> None:

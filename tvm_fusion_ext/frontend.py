@@ -40,6 +40,10 @@ from .onnx_pad import convert_pad_in_range
 from .onnx_reshape import check_reshape_in_range
 from .onnx_rotary import converter_class as rotary_converter_class
 from .onnx_slice import convert_slice_in_range
+from .ort_contrib import MICROSOFT_OPS as ORT_CONTRIB_OPS
+from .ort_contrib import ONNX_DOMAIN_OPS as ORT_ONNX_DOMAIN_OPS
+from .ort_contrib import convert as convert_ort_contrib
+from .ort_contrib import is_contrib, unsupported_reason
 from .dims import DimRanges, given_bounds, infer_bounds, input_dims, with_bounds
 from .errors import InputError, ModelLoadError
 
@@ -286,7 +290,7 @@ def _check_ops(graph, label):
     cmap = _convert_map()
     bad = []
     for node in iter_nodes(graph):
-        if node.op_type not in cmap and node.op_type not in _DIRECT_OPS:
+        if node.op_type not in cmap and node.op_type not in _DIRECT_OPS and not is_contrib(node):
             bad.append(node)
     if bad:
         first = bad[0]
@@ -294,9 +298,10 @@ def _check_ops(graph, label):
         others = sorted({n.op_type for n in bad[1:]} - {first.op_type})
         more = f" (and {len(bad) - 1} more unsupported node(s){': ' + ', '.join(others) if others else ''})" \
             if len(bad) > 1 else ""
-        raise ModelLoadError(f"{label}: op {op!r} (node {node_label(first)}) is not supported by TVM's "
-                             f"ONNX importer{more}")
-    check_graph(graph, label, set(cmap) | _DIRECT_OPS)
+        reason = unsupported_reason(first)
+        why = f": {reason}" if reason else " by TVM's ONNX importer"
+        raise ModelLoadError(f"{label}: op {op!r} (node {node_label(first)}) is not supported{why}{more}")
+    check_graph(graph, label, set(cmap) | _DIRECT_OPS | ORT_CONTRIB_OPS | ORT_ONNX_DOMAIN_OPS)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -605,6 +610,7 @@ def _importer_class():
             self._consumers = _consumer_ops(graph)
             self._node_outputs = ()
             self._node_domain = ""
+            self._node_contrib = False
             try:
                 return super().from_onnx(graph, opset)
             except BaseException:
@@ -624,16 +630,20 @@ def _importer_class():
             if isinstance(value_proto, onnx.NodeProto):
                 self._node_outputs = tuple(value_proto.output)  # called once per node, before its conversion
                 self._node_domain = value_proto.domain
+                self._node_contrib = is_contrib(value_proto)
                 return node_label(value_proto)
             return super()._parse_value_proto(value_proto)
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
             node = attrs.get("tvm_custom", {}).get("name") or "'<unnamed>'"
-            if op_name not in self._cmap:
+            if op_name not in self._cmap and not self._node_contrib:
                 raise ModelLoadError(f"{self._label}: op {op_name!r} (node {node}) is not supported by TVM's "
                                      f"ONNX importer")
             try:
-                if op_name == "Attention" and self._node_domain in ("", "ai.onnx"):
+                if self._node_contrib:
+                    # ONNX Runtime's contrib ops, by domain: TVM's map is keyed by name alone ("Gelu", "Attention")
+                    sym = convert_ort_contrib(self._node_domain, op_name, self.bb, inputs, attrs, self._node_outputs)
+                elif op_name == "Attention" and self._node_domain in ("", "ai.onnx"):
                     # TVM's map keys converters by name alone; its "Attention" is com.microsoft's
                     sym = convert_onnx_attention(self.bb, inputs, attrs)
                 else:
@@ -650,11 +660,15 @@ def _importer_class():
             except ModelLoadError:
                 raise
             except Unsupported as err:
-                raise ModelLoadError(f"{self._label}: op {op_name!r} (node {node}) is not supported: {err}") from None
+                raise ModelLoadError(f"{self._label}: op {self._op_label(op_name)!r} (node {node}) is not supported: "
+                                     f"{err}") from None
             except Exception as err:
-                raise NodeImportError(f"{self._label}: TVM cannot import node {node} (op {op_name}): "
+                raise NodeImportError(f"{self._label}: TVM cannot import node {node} (op {self._op_label(op_name)}): "
                                        f"{_one_line(err)}") from None
             return sym
+
+        def _op_label(self, op_name):
+            return op_name if self._node_domain in ("", "ai.onnx") else f"{self._node_domain}.{op_name}"
 
         def _slice_in_range(self, inputs, node):
             inputs = list(inputs)
