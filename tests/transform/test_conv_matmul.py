@@ -128,8 +128,17 @@ def test_depthwise_conv_is_a_sum_of_shifted_taps(x_shape, w_shape, attrs):
     assert not report.canonicalized.get("ConvAsMatmul")
 
 
-def test_depthwise_conv_of_a_transposed_input_keeps_the_stock_kernel():
-    # tokens [B, H*W, C] viewed as an image (SegFormer's Mix-FFN): FuseOps would read every tap through the transpose
+def _kernel_names(model):
+    from tvm_fusion_ext.compile import prepare
+    import tvm
+
+    return [gv.name_hint for gv, f in prepare(load_onnx(model), "llvm")[0].functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc)]
+
+
+def test_depthwise_conv_of_tokens_viewed_as_an_image_runs_channels_last_on_a_copy():
+    # tokens [B, H*W, C] viewed as an image (SegFormer's Mix-FFN): the taps run over the tokens as [B, H, W, C],
+    # padded by a kernel of its own, so that the taps' kernel does not pay the token-to-image reshape per tap
     rng = np.random.default_rng(0)
     w = rng.standard_normal((6, 1, 3, 3)).astype("float32")
     nodes = [helper.make_node("Transpose", ["t"], ["tt"], perm=[0, 2, 1]),
@@ -139,11 +148,27 @@ def test_depthwise_conv_of_a_transposed_input_keeps_the_stock_kernel():
     graph = helper.make_graph(nodes, "segformer_dw", [helper.make_tensor_value_info("t", F32, [1, 20, 6])],
                               [helper.make_tensor_value_info("y", F32, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    _, report = fuse(load_onnx(model))
-    assert not report.canonicalized.get("DepthwiseConvAsTaps")
-    assert any("transpose" in e.detail or "permute_dims" in e.detail for e in report.refused
-               if e.rule == "DepthwiseConvAsTaps")
-    _check(model, {"t": rng.standard_normal((1, 20, 6)).astype("float32")})
+    report = _check(model, {"t": rng.standard_normal((1, 20, 6)).astype("float32")})
+    assert report.canonicalized.get("DepthwiseConvAsTaps") == 1, report.summary()
+    kernels = _kernel_names(model)
+    assert "depthwise_tap_source" in kernels and not any("conv2d" in k for k in kernels), kernels
+
+
+def test_depthwise_conv_of_another_transpose_copies_its_input_first():
+    # an image with H and W swapped by a transpose: no channels-last tensor behind it, the taps run channels-first
+    # on a padded copy
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((5, 1, 3, 3)).astype("float32")
+    b = rng.standard_normal(5).astype("float32")
+    nodes = [helper.make_node("Transpose", ["t"], ["x"], perm=[0, 1, 3, 2]),
+             helper.make_node("Conv", ["x", "w", "b"], ["y"], group=5, pads=[1, 0, 1, 2], strides=[1, 2])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    graph = helper.make_graph(nodes, "swapped_dw", [helper.make_tensor_value_info("t", F32, [2, 5, 7, 6])],
+                              [helper.make_tensor_value_info("y", F32, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    report = _check(model, {"t": rng.standard_normal((2, 5, 7, 6)).astype("float32")})
+    assert report.canonicalized.get("DepthwiseConvAsTaps") == 1, report.summary()
+    assert "depthwise_tap_source" in _kernel_names(model)
 
 
 def test_depthwise_conv_of_a_channels_last_tensor_runs_channels_last():
