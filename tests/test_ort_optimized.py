@@ -167,6 +167,51 @@ def test_attention_forms_not_converted_are_refused_in_one_line(change, match):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# MultiHeadAttention (the optimizer's use_multi_head_attention): the projections' outputs and their merged bias
+# ---------------------------------------------------------------------------------------------------------------
+_KV_LEN = 7
+_Q = _RNG.standard_normal((B, S, H)).astype(np.float32)
+_K = _RNG.standard_normal((B, _KV_LEN, H)).astype(np.float32)
+_V = _RNG.standard_normal((B, _KV_LEN, H)).astype(np.float32)
+_KEY_LENGTHS = np.array([_KV_LEN - 3, _KV_LEN], np.int32)
+
+# name: (key length, key_padding_mask, attention_bias, attributes)
+MHA = {
+    "self_lengths": (S, _LENGTHS, None, {}),
+    "self_raw_causal": (S, _PADDED, None, {"unidirectional": 1}),
+    "cross_raw": (_KV_LEN, (np.arange(_KV_LEN)[None] < _KEY_LENGTHS[:, None]).astype(np.int32), None, {}),
+    "cross_lengths_bias_scale": (_KV_LEN, _KEY_LENGTHS, _RNG.standard_normal((B, 1, S, _KV_LEN)).astype(np.float32),
+                                 {"scale": 0.2}),
+}
+
+
+def _mha_inputs(kv_len, mask, attention_bias, q=_Q, k=_K, v=_V):
+    return [("q", q, ""), ("k", k[:, :kv_len].copy() if k is not None else None, ""),
+            ("v", v[:, :kv_len].copy() if v is not None else None, ""), ("bias", _BIAS, W_),
+            ("key_padding_mask", mask, ""), ("attention_bias", attention_bias, "")]
+
+
+@pytest.mark.parametrize("case", sorted(MHA))
+def test_multi_head_attention_matches_onnx_runtime_and_fuses(case):
+    kv_len, mask, attention_bias, attrs = MHA[case]
+    inputs = _mha_inputs(kv_len, mask, attention_bias)
+    model = _node_model("MultiHeadAttention", inputs, ["y"], {"num_heads": N, **attrs})
+    _check(model, _feeds(inputs), fused={"attention": 1})
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(outputs=["y", "present_key", "present_value"]), "present_key/present_value/qk outputs"),
+    (dict(q=_RNG.standard_normal((B, S, N, 3, H // N)).astype(np.float32), k=None, v=None), "packed QKV/KV"),
+    (dict(mask=np.ones(2 * B, np.int32)), "only the [batch] form is supported"),
+])
+def test_multi_head_attention_forms_not_converted_are_refused(change, match):
+    inputs = _mha_inputs(S, change.get("mask", _LENGTHS), None, q=change.get("q", _Q), k=change.get("k", _K),
+                         v=change.get("v", _V))
+    model = _node_model("MultiHeadAttention", inputs, change.get("outputs", ["y"]), {"num_heads": N})
+    _refused(model, "op 'com.microsoft.MultiHeadAttention' (node 'n0') is not supported", match)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # SkipLayerNormalization, SkipSimplifiedLayerNormalization, SimplifiedLayerNormalization
 # ---------------------------------------------------------------------------------------------------------------
 _SKIP = _RNG.standard_normal((B, S, H)).astype(np.float32)
@@ -326,9 +371,9 @@ def test_fused_matmul_batch_transposes_are_refused():
 
 
 def test_contrib_ops_without_a_converter_are_refused_naming_the_op_and_node():
-    inputs = [("q", _X, ""), ("k", _X, ""), ("v", _X, "")]
-    msg = _refused(_node_model("MultiHeadAttention", inputs, ["y"], {"num_heads": N}),
-                   "op 'com.microsoft.MultiHeadAttention' (node 'n0') is not supported",
+    inputs = [("query", _X, ""), ("key", _X, ""), ("value", _X, "")]
+    msg = _refused(_node_model("GroupQueryAttention", inputs, ["y"], {"num_heads": N, "kv_num_heads": N}),
+                   "op 'com.microsoft.GroupQueryAttention' (node 'n0') is not supported",
                    "ONNX Runtime contrib op with no converter here")
     assert "Attention, BiasAdd" in msg
 

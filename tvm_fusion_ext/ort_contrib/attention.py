@@ -1,7 +1,10 @@
-"""ONNX Runtime's ``com.microsoft.Attention``, written out as the graph :class:`FuseMultiHeadAttention` reads.
+"""ONNX Runtime's ``com.microsoft.Attention`` and ``MultiHeadAttention``, written out as the graph
+:class:`FuseMultiHeadAttention` reads.
 
-ONNX Runtime's optimizer writes it for BERT-style self-attention: one projection of the hidden states by the merged
-Q/K/V weights, then scaled dot-product attention per head. Written out as ONNX Runtime's CPU kernel computes it:
+ONNX Runtime's optimizer writes ``Attention`` for BERT-style self-attention: one projection of the hidden states by
+the merged Q/K/V weights, then scaled dot-product attention per head (``MultiHeadAttention``, with
+``use_multi_head_attention``, takes the three projections' outputs and their merged bias instead). Written out as
+ONNX Runtime's CPU kernel computes it:
 
     qkv          ``x · W (+ bias)``, split at ``qkv_hidden_sizes`` (default three equal parts), each ``[B, N, S, h]``
     scores       ``q · kᵀ · scale`` (default ``1/√h``) ``+ mask + attention_bias``
@@ -15,9 +18,12 @@ The additive mask stays ``mask_filter_value``, not -inf: a row whose keys are al
 plain scores, as ONNX Runtime gives it. The causal part is -inf (ONNX Runtime fills it with float's lowest value;
 every row sees its own key, so the two give the same probabilities) and is the constant the rule reads as causal.
 
-Refused with a reason: a ``past`` state or ``past_sequence_length`` (a KV cache), ``past_present_share_buffer``,
-``do_rotary``, a 4-D mask and the ``3·B + 2`` packed form (ONNX Runtime's CPU kernel has neither), a mask whose
-dims are not the batch and key counts, Q and K of different widths, widths the heads do not divide.
+``MultiHeadAttention``'s ``key_padding_mask`` is read the same way (``[B]``, ``[B, T]``, ``[B, S, T]``; T may
+differ from S: cross attention). Refused with a reason: a ``past`` state or ``past_sequence_length`` (a KV cache),
+``past_present_share_buffer``, ``do_rotary``, a 4-D mask and the ``3·B + 2`` packed form (ONNX Runtime's CPU
+kernel has neither), a mask whose dims are not the batch and key counts, Q and K of different widths, widths the
+heads do not divide; for ``MultiHeadAttention`` also packed QKV or KV, 4-D key/value heads, and the
+``present_*``/``qk`` outputs.
 """
 
 from __future__ import annotations
@@ -37,37 +43,82 @@ def convert_attention(bb, inputs, attr, outputs):
     x, weights, bias, mask, past, attention_bias, past_len = (
         bb.normalize(v) if v is not None else None for v in (inputs + [None] * 7)[:7])
     _refuse_cache_and_rotary(attr, past, past_len)
-    heads = int(attr["num_heads"])
     b, s, _ = _dims(x)
-    dtype = str(x.ty.dtype)
     q_width, k_width, v_width = _widths(attr, weights)
-    head, v_head = q_width // heads, v_width // heads
 
     qkv = relax.op.matmul(x, weights)
     if bias is not None:
         qkv = relax.op.add(qkv, bias)
     qkv = bb.emit(qkv)
     parts = bb.emit(relax.op.split(qkv, [q_width, q_width + k_width], axis=2))
-    q, k, v = (_split_heads(bb, bb.emit(relax.TupleGetItem(parts, i)), b, s, heads, width // heads)
-               for i, width in enumerate((q_width, k_width, v_width)))
+    q, k, v = (bb.emit(relax.TupleGetItem(parts, i)) for i in range(3))
+    y, k, v = _attend(bb, q, k, v, attr, _mask_bias(bb, mask, attr, b, s, s, str(x.ty.dtype), "mask_index", True),
+                      attention_bias)
+    if len(outputs) < 2 or not outputs[1]:
+        return y if len(outputs) < 2 else relax.Tuple([y, relax.const(0.0, str(x.ty.dtype))])
+    if q_width != v_width:
+        raise Unsupported(f"the present output with K and V of widths {k_width} and {v_width} (one tensor holds both)")
+    present = relax.op.concat([relax.op.expand_dims(k, 0), relax.op.expand_dims(v, 0)], axis=0)
+    return relax.Tuple([y, bb.emit(present)])
 
+
+def convert_multi_head_attention(bb, inputs, attr, outputs):
+    """Relax expression for one ``com.microsoft.MultiHeadAttention`` node with separate 3-D Q, K and V (the form
+    the optimizer writes with ``use_multi_head_attention``: the projections' outputs, their biases merged)."""
+    from tvm import relax
+
+    (q, k, v, bias, mask, attention_bias, past_k, past_v, past_len, cache) = (
+        bb.normalize(x) if x is not None else None for x in (inputs + [None] * 10)[:10])
+    if any(x is not None for x in (past_k, past_v, past_len, cache)):
+        raise Unsupported("a past state (KV cache: past_key, past_value, past_sequence_length, cache_indirection) "
+                          "is not supported; optimize a model exported without past inputs")
+    if k is None or v is None or any(len(_dims(x)) != 3 for x in (q, k, v)):
+        raise Unsupported("only separate 3-D query, key and value are supported (not packed QKV/KV or 4-D "
+                          "key/value heads)")
+    if any(name for name in outputs[1:]):
+        raise Unsupported("the present_key/present_value/qk outputs are not supported")
+    if bias is not None:
+        widths = [_dims(x)[2] for x in (q, k, v)]
+        if not all(is_static(w) for w in widths):
+            raise Unsupported("a bias over Q/K/V widths that are not static")
+        q_w, k_w = int(widths[0]), int(widths[1])
+        parts = bb.emit(relax.op.split(bias, [q_w, q_w + k_w], axis=0))
+        q, k, v = (bb.emit(relax.op.add(x, relax.TupleGetItem(parts, i))) for i, x in enumerate((q, k, v)))
+    b, s, _ = _dims(q)
+    t = _dims(k)[1]
+    y, _, _ = _attend(bb, q, k, v, attr, _mask_bias(bb, mask, attr, b, s, t, str(q.ty.dtype), "key_padding_mask", False), attention_bias)
+    return y if len(outputs) < 2 else relax.Tuple([y, *[relax.const(0.0, str(q.ty.dtype))] * (len(outputs) - 1)])
+
+
+def _attend(bb, q, k, v, attr, mask_bias, attention_bias):
+    """``(y, k, v)``: scaled dot-product attention of the 3-D projections ``q [B, S, N·h]``, ``k [B, T, N·h]``,
+    ``v [B, T, N·h_v]`` with the additive mask, ``attention_bias`` and (``unidirectional``) the causal limit;
+    ``y`` is ``[B, S, N·h_v]``, ``k`` and ``v`` are returned split into heads ``[B, N, T, h]``."""
+    from tvm import relax
+
+    heads = int(attr["num_heads"])
+    widths = [_dims(x)[2] for x in (q, k, v)]
+    if not all(is_static(w) for w in widths) or any(int(w) % heads for w in widths) or widths[0] != widths[1]:
+        raise Unsupported(f"Q/K/V widths {', '.join(dim_text(w) for w in widths)} are not equal Q and K widths "
+                          f"that num_heads={heads} divides")
+    head, v_head = int(widths[0]) // heads, int(widths[2]) // heads
+    b, s = _dims(q)[:2]
+    t = _dims(k)[1]
+    dtype = str(q.ty.dtype)
+    q, k, v = (_split_heads(bb, x, b, length, heads, width)
+               for x, length, width in ((q, s, head), (k, t, head), (v, t, v_head)))
     scale = attr.get("scale")
     scale = float(scale) if scale is not None and float(scale) != 0.0 else 1.0 / math.sqrt(head)
     scores = bb.emit(relax.op.matmul(q, relax.op.permute_dims(k, [0, 1, 3, 2])))
     scores = bb.emit(relax.op.multiply(scores, relax.const(scale, dtype)))
-    for term in (_mask_bias(bb, mask, attr, b, s, dtype), attention_bias,
-                 _position_bias(bb, s, s, 0, True, -1, -1, dtype) if int(attr.get("unidirectional", 0)) else None):
+    causal = _position_bias(bb, s, t, 0, True, -1, -1, dtype) if int(attr.get("unidirectional", 0)) else None
+    for term in (mask_bias, attention_bias, causal):
         if term is not None:
             scores = bb.emit(relax.op.add(scores, term))
     probs = bb.emit(relax.op.nn.softmax(scores, axis=-1))
     y = bb.emit(relax.op.matmul(probs, v))
     y = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(y, [0, 2, 1, 3])), [b, s, heads * v_head]))
-    if len(outputs) < 2 or not outputs[1]:
-        return y if len(outputs) < 2 else relax.Tuple([y, relax.const(0.0, dtype)])
-    if head != v_head:
-        raise Unsupported(f"the present output with K heads of {head} and V heads of {v_head} (one tensor holds both)")
-    present = relax.op.concat([relax.op.expand_dims(k, 0), relax.op.expand_dims(v, 0)], axis=0)
-    return relax.Tuple([y, bb.emit(present)])
+    return y, k, v
 
 
 def _refuse_cache_and_rotary(attr, past, past_len):
@@ -80,7 +131,6 @@ def _refuse_cache_and_rotary(attr, past, past_len):
 
 def _widths(attr, weights):
     """``(q, k, v)`` projection widths: ``qkv_hidden_sizes``, or the merged weights' width in three."""
-    heads = int(attr["num_heads"])
     total = _dims(weights)[1]
     if not is_static(total):
         raise Unsupported(f"the merged Q/K/V weights' width {dim_text(total)} is not static")
@@ -95,8 +145,6 @@ def _widths(attr, weights):
         q = k = v = int(total) // 3
     if q != k:
         raise Unsupported(f"Q and K widths differ ({q} and {k}); ONNX Runtime requires them equal")
-    if q % heads or v % heads:
-        raise Unsupported(f"the widths {q} (Q, K) and {v} (V) are not multiples of num_heads={heads}")
     return q, k, v
 
 
@@ -107,8 +155,9 @@ def _split_heads(bb, t, b, s, heads, head):
     return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(t, [b, s, heads, head])), [0, 2, 1, 3]))
 
 
-def _mask_bias(bb, mask, attr, b, s, dtype):
-    """The additive ``[B, 1, S or 1, T]`` mask of ``mask_index`` (see the module docstring), or None."""
+def _mask_bias(bb, mask, attr, b, s, t, dtype, name, ends_and_starts):
+    """The additive ``[B, 1, S or 1, T]`` mask of ``mask`` (see the module docstring), or None. ``ends_and_starts``:
+    whether the 1-D ``[2B]`` form (Attention's, not MultiHeadAttention's) is read."""
     from tvm import relax
 
     if mask is None:
@@ -118,27 +167,28 @@ def _mask_bias(bb, mask, attr, b, s, dtype):
     zero = relax.const(0.0, dtype)
     dims = _dims(mask)
     if len(dims) == 1:
-        keys = relax.op.expand_dims(relax.op.arange(0, s, 1, "int32"), 0)  # [1, T]
+        keys = relax.op.expand_dims(relax.op.arange(0, t, 1, "int32"), 0)  # [1, T]
         if _equal(dims[0], b):
             ends = bb.emit(relax.op.expand_dims(relax.op.astype(mask, "int32"), 1))  # [B, 1]
             seen = relax.op.less(keys, ends)
-        elif _equal(dims[0], 2 * b):
+        elif ends_and_starts and _equal(dims[0], 2 * b):
             ends_starts = bb.emit(relax.op.reshape(relax.op.astype(mask, "int32"), [2, b, 1]))
             ends = relax.op.squeeze(relax.op.strided_slice(ends_starts, [0], [0], [1]), [0])
             starts = relax.op.squeeze(relax.op.strided_slice(ends_starts, [0], [1], [2]), [0])
             seen = relax.op.logical_and(relax.op.less(keys, ends), relax.op.greater_equal(keys, starts))
         else:
-            raise Unsupported(f"a 1-D mask_index of {dim_text(dims[0])} entries for batch {dim_text(b)} (only the "
-                              f"[batch] and [2·batch] forms are supported)")
-        return bb.emit(relax.op.reshape(relax.op.where(seen, zero, fill), [b, 1, 1, s]))
+            forms = "[batch] and [2·batch] forms are" if ends_and_starts else "[batch] form is"
+            raise Unsupported(f"a 1-D {name} of {dim_text(dims[0])} entries for batch {dim_text(b)} (only the "
+                              f"{forms} supported)")
+        return bb.emit(relax.op.reshape(relax.op.where(seen, zero, fill), [b, 1, 1, t]))
     if len(dims) == 2:
-        want, view = [b, s], [b, 1, 1, s]
+        want, view = [b, t], [b, 1, 1, t]
     elif len(dims) == 3:
-        want, view = [b, s, s], [b, 1, s, s]
+        want, view = [b, s, t], [b, 1, s, t]
     else:
-        raise Unsupported(f"a {len(dims)}-D mask_index (ONNX Runtime's CPU kernel reads 1-D, 2-D and 3-D masks)")
+        raise Unsupported(f"a {len(dims)}-D {name} (ONNX Runtime's CPU kernel reads 1-D, 2-D and 3-D masks)")
     if not all(_equal(d, w) for d, w in zip(dims, want)):
-        raise Unsupported(f"mask_index of shape [{', '.join(dim_text(d) for d in dims)}], expected "
+        raise Unsupported(f"{name} of shape [{', '.join(dim_text(d) for d in dims)}], expected "
                           f"[{', '.join(dim_text(w) for w in want)}]")
     seen = relax.op.greater(mask, relax.const(0, str(mask.ty.dtype)))
     return bb.emit(relax.op.reshape(relax.op.where(seen, zero, fill), view))
