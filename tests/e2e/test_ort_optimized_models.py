@@ -38,8 +38,8 @@ CASES = {
              {"attention": 2, "dense": 8, "layernorm": 5}),
     "vit": ("vit", "pixels", "dynamo", False, ("vit", {}), {"SkipLayerNormalization": 4, "BiasGelu": 2},
             {"attention": 2, "dense": 9, "layernorm": 5}),
-    # RMSNorm as SimplifiedLayerNormalization (ONNX domain) and SkipSimplifiedLayerNormalization; SiLU as QuickGelu, which
-    # ONNX Runtime's own graph optimizer writes (opt_level 2) before the Python fusions run
+    # RMSNorm as SimplifiedLayerNormalization (ONNX domain) and SkipSimplifiedLayerNormalization; SiLU as QuickGelu,
+    # which ONNX Runtime's own graph optimizer writes (opt_level 2) before the Python fusions run
     "llama": ("llama", "text", "dynamo", False, ("gpt2", {}, 2),
               {"SkipSimplifiedLayerNormalization": 4, "QuickGelu": 2},
               {"attention": 2, "rmsnorm": 5, "gated_mlp": 2}),

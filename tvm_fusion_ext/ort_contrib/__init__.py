@@ -7,7 +7,8 @@ crashes on a dynamic batch, its ``SkipLayerNormalization`` returns placeholder z
 pre-norm model reads, its ``EmbedLayerNormalization`` fails on symbolic dims. Every ``com.microsoft`` node is
 therefore converted here, one module per family, each keeping ONNX Runtime's CPU semantics:
 
-* :mod:`.attention`: ``Attention``, ``MultiHeadAttention`` as ``softmax(q·kᵀ·scale + mask)·v`` (the form :mod:`..onnx_attention` writes);
+* :mod:`.attention`: ``Attention``, ``MultiHeadAttention`` as ``softmax(q·kᵀ·scale + mask)·v`` (the form
+  :mod:`..onnx_attention` writes);
 * :mod:`.norms`: ``SkipLayerNormalization``, ``SkipSimplifiedLayerNormalization``, ``SimplifiedLayerNormalization``
   (registered by ONNX Runtime in the ONNX domain) as a sum and ``layer_norm`` / ``rms_norm``;
 * :mod:`.embedding`: ``EmbedLayerNormalization`` as gathers, a sum and ``layer_norm``;

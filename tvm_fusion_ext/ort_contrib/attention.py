@@ -86,7 +86,8 @@ def convert_multi_head_attention(bb, inputs, attr, outputs):
         q, k, v = (bb.emit(relax.op.add(x, relax.TupleGetItem(parts, i))) for i, x in enumerate((q, k, v)))
     b, s, _ = _dims(q)
     t = _dims(k)[1]
-    y, _, _ = _attend(bb, q, k, v, attr, _mask_bias(bb, mask, attr, b, s, t, str(q.ty.dtype), "key_padding_mask", False), attention_bias)
+    mask_bias = _mask_bias(bb, mask, attr, b, s, t, str(q.ty.dtype), "key_padding_mask", False)
+    y, _, _ = _attend(bb, q, k, v, attr, mask_bias, attention_bias)
     return y if len(outputs) < 2 else relax.Tuple([y, *[relax.const(0.0, str(q.ty.dtype))] * (len(outputs) - 1)])
 
 
