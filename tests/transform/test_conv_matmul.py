@@ -5,6 +5,7 @@ computes on the same file."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
 
 from tvm_fusion_ext.compile import fuse
 from tvm_fusion_ext.frontend import load_onnx
@@ -82,6 +83,33 @@ def test_conv1d_of_a_symbolic_length():
     for shape in [(1, 4, 37), (3, 4, 64), (2, 4, 5)]:
         x = np.random.default_rng(2).standard_normal(shape).astype("float32")
         np.testing.assert_allclose(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_conv1d_patches_are_rows_of_the_channels_last_input():
+    """wav2vec2's feature encoder: conv, GELU, conv. Each conv1d gathers its patches as whole rows of the input
+    transposed to [N, L, C] (a take along the length: [N, L_out, taps, C]), so that the transpose back from the
+    previous conv's matmul rows, the GELU and this transpose are one elementwise kernel over those rows."""
+    rng = np.random.default_rng(4)
+    w1 = (rng.standard_normal((16, 1, 10)) / 3).astype("float32")
+    w2 = (rng.standard_normal((16, 16, 3)) / 7).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], strides=[5]),
+             helper.make_node("Gelu", ["c1"], ["g"]),
+             helper.make_node("Conv", ["g", "w2"], ["y"], strides=[2])]
+    graph = helper.make_graph(nodes, "feature_encoder", [helper.make_tensor_value_info("x", F32, [2, 1, 400])],
+                              [helper.make_tensor_value_info("y", F32, None)],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    report = _check(model, {"x": rng.standard_normal((2, 1, 400)).astype("float32")})
+    assert report.canonicalized.get("ConvAsMatmul") == 2, report.summary()
+    fused, _ = fuse(load_onnx(model))
+    takes = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.take":
+            takes.append([int(d) for d in e.ty.shape.values])
+
+    relax.analysis.post_order_visit(fused["main"], visit)
+    assert sorted(takes) == [[2, 39, 3, 16], [2, 79, 10, 1]], takes
 
 
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [

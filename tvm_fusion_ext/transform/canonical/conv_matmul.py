@@ -17,7 +17,8 @@ Check (a reason says what keeps the stock kernel)
     length may be symbolic: an audio export's); the gathered patches at most :data:`MAX_PATCH_BYTES` when their size
     is known.
 Rewrite
-    ``take(pad(x)_flattened, index, axis=2)`` with ``index[p, t]`` the flat input position of output position
+    conv1d (ungrouped): ``take`` of whole rows of ``pad(x)`` transposed to ``[N, L, C]`` → ``[N, P, taps·C]``
+    (:meth:`ConvAsMatmul._conv1d_channels_last`). Otherwise ``take(pad(x)_flattened, index, axis=2)`` with ``index[p, t]`` the flat input position of output position
     ``p``'s tap ``t`` (a constant, or ``arange``s for a symbolic length); permuted and reshaped to
     ``[N, P, C·taps]``; ``matmul`` with the filters as a ``[C·taps, O]`` constant; ``+ b``; permuted back to
     ``[N, O, ...]``. The dense rule then reads ``matmul + add`` as ``fused_dense``. Grouped: ``[N, G, P, Cg·taps]``
@@ -174,6 +175,8 @@ class ConvAsMatmul(ConvRewrite):
         rank = len(dims)
         strides, dilation, padding = _ints(a.strides), _ints(a.dilation), _ints(a.padding)
         spatial_rank = rank - 2
+        if spatial_rank == 1 and groups == 1:
+            return self._conv1d_channels_last(m, bb, x, w, strides, dilation, padding)
         # relax pads (before..., after...) per spatial axis
         before, after = padding[:spatial_rank], padding[spatial_rank:]
         if any(padding):
@@ -212,6 +215,30 @@ class ConvAsMatmul(ConvRewrite):
         if spatial_rank == 1:
             return y
         return relax.op.reshape(y, [dims[0], out_channels, *out_dims])
+
+    @staticmethod
+    def _conv1d_channels_last(m: Match, bb: relax.BlockBuilder, x, w, strides, dilation, padding) -> relax.Expr:
+        """conv1d: the patch of output position p is the taps' rows of the channels-last input,
+        ``concat_t(x_nwc[p·s + t·d, :])``: a ``take`` of whole rows, each read contiguously. An audio encoder's NCW activations are a transpose of the previous conv's
+        matmul rows (wav2vec2's feature encoder: conv, GELU, conv, ...): FuseOps then joins transpose, GELU,
+        transpose back and the slices into one kernel that reads those rows in place, where the ``take`` path
+        gathered across the NCW tensor and transposed its patches again."""
+        conv = m["conv"]
+        out_channels, channels, taps = w.shape
+        length = shape_dims(conv)[2]
+        rows = bb.emit(relax.op.permute_dims(x, [0, 2, 1]))                      # [N, L, C]
+        if any(padding):
+            rows = bb.emit(relax.op.nn.pad(rows, [0, 0, padding[0], padding[1], 0, 0]))
+        padded = [m.dims("x")[2] + padding[0] + padding[1]]
+        index = ConvAsMatmul._index(bb, [length], [taps], strides, dilation, padded)
+        patches = bb.emit(relax.op.take(rows, index, axis=1, mode="clip"))       # [N, L_out, taps, C]
+        patches = bb.emit(relax.op.reshape(patches, [m.dims("x")[0], length, taps * channels]))
+        filters = np.ascontiguousarray(w.transpose(2, 1, 0).reshape(taps * channels, out_channels))
+        y = bb.emit(relax.op.matmul(patches, relax.const(filters)))               # [N, L_out, O]
+        if m.has("bias"):
+            bias = _channel_bias(m["bias"], out_channels, 3).astype(w.dtype)
+            y = bb.emit(relax.op.add(y, relax.const(bias)))
+        return relax.op.permute_dims(y, [0, 2, 1])                                # [N, O, L_out]
 
     @staticmethod
     def _index(bb, out_dims, kernel, strides, dilation, padded) -> relax.Expr:
