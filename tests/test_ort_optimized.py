@@ -390,3 +390,24 @@ def test_a_contrib_op_name_in_the_onnx_domain_is_still_refused():
     inputs = [("x", _X, ""), ("skip", _SKIP, ""), ("gamma", _GAMMA, W_)]
     _refused(_node_model("SkipLayerNormalization", inputs, ["y"], domain=""),
              "op 'SkipLayerNormalization' (node 'n0') is not supported")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ONNX Runtime's own graph rewrites (opt_level >= 1), beside the contrib ops
+# ---------------------------------------------------------------------------------------------------------------
+def test_a_shape_gathered_by_a_permutation_stays_a_shape_for_reshape():
+    # ONNX Runtime's transpose optimizer writes Shape(Transpose(x)) as Gather(Shape(x), perm); the stock converter made
+    # it a run-time tensor and the Reshape reading it was refused (dynamic-axes dynamo exports at opt_level 1)
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "perm"], ["ps"], axis=0),
+             helper.make_node("Reshape", ["x", "ps"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["a", "b", 4])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+                              [numpy_helper.from_array(np.array([2, 0, -2], np.int64), "perm")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    from tvm_fusion_ext.onnx_attention import dim_text
+
+    mod = load_onnx(model)
+    assert [dim_text(d) for d in mod["main"].ret_ty.shape.values] == ["4", "a", "b"]
+    (y,) = _check(model, {"x": _RNG.standard_normal((2, 3, 4)).astype(np.float32)})
+    assert y.shape == (4, 2, 3)

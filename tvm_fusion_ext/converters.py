@@ -778,6 +778,23 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
             off, on = (relax.op.take(values, relax.const(i, "int64"), axis=0) for i in (0, 1))
             return relax.op.where(hit, on, off)
 
+    class Gather(_Fixed, of.Gather):
+        """A shape gathered by a constant 1-D index list stays a shape. ONNX Runtime's transpose optimizer writes
+        ``Shape(Transpose(x))`` as ``Gather(Shape(x), perm)``; the stock converter turns that shape into a tensor
+        (only a 0-D index keeps a dim), and the Reshape target built from it was then a run-time tensor, which
+        TVM's Reshape refuses (BERT and GPT-2 dynamo exports with dynamic axes, optimized at opt_level 1)."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            data, indices = inputs[0], inputs[1]
+            if isinstance(data, relax.ShapeExpr) and isinstance(indices, tvm.ir.GenericConst) \
+                    and indices.value.numpy().ndim == 1 and int(attr.get("axis", 0)) == 0:
+                dims, rank = list(data.values), len(data.values)
+                picked = [int(i) + rank if int(i) < 0 else int(i) for i in indices.value.numpy()]
+                if all(0 <= i < rank for i in picked):
+                    return relax.ShapeExpr([dims[i] for i in picked])
+            return stock(bb, inputs, attr, params)
+
     class ScatterND(_Fixed, of.ScatterND):
         """Updates with no elements write nothing: the data passes through. X-MOD's dynamo export routes each
         language's rows through its adapter by a boolean-mask ``index_put``; a language no row has leaves a
@@ -819,4 +836,4 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
     return {cls.__name__: cls for cls in (Constant, TopK, Einsum, IsInf, BitShift, Mod, Equal, ReduceMax, ReduceMin, Pow,
                                            SpaceToDepth, LayerNormalization,
                                            RMSNormalization, Dropout, NonMaxSuppression, Reshape, Tile, Max, Min,
-                                           Sum, Mean, QuantizeLinear, OneHot, ScatterND, *folded)}
+                                           Sum, Mean, QuantizeLinear, OneHot, Gather, ScatterND, *folded)}

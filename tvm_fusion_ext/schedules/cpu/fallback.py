@@ -4,8 +4,10 @@
   its elementwise epilogue) gets the ``tfx.dense`` register-blocked template with default knobs: a generic
   parallel loop would leave it 50-100x slower than the dense template.
 * Everything else (reshapes, transposes, softmax, gathers, elementwise leftovers): inline what can be
-  inlined (nothing in a kernel holding an opaque extern block: its accesses are undeclared), then per remaining block fuse the spatial loops into one parallel loop and split off an exact
-  vector-width inner loop (spatial blocks), or keep the reduction loops serial inside it (reduction blocks).
+  inlined (nothing in a kernel holding an opaque extern block: its accesses are undeclared), then per remaining
+  block fuse the spatial loops into one parallel loop and split off an exact vector-width inner loop (spatial
+  blocks), or keep the reduction loops serial inside it (reduction blocks). A spatial block that reads an input
+  transposed is tiled instead (:func:`_transposed_axis`).
   Kernels too small to pay for a thread-pool launch stay on one thread but are still vectorised.
 
 A dlight rule, so it composes with ``ApplyDefaultSchedule``. It never raises: a step that fails is skipped,
