@@ -21,8 +21,8 @@ Rewrite
     (:meth:`ConvAsMatmul._conv1d_channels_last`). Otherwise ``take(pad(x)_flattened, index, axis=2)`` with
     ``index[p, t]`` the flat input position of output position ``p``'s tap ``t`` (a constant, or ``arange``s for a
     symbolic length), permuted and reshaped to ``[N, P, C·taps]``. Then ``matmul`` with the filters as a
-    ``[C·taps, O]`` constant; ``+ b``; permuted back to ``[N, O, ...]``. The dense rule then reads ``matmul + add`` as ``fused_dense``. Grouped: ``[N, G, P, Cg·taps]``
-    times ``[G, Cg·taps, Og]``, a batched matmul.
+    ``[C·taps, O]`` constant; ``+ b``; permuted back to ``[N, O, ...]``. The dense rule then reads ``matmul + add``
+    as ``fused_dense``. Grouped: ``[N, G, P, Cg·taps]`` times ``[G, Cg·taps, Og]``, a batched matmul.
 """
 
 from __future__ import annotations
