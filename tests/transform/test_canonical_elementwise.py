@@ -394,7 +394,7 @@ def test_onnx_imported_decomposed_layernorm_is_rewritten():
 
 @pytest.mark.parametrize("build, reason", [
     (decomposed_ln(axis=1), "mean reduces axes [1]"),
-    (decomposed_ln(var_axis=-2), "variance mean reduces axes [-2]"),
+    (decomposed_ln(var_axis=-2), "variance reduces axes [-2]"),
     (decomposed_ln(exponent=3.0), "exponent 3.0, not 2"),
     (decomposed_ln(eps=0.0), "eps is 0, not positive"),
 ], ids=["mean-axis", "var-axis", "pow3", "eps0"])
@@ -452,3 +452,56 @@ def test_decomposed_layernorm_with_symbolic_shape():
     out, _ = _assert_canonicalised(mod, DecomposedLayerNormToLayerNorm(), "R.nn.layer_norm(", "R.mean",
                                    [x], layernorm_ref(x))
     assert out["main"].ret_ty.shape[1].same_as(k)
+
+
+def _instance_norm_model(length, axis_of_variance=None):
+    """wav2vec2's GroupNorm (a group per channel) as exported: InstanceNormalization with per-channel scale and bias.
+    With ``axis_of_variance`` the variance is written out over another axis (not a normalisation of the rows)."""
+    rng = np.random.default_rng(5)
+    scale, bias = rng.standard_normal(6).astype("float32"), rng.standard_normal(6).astype("float32")
+    inits = [numpy_helper.from_array(scale, "scale"), numpy_helper.from_array(bias, "bias")]
+    if axis_of_variance is None:
+        nodes = [helper.make_node("InstanceNormalization", ["x", "scale", "bias"], ["y"], epsilon=1e-5)]
+    else:  # (x - mean_L(x)) / sqrt(var_C(x) + eps): the mean and the variance reduce different axes
+        inits += [numpy_helper.from_array(np.array([1e-5], "float32"), "eps"),
+                  numpy_helper.from_array(np.array(2.0, "float32"), "two")]
+        nodes = [helper.make_node("ReduceMean", ["x"], ["mu"], axes=[2]),
+                 helper.make_node("Sub", ["x", "mu"], ["d"]),
+                 helper.make_node("ReduceMean", ["x"], ["mc"], axes=[axis_of_variance]),
+                 helper.make_node("Sub", ["x", "mc"], ["dc"]),
+                 helper.make_node("Pow", ["dc", "two"], ["sq"]),
+                 helper.make_node("ReduceMean", ["sq"], ["var"], axes=[axis_of_variance]),
+                 helper.make_node("Add", ["var", "eps"], ["ve"]),
+                 helper.make_node("Sqrt", ["ve"], ["sd"]),
+                 helper.make_node("Div", ["d", "sd"], ["y"])]
+    graph = helper.make_graph(nodes, "instance_norm", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                     [2, 6, length])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("length", [37, "length"])
+def test_instance_norm_is_a_layer_norm_of_each_channels_row(length):
+    """TVM imports InstanceNormalization as mean, variance, sqrt and divide over the last axis: a LayerNorm of each
+    (sample, channel) row with no affine, then the per-channel scale and bias as elementwise ops."""
+    import onnxruntime as ort
+
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    model = _instance_norm_model(length)
+    mod = load_onnx(model, max_shapes={"x": [2, 6, 512]} if length == "length" else None)
+    compiled = CompiledModel.from_module(mod)
+    assert compiled.report.canonicalized.get("DecomposedLayerNormToLayerNorm") == 1, compiled.report.summary()
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in ([37] if length == 37 else [37, 5, 128]):
+        x = (np.random.default_rng(n).standard_normal((2, 6, n)) * 3 + 1).astype("float32")
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_variance_over_another_axis_is_no_layer_norm():
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.compile import fuse as fuse_model
+
+    _, report = fuse_model(load_onnx(_instance_norm_model(37, axis_of_variance=1)))
+    assert not report.canonicalized.get("DecomposedLayerNormToLayerNorm"), report.summary()

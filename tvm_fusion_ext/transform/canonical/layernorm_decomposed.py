@@ -1,9 +1,11 @@
 """LayerNorm spelt out as reductions and elementwise ops → ``R.nn.layer_norm``.
 
-Pattern (what TVM's ONNX importer makes of an opset < 17 export)::
+Pattern (what TVM's ONNX importer makes of an opset < 17 export, and of ``InstanceNormalization``: wav2vec2's
+GroupNorm with a group per channel normalises each channel's row, then scales it per channel, which stays an
+elementwise op after the ``layer_norm``)::
 
     mu = mean(x, axis=[-1], keepdims=True);  d = x - mu
-    var = mean(d ** 2  |  d * d, axis=[-1], keepdims=True)
+    var = mean(d ** 2  |  d * d, axis=[-1], keepdims=True)  |  variance(x, axis=[-1], keepdims=True)
     n = d / sqrt(var + eps)  |  d * rsqrt(var + eps)
     y = n * gamma + beta  |  n * gamma  |  n
 
@@ -16,6 +18,7 @@ Rewrite: ``layer_norm(x, gamma, beta, axes=[-1], epsilon=eps)``.
 
 from __future__ import annotations
 
+import itertools
 from typing import List, Optional
 
 import numpy as np
@@ -36,25 +39,25 @@ class DecomposedLayerNormToLayerNorm(FusionRule):
         x, two, eps, gamma, beta = wildcard(), is_const(), is_const(), wildcard(), wildcard()
         mu = is_op("relax.mean")(x)
         d = is_op("relax.subtract")(x, mu)
-        var = is_op("relax.mean")(is_op("relax.power")(d, two) | is_op("relax.multiply")(d, d))
-        var_eps = is_op("relax.add")(var, eps)
-        norms = {
-            "sqrt": is_op("relax.divide")(d, is_op("relax.sqrt")(var_eps)),
-            "rsqrt": is_op("relax.multiply")(d, is_op("relax.rsqrt")(var_eps)),
+        variances = {
+            "mean of squares": (is_op("relax.mean")(is_op("relax.power")(d, two) | is_op("relax.multiply")(d, d)),
+                                {"two": two}),
+            "variance": (is_op("relax.variance")(x), {}),
         }
-        core = {"x": x, "mu": mu, "var": var, "two": two, "eps": eps}
+        norms = {"sqrt": lambda v: is_op("relax.divide")(d, is_op("relax.sqrt")(v)),
+                 "rsqrt": lambda v: is_op("relax.multiply")(d, is_op("relax.rsqrt")(v))}
         out = []
-        for affine in ("gamma+beta", "gamma", "none"):
-            for kind, norm in norms.items():
-                names = dict(core)
-                root = norm
-                if affine != "none":
-                    root = is_op("relax.multiply")(root, gamma)
-                    names["gamma"] = gamma
-                if affine == "gamma+beta":
-                    root = is_op("relax.add")(root, beta)
-                    names["beta"] = beta
-                out.append(Variant(root, names, {"affine": affine, "norm": kind}))
+        for affine, (var_kind, (var, var_names)), (kind, norm) in itertools.product(
+                ("gamma+beta", "gamma", "none"), variances.items(), norms.items()):
+            names = {"x": x, "mu": mu, "var": var, "eps": eps, **var_names}
+            root = norm(is_op("relax.add")(var, eps))
+            if affine != "none":
+                root = is_op("relax.multiply")(root, gamma)
+                names["gamma"] = gamma
+            if affine == "gamma+beta":
+                root = is_op("relax.add")(root, beta)
+                names["beta"] = beta
+            out.append(Variant(root, names, {"affine": affine, "norm": kind, "variance": var_kind}))
         return out
 
     def check(self, m: Match) -> Optional[str]:
@@ -65,7 +68,7 @@ class DecomposedLayerNormToLayerNorm(FusionRule):
             return f"x is {x_ty.dtype}, not floating point"
         return first_reason(
             _last_axis_mean(m["mu"], x_ty.ndim, "mean"),
-            _last_axis_mean(m["var"], x_ty.ndim, "variance mean"),
+            _last_axis_mean(m["var"], x_ty.ndim, "variance"),
             _exponent(m),
             _eps(m),
             *(_per_feature(m, k) for k in ("gamma", "beta") if m.has(k)),
