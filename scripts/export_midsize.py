@@ -5,7 +5,8 @@
 
 The tiny families of the sweeps (64 wide) check what fuses and whether it is right; these check what it costs at
 the sizes users run: the kernels' tiles meet real row counts (ViT's 197 tokens), real convolutions (ViT's patch
-embedding, Whisper's and wav2vec2's audio front ends) and real head dims. Legacy exporter (opset 17), batch 1;
+embedding, Whisper's and wav2vec2's audio front ends, ConvNeXt's and SegFormer's depthwise filters, a
+Conformer's convolution module) and real head dims. Legacy exporter (opset 17), batch 1;
 LLaMA and Qwen3 with the dynamo exporter (opset 18), which exports their grouped-query attention.
 """
 
@@ -42,6 +43,10 @@ def _cases():
             lambda: {"input_features": torch.randn(1, 80, 3000)}),
         "wav2vec2": (lambda: T.Wav2Vec2Model(T.Wav2Vec2Config(num_hidden_layers=2)),
                      lambda: {"input_values": torch.randn(1, 16000)}),
+        "conformer": (lambda: T.Wav2Vec2ConformerModel(T.Wav2Vec2ConformerConfig(
+            num_hidden_layers=2, position_embeddings_type="rotary")), lambda: {"input_values": torch.randn(1, 16000)}),
+        "convnext": (lambda: T.ConvNextModel(T.ConvNextConfig(depths=[1, 1, 1, 1])), image),
+        "segformer": (lambda: T.SegformerModel(T.SegformerConfig()), image),
         "llama": (lambda: T.LlamaModel(T.LlamaConfig(num_hidden_layers=2, hidden_size=1024, num_attention_heads=16,
                                                      num_key_value_heads=4, intermediate_size=2816, vocab_size=1000)),
                   lambda: {"input_ids": ids(1, 256)}),
