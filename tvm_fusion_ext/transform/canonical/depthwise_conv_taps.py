@@ -28,10 +28,10 @@ from typing import Optional
 import numpy as np
 from tvm import relax
 
-from ..graph import op_name, shape_dims, static_shape
+from ..graph import op_name, same_dims, shape_dims
 from ..rule import Match
 from .conv_matmul import ConvRewrite, _channel_bias, _ints
-from .layout_chain import apply_layout_chain
+from .layout_chain import TRIAL_SIZES, apply_layout_chain, at_size
 
 #: taps of one filter, at most: each is a slice and a multiply-add in the graph (a 9×9 filter is 81)
 MAX_TAPS = 81
@@ -59,9 +59,9 @@ def channels_last_source(m: Match):
     """``(source, [N, *spatial, C])`` when x is a channels-last tensor moved to channels-first by the permutes (and
     reshapes) it comes from, else None. The source is ``[N, *spatial, C]`` (ConvNeXt's LayerNorm) or the same
     elements as tokens, ``[N, prod(spatial), C]`` (a matmul's rows: ConvNeXt's downsampling conv once it is a
-    matmul, SegFormer's Mix-FFN)."""
+    matmul, SegFormer's Mix-FFN). The batch may be symbolic: the chain is then decided at two trial batch sizes."""
     x = m.dims("x")
-    if x is None or not all(isinstance(d, int) for d in x):
+    if x is None or not all(isinstance(d, int) for d in x[1:]):
         return None
     cl_shape = [x[0], *x[2:], x[1]]
     token_shape = [x[0], int(np.prod(x[2:])), x[1]]
@@ -74,14 +74,23 @@ def channels_last_source(m: Match):
         chain.insert(0, value)
         links.insert(0, e)
         e = value.args[0]
-        source_shape = static_shape(e)
-        if source_shape not in (cl_shape, token_shape) or not any(op_name(c) == "relax.permute_dims" for c in chain):
+        source_dims = shape_dims(e)
+        if not (same_dims(source_dims, cl_shape) or same_dims(source_dims, token_shape)) or \
+                not any(op_name(c) == "relax.permute_dims" for c in chain):
             continue
-        source = np.arange(int(np.prod(source_shape)), dtype=np.int64).reshape(source_shape)
-        want = source.reshape(cl_shape).transpose(to_cf)
-        if np.array_equal(apply_layout_chain(chain, source, [static_shape(v) for v in links]), want):
+        if all(_moves_to_channels_first(chain, dims[0], dims[1], dims[2:], to_cf)
+               for dims in (at_size([source_dims, cl_shape, *[shape_dims(v) for v in links]], size)
+                            for size in TRIAL_SIZES)):
             return e, cl_shape
     return None
+
+
+def _moves_to_channels_first(chain, source_shape, cl_shape, link_shapes, to_cf) -> bool:
+    if source_shape is None or cl_shape is None or any(s is None for s in link_shapes):
+        return False
+    source = np.arange(int(np.prod(source_shape)), dtype=np.int64).reshape(source_shape)
+    want = source.reshape(cl_shape).transpose(to_cf)
+    return np.array_equal(apply_layout_chain(chain, source, link_shapes), want)
 
 
 def _materialised(bb: relax.BlockBuilder, x: relax.Expr, pad_width) -> relax.Expr:
@@ -133,10 +142,10 @@ class DepthwiseConvAsTaps(ConvRewrite):
         permuted = _permuted_input(m) is not None
         last = channels_last_source(m) if permuted else None
         # a layout change other than one permute of the channels-last tensor itself is copied out first
-        copy_first = permuted and (last is None or static_shape(last[0]) != last[1])
+        copy_first = permuted and (last is None or not same_dims(shape_dims(last[0]), last[1]))
         if last is not None:  # taps over the channels-last tensor: channels innermost, read contiguously
             x = m.remap(last[0])
-            if static_shape(last[0]) != last[1]:
+            if not same_dims(shape_dims(last[0]), last[1]):
                 x = bb.emit(relax.op.reshape(x, last[1]))
             axes, column_shape = list(range(1, rank - 1)), (channels,)
         else:

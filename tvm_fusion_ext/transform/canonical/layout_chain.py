@@ -10,8 +10,10 @@ Pattern
     ``permute_dims`` or ``reshape`` at the end of a chain of ``permute_dims`` / ``reshape`` bindings, each
     intermediate read by the next one only, at least one of them a ``permute_dims``.
 Check (in the matcher: a chain that moves data is what it says, not a near miss)
-    static shapes, at most :data:`MAX_ELEMENTS` elements; the chain is the identity, a ``reshape`` of its source,
-    or a single ``permute_dims`` of it.
+    known shapes, at most :data:`MAX_ELEMENTS` elements; the chain is the identity, a ``reshape`` of its source,
+    or a single ``permute_dims`` of it. Symbolic dims (a dynamic batch) are decided at two trial sizes, which must
+    give the same plan: a layout chain's effect depends on its sizes only through its reshapes, and a reshape of a
+    symbolic dim is written in it.
 Rewrite
     the source, ``reshape(source, shape)``, or ``permute_dims(source, axes)``.
 """
@@ -21,9 +23,10 @@ from __future__ import annotations
 from typing import List, Optional
 
 import numpy as np
+import tvm
 from tvm import relax
 
-from ..graph import FunctionGraph, op_name, static_shape
+from ..graph import FunctionGraph, op_name, same_dims, shape_dims
 from ..rule import Found, FusionRule, Match, Matcher, Variant
 
 LAYOUT_OPS = ("relax.permute_dims", "relax.reshape")
@@ -71,8 +74,7 @@ def _single_permutation(source: np.ndarray, result: np.ndarray) -> Optional[List
     return axes
 
 
-def _plan(source_shape, chain, shapes):
-    """``("reshape", shape)`` or ``("permute", axes)`` for a chain that is one of them, else None."""
+def _static_plan(source_shape, chain, shapes):
     if source_shape is None or any(sh is None for sh in shapes) or int(np.prod(source_shape)) > MAX_ELEMENTS:
         return None
     source = np.arange(int(np.prod(source_shape)), dtype=np.int64).reshape(source_shape)
@@ -81,6 +83,50 @@ def _plan(source_shape, chain, shapes):
         return ("reshape", list(result.shape))
     axes = _single_permutation(source, result)
     return None if axes is None else ("permute", axes)
+
+
+#: sizes a symbolic dim takes to decide a chain (two, both above 1: a unit axis permutes ambiguously)
+TRIAL_SIZES = (2, 3)
+
+
+def at_size(dims_list, size: int):
+    """Each shape of ``dims_list`` (ints and symbolic expressions) with every symbolic variable set to ``size``;
+    None for a shape that does not evaluate to integers."""
+    from tvm import sym
+
+    analyzer = sym.Analyzer()
+    for dims in dims_list:
+        for d in dims or ():
+            if not isinstance(d, int):
+                for v in tvm.tirx.analysis.undefined_vars(d):
+                    analyzer.bind(v, tvm.tirx.IntImm(str(v.ty.dtype), size))
+    out = []
+    for dims in dims_list:
+        if dims is None:
+            out.append(None)
+            continue
+        values = [d if isinstance(d, int) else analyzer.simplify(d) for d in dims]
+        out.append([int(v) if isinstance(v, (int, tvm.tirx.IntImm)) else None for v in values])
+        if None in out[-1]:
+            out[-1] = None
+    return out
+
+
+def _plan(source_dims, chain, link_dims):
+    """``("reshape", dims)`` or ``("permute", axes)`` for a chain that is one of them, else None."""
+    if source_dims is None or any(d is None for d in link_dims):
+        return None
+    if all(isinstance(d, int) for d in source_dims) and all(isinstance(d, int) for ds in link_dims for d in ds):
+        return _static_plan(source_dims, chain, link_dims)
+    plans = []
+    for size in TRIAL_SIZES:
+        source, *links = at_size([source_dims, *link_dims], size)
+        plans.append(_static_plan(source, chain, links))
+    if plans[0] is None or plans[0][0] != plans[1][0]:
+        return None
+    if plans[0][0] == "permute":
+        return plans[0] if plans[0] == plans[1] else None
+    return ("reshape", list(link_dims[-1]))  # the chain's own result shape, symbolic dims and all
 
 
 class _ChainMatcher(Matcher):
@@ -106,7 +152,7 @@ class _ChainMatcher(Matcher):
         if len(chain) < 2 or not any(op_name(c) == "relax.permute_dims" for c in chain):
             return None
         chain, links = chain[::-1], links[::-1]
-        plan = _plan(static_shape(e), chain, [static_shape(v) for v in links])
+        plan = _plan(shape_dims(e), chain, [shape_dims(v) for v in links])
         if plan is None:
             return None
         return Found({"source": e, "plan": plan}, covered=links[:-1] + aliases)
@@ -123,5 +169,5 @@ class LayoutChainAsReshape(FusionRule):
         kind, arg = m["plan"]
         source = m.arg("source")
         if kind == "reshape":
-            return source if static_shape(m["source"]) == arg else relax.op.reshape(source, arg)
+            return source if same_dims(shape_dims(m["source"]), arg) else relax.op.reshape(source, arg)
         return relax.op.permute_dims(source, arg)
