@@ -252,6 +252,24 @@ def test_fallback_tiles_a_transpose_so_each_tile_reads_few_lines(shape, perm):
     np.testing.assert_array_equal(out.numpy(), np.transpose(a, perm) * 2.0)
 
 
+def test_fallback_tiles_a_transpose_onto_a_symbolic_length():
+    """[B, L, C] rows -> [B, C, L] with L known at run time (a dynamic audio export's depthwise taps written back
+    channels-first): tiles of 16 positions, the vector along the channels, which the rows hold contiguously."""
+    length = tvm.tirx.Var("L", "int64")
+    x = te.placeholder((2, length, 64), "float32", name="x")
+    y = te.compute((2, 64, length), lambda b, c, i: x[b, i, c] + 1.0, name="y")
+    target = resolve_target("llvm")
+    sch = fallback_rules(target)[-1].apply(te.create_prim_func([x, y]), target, False)
+    loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("y"))]
+    assert loops[-1].kind == tvm.tirx.ForKind.VECTORIZED and int(loops[-1].extent) == TargetInfo.of(target).lanes()
+    lib = tvm.compile(sch.mod, target)
+    for n in (37, 5, 64):
+        a = np.random.default_rng(n).standard_normal((2, n, 64)).astype("float32")
+        out = tvm.runtime.tensor(np.zeros((2, 64, n), "float32"))
+        lib["main"](tvm.runtime.tensor(a), out)
+        np.testing.assert_array_equal(out.numpy(), np.transpose(a, (0, 2, 1)) + 1.0)
+
+
 def test_target_info_is_the_one_source_of_target_facts():
     cpu, cuda = TargetInfo.of(CPU), TargetInfo.of(CUDA)
     assert cpu.family == "cpu" and cpu.kind == "llvm" and cpu.lanes("float32") in (8, 16) and cpu.cores >= 1

@@ -156,6 +156,32 @@ def test_depthwise_conv_is_a_sum_of_shifted_taps(x_shape, w_shape, attrs):
     assert not report.canonicalized.get("ConvAsMatmul")
 
 
+@pytest.mark.parametrize("attrs", [dict(pads=[15, 15]), dict(pads=[3, 2], strides=[2], dilations=[2])])
+def test_depthwise_conv1d_of_a_symbolic_length(attrs):
+    # a Conformer's convolution module in a dynamic-axes audio export: the taps gather at arange positions
+    model, _ = _conv_model((1, 12, 0), (12, 1, 31 if attrs.get("pads") == [15, 15] else 5), dynamic_length=True,
+                           group=12, **attrs)
+    compiled = CompiledModel.from_module(load_onnx(model, max_shapes={"x": [4, 12, 512]}))
+    assert compiled.report.canonicalized.get("DepthwiseConvAsTaps") == 1, compiled.report.summary()
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape in [(1, 12, 40), (3, 12, 97), (2, 12, 9)]:
+        x = np.random.default_rng(3).standard_normal(shape).astype("float32")
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_depthwise_conv1d_runs_over_rows():
+    # a Conformer's 31 taps over a channels-first input: one padded copy as [N, L + 30, C] rows, the taps vectorised
+    # along the channels (along the length they were as slow as TVM's kernel)
+    import tvm
+    from tvm_fusion_ext.compile import prepare
+
+    model, _ = _conv_model((2, 12, 40), (12, 1, 31), group=12, pads=[15, 15])
+    _check(model, {"x": np.random.default_rng(2).standard_normal((2, 12, 40)).astype("float32")})
+    source = prepare(load_onnx(model), "llvm")[0]["depthwise_tap_source"]
+    shapes = [[int(d) for d in p.shape] for p in source.params]
+    assert shapes == [[2, 12, 40], [2, 70, 12]], shapes
+
+
 def _kernel_names(model):
     from tvm_fusion_ext.compile import prepare
     import tvm

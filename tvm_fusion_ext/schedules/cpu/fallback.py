@@ -220,6 +220,8 @@ class Fallback(CPUScheduleRule):
         for lp in loops:
             e = _const_extent(sch, lp)
             work *= e if e is not None else MIN_PARALLEL_WORK
+        if not r_loops and len(s_loops) == len(loops) and Fallback._tile_transpose(sch, block, loops, lanes, work):
+            return None
         lead, tail = _split_at_last_symbolic(sch, s_loops) if not r_loops else (s_loops, [])
         if lead and tail:
             # Symbolic extents: a loop fused across them recovers each index with 64-bit divisions by run-time
@@ -235,8 +237,6 @@ class Fallback(CPUScheduleRule):
             elif 1 < extent <= lanes:  # an empty loop (a zero-width slice: Phi-3's rotary pass-through) stays
                 sch.vectorize(inner)
             sch.parallel(outer)
-            return None
-        if not r_loops and len(s_loops) == len(loops) and Fallback._tile_transpose(sch, block, loops, lanes, work):
             return None
         fused = sch.fuse(*s_loops) if len(s_loops) > 1 else s_loops[0]
         extent = _const_extent(sch, fused)
@@ -260,11 +260,14 @@ class Fallback(CPUScheduleRule):
         if axis is None or _calls_scalar_only_math(sch, block):
             return False
         inner_extent, axis_extent = _const_extent(sch, loops[-1]), _const_extent(sch, loops[axis])
-        if inner_extent is None or axis_extent is None or min(inner_extent, axis_extent) < TRANSPOSE_TILE:
+        if axis_extent is None or axis_extent < TRANSPOSE_TILE or (inner_extent is not None and
+                                                                   inner_extent < TRANSPOSE_TILE):
             return False
+        if inner_extent is None and axis_extent % lanes:
+            return False  # a symbolic write axis is tiled with a predicate: the vector must run along the read
         # the vector runs along whichever of the two extents whole vectors divide (the write's axis first);
         # the other axis is tiled with a tail predicate, which only a serial loop may carry
-        if inner_extent % lanes == 0:
+        if inner_extent is not None and inner_extent % lanes == 0:
             a_tile, b_tile, vector = TRANSPOSE_TILE, lanes, "b"
         elif axis_extent % lanes == 0:
             a_tile, b_tile, vector = lanes, TRANSPOSE_TILE, "a"

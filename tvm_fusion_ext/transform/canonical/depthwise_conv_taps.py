@@ -12,13 +12,15 @@ Pattern
     importer's per-channel bias ``add`` (the matcher is :mod:`.conv_matmul`'s).
 Check (a reason says what keeps the stock kernel)
     layouts NCW/OIW or NCHW/OIHW, one input and one output channel per group, a float dtype with no other
-    ``out_dtype``, a constant filter, static spatial dims, at most :data:`MAX_TAPS` taps, and an input that is not
-    a transpose of its producer: FuseOps would join the transpose into the taps' kernel, which then reads every tap
-    through it, strided (SegFormer's Mix-FFN turns its tokens into an image that way: 5.2 ms with the stock kernel,
-    10.7 ms as taps).
+    ``out_dtype``, a constant filter, static spatial dims (a conv1d's length may be symbolic), at most
+    :data:`MAX_TAPS` taps.
 Rewrite
-    ``pad(x)``, then per tap ``strided_slice`` (the tap's offset, the conv's strides) times the tap's filter column
-    as a ``[C, 1(, 1)]`` constant, summed; ``+ b``.
+    ``pad(x)``, then per tap ``strided_slice`` (the tap's offset, the conv's strides; for a symbolic length a
+    ``take`` at ``arange`` positions) times the tap's filter column as a ``[C, 1(, 1)]`` constant, summed; ``+ b``.
+    An input that is a channels-last tensor (or its tokens) transposed runs channels-last
+    (:func:`channels_last_source`); any other transposed input is first copied, padded, by a kernel of its own
+    (:func:`_materialised`): FuseOps would otherwise join the layout change into the taps' kernel, which then pays it
+    once per tap (SegFormer's Mix-FFN: 9.1–10.7 ms against the stock kernel's 5.2).
 """
 
 from __future__ import annotations
@@ -93,17 +95,19 @@ def _moves_to_channels_first(chain, source_shape, cl_shape, link_shapes, to_cf) 
     return np.array_equal(apply_layout_chain(chain, source, link_shapes), want)
 
 
-def _materialised(bb: relax.BlockBuilder, x: relax.Expr, pad_width) -> relax.Expr:
-    """``pad(x)`` as a kernel of its own (opaque to FuseOps), so that the taps' kernel reads a plain buffer.
+def _materialised(bb: relax.BlockBuilder, x: relax.Expr, pad_width, axes=None) -> relax.Expr:
+    """``pad(x)`` (of ``x`` permuted by ``axes`` first, if given) as a kernel of its own (opaque to FuseOps), so
+    that the taps' kernel reads a plain buffer.
 
     Fused into the taps, whatever layout change made ``x`` would be paid once per tap: a token-to-image reshape
     (index division by the width) measured 9.1 ms against the stock kernel's 5.2 on SegFormer's Mix-FFN, and a
     transpose read strided 10.7 ms. One copy, then contiguous taps."""
     from tvm import topi
 
-    rank = len(pad_width) // 2
-    return bb.emit_te(topi.nn.pad, x, pad_width[0::2], pad_width[1::2],
-                      primfunc_name_hint="depthwise_tap_source", primfunc_attrs={"op_pattern": _OPAQUE})
+    def copy(t):
+        return topi.nn.pad(t if axes is None else topi.transpose(t, axes), pad_width[0::2], pad_width[1::2])
+
+    return bb.emit_te(copy, x, primfunc_name_hint="depthwise_tap_source", primfunc_attrs={"op_pattern": _OPAQUE})
 
 
 #: relax OpPatternKind.kOpaque: FuseOps never groups the kernel with another
@@ -121,7 +125,9 @@ class DepthwiseConvAsTaps(ConvRewrite):
                 x[1] != groups:
             return f"{op} is not depthwise ({groups} groups, filter {w_shape}, input {x})"
         out = shape_dims(conv)
-        if not all(isinstance(d, int) for d in x[2:]) or out is None or not all(isinstance(d, int) for d in out[2:]):
+        symbolic = not all(isinstance(d, int) for d in x[2:]) or out is None or \
+            not all(isinstance(d, int) for d in out[2:])
+        if symbolic and (len(x) != 3 or out is None):  # a conv1d's length may be symbolic (an audio export)
             return f"{op} of a symbolic spatial size {x}"
         taps = int(np.prod(w_shape[2:]))
         if taps > MAX_TAPS:
@@ -141,34 +147,43 @@ class DepthwiseConvAsTaps(ConvRewrite):
         out = shape_dims(conv)[2:]
         permuted = _permuted_input(m) is not None
         last = channels_last_source(m) if permuted else None
-        # a layout change other than one permute of the channels-last tensor itself is copied out first
+        # a layout change other than one permute of the channels-last tensor itself is copied out first; so is a
+        # conv1d's channels-first input, transposed on the way: along its length the taps' kernel would vectorise
+        # a loop fused over (channel, position), one index division per element (a Conformer's 31 taps over 768
+        # channels, 200 frames: 2.5-3.1 ms, as slow as the stock kernel); along the channels it reads rows
         copy_first = permuted and (last is None or not same_dims(shape_dims(last[0]), last[1]))
+        to_rows = last is None and spatial == 1
         if last is not None:  # taps over the channels-last tensor: channels innermost, read contiguously
             x = m.remap(last[0])
             if not same_dims(shape_dims(last[0]), last[1]):
                 x = bb.emit(relax.op.reshape(x, last[1]))
-            axes, column_shape = list(range(1, rank - 1)), (channels,)
         else:
             x = m.arg("x")
+        if last is not None or to_rows:
+            axes, column_shape = list(range(1, rank - 1)), (channels,)
+        else:
             axes, column_shape = list(range(2, rank)), (channels,) + (1,) * spatial
         pad_width = [0, 0] * rank
         for i, axis in enumerate(axes):
             pad_width[2 * axis: 2 * axis + 2] = [padding[i], padding[spatial + i]]
-        if copy_first:
+        if to_rows:
+            x = _materialised(bb, x, pad_width, axes=[0, 2, 1])
+        elif copy_first:
             x = _materialised(bb, x, pad_width)
         elif any(padding):
             x = bb.emit(relax.op.nn.pad(x, pad_width))
         total = None
+        symbolic = not all(isinstance(o, int) for o in out)
         for tap in np.ndindex(*kernel):
             begin = [t * d for t, d in zip(tap, dilation)]
             end = [b + s * (o - 1) + 1 for b, s, o in zip(begin, strides, out)]
-            shifted = bb.emit(relax.op.strided_slice(x, axes, begin, end, strides))
+            shifted = bb.emit(relax.op.strided_slice(x, axes, begin, end, strides, assume_inbound=True))
             column = w[(slice(None), 0, *tap)].reshape(column_shape)
             term = bb.emit(relax.op.multiply(shifted, relax.const(np.ascontiguousarray(column))))
             total = term if total is None else bb.emit(relax.op.add(total, term))
         if m.has("bias"):
             bias = _channel_bias(m["bias"], channels, rank).astype(w.dtype)
             total = bb.emit(relax.op.add(total, relax.const(bias.reshape(column_shape))))
-        if last is not None:  # back to the conv's channels-first output (a following permute cancels it)
+        if last is not None or to_rows:  # back to the conv's channels-first output (a following permute cancels it)
             return relax.op.permute_dims(total, [0, rank - 1, *range(1, rank - 1)])
         return total
