@@ -411,3 +411,22 @@ def test_a_shape_gathered_by_a_permutation_stays_a_shape_for_reshape():
     assert [dim_text(d) for d in mod["main"].ret_ty.shape.values] == ["4", "a", "b"]
     (y,) = _check(model, {"x": _RNG.standard_normal((2, 3, 4)).astype(np.float32)})
     assert y.shape == (4, 2, 3)
+
+
+def test_rotate_half_written_as_one_split_fuses_as_rotary():
+    # ONNX Runtime's opt_level 2 writes rotate-half's two last-axis Slices as one Split (LLaMA optimized as gpt2):
+    # the rotary rule reads the split's parts as the halves (rope 0 before, the rotation left elementwise)
+    d = 8
+    cos = np.cos(np.arange(S)[:, None] * np.arange(d)[None, :] * 0.3).astype(np.float32)
+    sin = np.sin(np.arange(S)[:, None] * np.arange(d)[None, :] * 0.3).astype(np.float32)
+    nodes = [helper.make_node("Split", ["x", "halves"], ["x1", "x2"], axis=-1),
+             helper.make_node("Neg", ["x2"], ["neg"]), helper.make_node("Concat", ["neg", "x1"], ["rot"], axis=-1),
+             helper.make_node("Mul", ["x", "cos"], ["a"]), helper.make_node("Mul", ["rot", "sin"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [B, N, S, d])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+                              [numpy_helper.from_array(np.array([d // 2, d // 2], np.int64), "halves"),
+                               numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    _check(model, {"x": _RNG.standard_normal((B, N, S, d)).astype(np.float32)}, fused={"rope": 1})

@@ -91,11 +91,39 @@ def _negated(e, graph: FunctionGraph, covered: list):
 
 
 def _slice_of(e, graph: FunctionGraph, covered: list):
-    """``(source, begin, end, stride)`` of a strided_slice of the last axis (its binding goes to ``covered``)."""
+    """``(source, begin, end, stride)`` of a strided_slice of the last axis, or of one part of a last-axis split
+    (ONNX Runtime's optimizer writes rotate-half's two Slices as one Split); its bindings go to ``covered``."""
     found = last_axis_slice(graph.value(e))
+    if found is None:
+        found = _split_part(graph.value(e), graph, covered)
     if found is not None:
         covered += graph.chain(e)
     return found
+
+
+def _split_part(v, graph: FunctionGraph, covered: list):
+    """``(source, begin, end, 1)`` when ``v`` is part ``i`` of a ``split`` of the last axis at static indices."""
+    if not isinstance(v, relax.TupleGetItem):
+        return None
+    split = graph.value(v.tuple_value)
+    if op_name(split) != "relax.split":
+        return None
+    dims = shape_dims(split.args[0])
+    if dims is None or not isinstance(dims[-1], int) or int(split.attrs.axis) % len(dims) != len(dims) - 1:
+        return None
+    sections = split.attrs.indices_or_sections
+    if isinstance(sections, tvm.tirx.IntImm):  # n equal parts
+        n = int(sections)
+        if n <= 0 or dims[-1] % n:
+            return None
+        bounds = [dims[-1] // n * k for k in range(n + 1)]
+    else:
+        bounds = [0, *(int(i) for i in sections), dims[-1]]
+    i = int(v.index)
+    if not 0 <= i < len(bounds) - 1:
+        return None
+    covered += graph.chain(v.tuple_value)
+    return split.args[0], bounds[i], bounds[i + 1], 1
 
 
 def _same(a, b, graph: FunctionGraph) -> bool:
