@@ -42,7 +42,7 @@ CASES = {
     # which ONNX Runtime's own graph optimizer writes (opt_level 2) before the Python fusions run
     "llama": ("llama", "text", "dynamo", False, ("gpt2", {}, 2),
               {"SkipSimplifiedLayerNormalization": 4, "QuickGelu": 2},
-              {"attention": 2, "rmsnorm": 5, "gated_mlp": 2}),
+              {"attention": 2, "rope": 4, "rmsnorm": 5, "gated_mlp": 2}),
 }
 BATCH, SEQ = 2, 20
 
