@@ -13,7 +13,7 @@ Found by running every single-operator case of ONNX's backend tests through ``tv
   types TVM cannot compute with or numpy cannot hold, training-mode semantics, attributes TVM ignores,
   ops of other domains that share a name with one TVM converts (TVM's map is keyed by name alone; ONNX's own
   ``Attention``, whose name TVM's ``com.microsoft.Attention`` converter takes, is converted by
-  :mod:`.onnx_attention`).
+  :mod:`.onnx_attention`; ONNX Runtime's ``com.microsoft`` ops themselves by :mod:`.ort_contrib`).
 
 :mod:`.frontend` wires both in; everything TVM-specific is built lazily so importing this module is cheap.
 """
