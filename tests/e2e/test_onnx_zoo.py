@@ -11,6 +11,7 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 from onnx import numpy_helper  # noqa: E402
+from tvm import relax  # noqa: E402
 
 from tvm_fusion_ext.compile import fuse  # noqa: E402
 from tvm_fusion_ext.frontend import load_onnx  # noqa: E402
@@ -47,11 +48,22 @@ def test_fusion_runs_on_every_cnn(name):
     fused, report = fuse(mod)
     assert report.fused["attention"] == 0 and report.fused["layernorm"] == 0
     nodes = onnx.load(os.path.join(LIGHT, name)).graph.node
-    gemms = sum(1 for n in nodes if n.op_type == "Gemm")
-    # every classifier Gemm becomes a fused dense, and so does every ungrouped Conv (a patch gather + matmul)
     convs = sum(1 for n in nodes if n.op_type == "Conv" and
                 all(a.i == 1 for a in n.attribute if a.name == "group"))
-    assert report.fused["dense"] == gemms + convs, report.summary()
+    # every classifier Gemm becomes a fused dense, and so does every ungrouped Conv (a patch gather + matmul): none
+    # is left as a conv or a bare matmul. (Counting fused denses would not do: the light models' weights are
+    # constants, so convolutions of one input are one value to CSE, and 1x1 convs of one input merge as QKV does.)
+    assert report.canonicalized.get("ConvAsMatmul", 0) >= convs, report.summary()
+    left = []
+
+    def visit(e):  # (a grouped conv's batched matmul, one per group, stays a matmul)
+        name = getattr(getattr(e, "op", None), "name", "")
+        if name == "relax.nn.conv2d" and int(e.attrs.groups) == 1 or name == "relax.matmul" and e.args[1].ty.ndim == 2:
+            left.append(name)
+
+    relax.analysis.post_order_visit(fused["main"], visit)
+    assert not left, left
+    assert report.fused["dense"] >= 1, report.summary()
     fused["main"].script()  # well formed
 
 
