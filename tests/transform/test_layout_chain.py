@@ -13,8 +13,9 @@ ort = pytest.importorskip("onnxruntime")
 F32 = TensorProto.FLOAT
 
 
-def _chain_model(shape, steps):
-    """x -> Relu -> the layout steps -> Relu (the Relus keep the chain between two real ops)."""
+def _chain_model(shape, steps, conv=None):
+    """x -> Relu -> the layout steps [-> a depthwise Conv of filter shape ``conv``] -> Relu (the Relus keep the
+    chain between two real ops). A dim of ``shape`` may be a name (symbolic); Reshape's 0 keeps a dim."""
     nodes, inits, prev = [helper.make_node("Relu", ["x"], ["r0"])], [], "r0"
     for i, (op, arg) in enumerate(steps):
         out = f"s{i}"
@@ -24,6 +25,10 @@ def _chain_model(shape, steps):
             inits.append(numpy_helper.from_array(np.array(arg, "int64"), f"shape{i}"))
             nodes.append(helper.make_node("Reshape", [prev, f"shape{i}"], [out]))
         prev = out
+    if conv is not None:
+        inits.append(numpy_helper.from_array(np.random.default_rng(1).standard_normal(conv).astype("float32"), "w"))
+        nodes.append(helper.make_node("Conv", [prev, "w"], ["c"], group=conv[0], pads=[1, 1, 1, 1]))
+        prev = "c"
     nodes.append(helper.make_node("Relu", [prev], ["y"]))
     graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", F32, list(shape))],
                               [helper.make_tensor_value_info("y", F32, None)], inits)
@@ -48,3 +53,38 @@ def test_layout_chains(shape, steps, fires):
     got = CompiledModel.from_module(load_onnx(model)).run({"x": x})["y"]
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(got, want)
+
+
+# A symbolic batch (a dynamic-axes vision export): a chain is decided at two trial batch sizes; a reshape target the
+# exporter computed from the batch (0 here) keeps it symbolic. Checked against ONNX Runtime at two batch sizes.
+def _check_batches(model, shape):
+    compiled = CompiledModel.from_module(load_onnx(model, max_shapes={"x": [4, *shape]}))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, *shape)).astype("float32")
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    return compiled.report
+
+
+@pytest.mark.parametrize("shape,steps,fires", [
+    ((49, 8), [("Transpose", (0, 2, 1)), ("Reshape", (0, 8, 7, 7)), ("Reshape", (0, 8, 49)),
+               ("Transpose", (0, 2, 1))], True),                                    # ViT-like: the identity
+    ((3, 4, 5), [("Transpose", (0, 3, 1, 2)), ("Transpose", (0, 2, 3, 1))], True),  # ConvNeXt's pair
+    ((6, 4), [("Reshape", (0, 2, 3, 4)), ("Transpose", (0, 2, 1, 3))], False),      # a head split moves data
+    ((3, 4), [("Transpose", (0, 2, 1)), ("Reshape", (0, 12))], False),
+])
+def test_layout_chains_with_a_symbolic_batch(shape, steps, fires):
+    model = _chain_model(["batch", *shape], steps)
+    _, report = fuse(load_onnx(model, max_shapes={"x": [4, *shape]}))
+    assert bool(report.canonicalized.get("LayoutChainAsReshape")) == fires, report.summary()
+    _check_batches(model, shape)
+
+
+def test_depthwise_taps_over_tokens_of_a_symbolic_batch_run_channels_last():
+    # SegFormer's Mix-FFN in a dynamic-batch export: tokens [batch, 20, 6] viewed as a [batch, 6, 4, 5] image
+    model = _chain_model(["batch", 20, 6], [("Transpose", (0, 2, 1)), ("Reshape", (0, 6, 4, 5))], conv=(6, 1, 3, 3))
+    report = _check_batches(model, (20, 6))
+    assert report.canonicalized.get("DepthwiseConvAsTaps") == 1, report.summary()
+    script = fuse(load_onnx(model, max_shapes={"x": [4, 20, 6]}))[0].script()
+    # the padded copy the taps read is made from the channels-last image [batch, 4, 5, 6], not from [batch, 6, 4, 5]
+    assert "def depthwise_tap_source(lv: T.Buffer((batch, T.int64(4), T.int64(5), T.int64(6))" in script, script
