@@ -110,3 +110,43 @@ def test_swin_v2_cosine_attention_fuses_and_matches_torch(export_dir, exporter):
     assert model.report.fused["attention"] == 4, model.report.summary()
     got = model.run({"pixel_values": x.numpy()})["out"]
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+@pytest.mark.slow
+def test_wav2vec2_with_dynamic_batch_and_length_matches_torch(export_dir):
+    """One build for every (batch, length): the grouped positional conv's reshapes hold ``len // 10`` (the feature
+    encoder's strides), and a layout chain decided at sizes where that dim came out 1 was taken for a plain reshape
+    (outputs off by 5). Compared with torch at two (batch, length) pairs."""
+    import torch
+    import transformers
+
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    torch.manual_seed(0)
+    config = transformers.Wav2Vec2Config(hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                         intermediate_size=128, conv_dim=(32, 32), conv_stride=(5, 2),
+                                         conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                                         num_conv_pos_embedding_groups=4)
+    model = transformers.Wav2Vec2Model(config).eval()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(input_values=x).last_hidden_state
+
+    path = str(export_dir / "wav2vec2_dynamic.onnx")
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Encoder().eval(), (torch.randn(2, 800),), path, dynamo=False, opset_version=17,
+                          input_names=["input_values"], output_names=["out"],
+                          dynamic_axes={"input_values": {0: "batch", 1: "length"}})
+    compiled = CompiledModel.from_module(load_onnx(path, max_shapes={"input_values": [4, 4096]}))
+    for batch, length in ((2, 800), (3, 1330)):
+        x = torch.randn(batch, length)
+        with torch.no_grad():
+            ref = Encoder()(x).numpy()
+        np.testing.assert_allclose(compiled.run({"input_values": x.numpy()})["out"], ref, rtol=1e-4, atol=1e-4)

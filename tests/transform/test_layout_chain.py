@@ -88,3 +88,16 @@ def test_depthwise_taps_over_tokens_of_a_symbolic_batch_run_channels_last():
     script = fuse(load_onnx(model, max_shapes={"x": [4, 20, 6]}))[0].script()
     # the padded copy the taps read is made from the channels-last image [batch, 4, 5, 6], not from [batch, 6, 4, 5]
     assert "def depthwise_tap_source(lv: T.Buffer((batch, T.int64(4), T.int64(5), T.int64(6))" in script, script
+
+
+def test_trial_sizes_keep_symbolic_dims_apart_and_above_one():
+    import tvm
+
+    from tvm_fusion_ext.transform.canonical.layout_chain import TRIALS, at_size
+
+    batch, length = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("length", "int64")
+    for trial in TRIALS:
+        (dims,) = at_size([[batch, 4, length // 10, length, 16]], trial)
+        assert dims[0] != dims[3] and min(dims[0], dims[2], dims[3]) >= 2, dims
+    assert at_size([[length]], 0) != at_size([[length]], 1)
+    assert at_size([[length // 1000]], 0) == [None]  # a dim that comes out below 2 decides nothing

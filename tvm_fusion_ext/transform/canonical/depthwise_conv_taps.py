@@ -33,7 +33,7 @@ from tvm import relax
 from ..graph import op_name, same_dims, shape_dims
 from ..rule import Match
 from .conv_matmul import ConvRewrite, _channel_bias, _ints
-from .layout_chain import TRIAL_SIZES, apply_layout_chain, at_size
+from .layout_chain import TRIALS, apply_layout_chain, at_size
 
 #: taps of one filter, at most: each is a slice and a multiply-add in the graph (a 9×9 filter is 81)
 MAX_TAPS = 81
@@ -81,8 +81,8 @@ def channels_last_source(m: Match):
                 not any(op_name(c) == "relax.permute_dims" for c in chain):
             continue
         if all(_moves_to_channels_first(chain, dims[0], dims[1], dims[2:], to_cf)
-               for dims in (at_size([source_dims, cl_shape, *[shape_dims(v) for v in links]], size)
-                            for size in TRIAL_SIZES)):
+               for dims in (at_size([source_dims, cl_shape, *[shape_dims(v) for v in links]], trial)
+                            for trial in TRIALS)):
             return e, cl_shape
     return None
 

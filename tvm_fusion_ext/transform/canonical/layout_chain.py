@@ -11,9 +11,8 @@ Pattern
     intermediate read by the next one only, at least one of them a ``permute_dims``.
 Check (in the matcher: a chain that moves data is what it says, not a near miss)
     known shapes, at most :data:`MAX_ELEMENTS` elements; the chain is the identity, a ``reshape`` of its source,
-    or a single ``permute_dims`` of it. Symbolic dims (a dynamic batch) are decided at two trial sizes, which must
-    give the same plan: a layout chain's effect depends on its sizes only through its reshapes, and a reshape of a
-    symbolic dim is written in it.
+    or a single ``permute_dims`` of it. Symbolic dims (a dynamic batch and length) are decided at two trials, each
+    giving every variable a distinct prime size (:func:`at_size`), which must give the same plan.
 Rewrite
     the source, ``reshape(source, shape)``, or ``permute_dims(source, axes)``.
 """
@@ -85,21 +84,34 @@ def _static_plan(source_shape, chain, shapes):
     return None if axes is None else ("permute", axes)
 
 
-#: sizes a symbolic dim takes to decide a chain (two, both above 1: a unit axis permutes ambiguously)
-TRIAL_SIZES = (2, 3)
+#: the trials a chain with symbolic dims is decided at (each gives every variable a size of its own, see at_size)
+TRIALS = (0, 1)
+#: sizes the variables take: distinct primes, so that no two variables coincide, and large, so that a dim computed
+#: from one (``seq // 10``) is not 1 or 0: a unit or empty axis moves nowhere, and two variables of one size hide
+#: what a chain does with them (wav2vec2's dynamic export, ``[B, 4, seq // 10, 16] -> [B, 4, 16, seq // 10] ->
+#: [B, 64, seq // 10]``, was taken for a reshape at sizes where ``seq // 10`` was 1, and computed wrong)
+_PRIMES = (101, 103, 107, 109, 113, 127, 131, 137, 139, 149, 151, 157)
 
 
-def at_size(dims_list, size: int):
-    """Each shape of ``dims_list`` (ints and symbolic expressions) with every symbolic variable set to ``size``;
-    None for a shape that does not evaluate to integers."""
+def at_size(dims_list, trial: int):
+    """Each shape of ``dims_list`` (ints and symbolic expressions) with every symbolic variable set to a size of its
+    own for ``trial`` (0 or 1: the sizes differ between trials too); None for a shape that does not evaluate to
+    integers, or when there are more variables than sizes."""
     from tvm import sym
 
-    analyzer = sym.Analyzer()
+    variables = {}
     for dims in dims_list:
         for d in dims or ():
             if not isinstance(d, int):
                 for v in tvm.tirx.analysis.undefined_vars(d):
-                    analyzer.bind(v, tvm.tirx.IntImm(str(v.ty.dtype), size))
+                    variables.setdefault(v.name, v)
+    names = sorted(variables)
+    if 2 * len(names) > len(_PRIMES):
+        return [None] * len(dims_list)
+    analyzer = sym.Analyzer()
+    for i, name in enumerate(names):
+        v = variables[name]
+        analyzer.bind(v, tvm.tirx.IntImm(str(v.ty.dtype), _PRIMES[2 * i + trial]))
     out = []
     for dims in dims_list:
         if dims is None:
@@ -107,7 +119,8 @@ def at_size(dims_list, size: int):
             continue
         values = [d if isinstance(d, int) else analyzer.simplify(d) for d in dims]
         out.append([int(v) if isinstance(v, (int, tvm.tirx.IntImm)) else None for v in values])
-        if None in out[-1]:
+        symbolic = [v for d, v in zip(dims, out[-1]) if not isinstance(d, int)]
+        if None in out[-1] or any(v is not None and v < 2 for v in symbolic) or any(v < 0 for v in out[-1] if v is not None):
             out[-1] = None
     return out
 
@@ -119,8 +132,8 @@ def _plan(source_dims, chain, link_dims):
     if all(isinstance(d, int) for d in source_dims) and all(isinstance(d, int) for ds in link_dims for d in ds):
         return _static_plan(source_dims, chain, link_dims)
     plans = []
-    for size in TRIAL_SIZES:
-        source, *links = at_size([source_dims, *link_dims], size)
+    for trial in TRIALS:
+        source, *links = at_size([source_dims, *link_dims], trial)
         plans.append(_static_plan(source, chain, links))
     if plans[0] is None or plans[0][0] != plans[1][0]:
         return None
