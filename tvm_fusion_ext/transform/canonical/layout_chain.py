@@ -120,7 +120,7 @@ def at_size(dims_list, trial: int):
         values = [d if isinstance(d, int) else analyzer.simplify(d) for d in dims]
         out.append([int(v) if isinstance(v, (int, tvm.tirx.IntImm)) else None for v in values])
         symbolic = [v for d, v in zip(dims, out[-1]) if not isinstance(d, int)]
-        if None in out[-1] or any(v is not None and v < 2 for v in symbolic) or any(v < 0 for v in out[-1] if v is not None):
+        if None in out[-1] or any(v < 2 for v in symbolic):
             out[-1] = None
     return out
 
