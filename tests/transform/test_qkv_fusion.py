@@ -159,35 +159,3 @@ def test_scalar_bias_is_not_absorbed():
     for actual, expected in zip(*reversed(run_before_after(mod, fused, inputs))):
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
 
-
-def test_projections_of_three_equal_reshapes_share_their_input():
-    """ONNX Runtime's optimizer (opt_level 99) reshapes the hidden states once per Q/K/V projection: three equal
-    values, one to SemanticFusion (it runs common-subexpression elimination first), so QKV fuses."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    from tvm_fusion_ext.compile import fuse as fuse_model
-    from tvm_fusion_ext.frontend import load_onnx
-    from tvm_fusion_ext.runtime import CompiledModel
-
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(np.array([-1, 16], np.int64), "flat"),
-             numpy_helper.from_array(np.array([2, 5, 16], np.int64), "back")]
-    nodes = []
-    for name in "qkv":
-        inits += [numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), f"w{name}"),
-                  numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), f"b{name}")]
-        nodes += [helper.make_node("Reshape", ["x", "flat"], [f"x2d_{name}"]),
-                  helper.make_node("Gemm", [f"x2d_{name}", f"w{name}", f"b{name}"], [f"g{name}"]),
-                  helper.make_node("Reshape", [f"g{name}", "back"], [name])]
-    nodes += [helper.make_node("Add", ["q", "k"], ["qk"]), helper.make_node("Add", ["qk", "v"], ["y"])]
-    graph = helper.make_graph(nodes, "three_reshapes", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                                      [2, 5, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    _, report = fuse_model(load_onnx(model))
-    assert report.fused["qkv"] == 1, report.summary()
-    x = rng.standard_normal((2, 5, 16)).astype(np.float32)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_allclose(CompiledModel.from_module(load_onnx(model)).run({"x": x})["y"], want,
-                               rtol=1e-5, atol=1e-5)

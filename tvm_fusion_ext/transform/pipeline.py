@@ -18,8 +18,7 @@ from .shape_computations import ResolveShapeComputations
 
 
 def SemanticFusion(remove_padding: bool = False) -> tvm.transform.Pass:  # noqa: N802
-    """Resolve size computations to the input dims they equal (dynamic-axis exports), canonicalise, merge values
-    computed twice (CSE), then fuse:
+    """Resolve size computations to the input dims they equal (dynamic-axis exports), canonicalise, then fuse:
     gated MLPs first (QKV would otherwise merge their gate and up projections into a matmul + split), QKV next
     (it needs the three separate projections), attention next (it
     absorbs head split/merge reshapes that dense fusion would otherwise leave stranded), then dense epilogues,
@@ -30,9 +29,6 @@ def SemanticFusion(remove_padding: bool = False) -> tvm.transform.Pass:  # noqa:
         ResolveShapeComputations(),
         relax.transform.CanonicalizeBindings(),
         Canonicalize(),
-        # a value the export computes twice (ONNX Runtime's optimizer reshapes the hidden states once per Q/K/V
-        # projection) is one value, so that the projections are seen to share their input
-        relax.transform.EliminateCommonSubexpr(),
         FuseGatedMLP(),
         FuseQKVProjection(),
         FuseRotaryEmbedding(),
