@@ -96,6 +96,7 @@ def test_kv_cache_attention_fuses_with_key_and_value_lengths_named_apart():
         np.testing.assert_allclose(model.run(f)["out"], _reference(f), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # 8.5 s
 def test_cached_lengths_that_differ_are_refused_in_one_line():
     model = CompiledModel.from_module(load_onnx(_cached_attention()))
     with pytest.raises(InputError) as err:

@@ -110,6 +110,7 @@ def test_unpadded_symbolic_rows_are_declined_and_the_fallback_is_right():
                                rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.slow  # 10 s
 def test_grouped_rotary_causal_with_symbolic_lengths():
     batch, seq = tirx.Var("batch", "int64"), tirx.Var("seq", "int64")
     hkv = 2

@@ -362,6 +362,7 @@ def test_build_only_cli_compiles_sm90_candidates(model, capsys):
     assert "candidates built for sm_90" in out
 
 
+@pytest.mark.slow  # 8.5 s
 @needs_nvcc
 def test_build_only_fp16_candidates_use_tensor_core_templates(model):
     from tvm_fusion_ext.tools.inspect_cuda import convert_dtype
