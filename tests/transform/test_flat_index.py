@@ -23,11 +23,17 @@ def _index_graph(build, batch=2, seq=5):
     return graph, func.body.body
 
 
-def _rows_and_cols(bb, batch, seq, row_stride=None, offset=0, negative_wrap=False):
+def _rows_and_cols(bb, batch, seq, row_stride=None, offset=0, negative_wrap=False, stride_form="take"):
     rows = bb.emit(relax.op.expand_dims(relax.op.arange(0, batch, 1, "int64"), [1, 2, 3]))
     cols = bb.emit(relax.op.expand_dims(relax.op.arange(0, seq, 1, "int64"), [0, 1, 2]))
-    stride = bb.emit(relax.op.take(relax.op.shape_to_tensor(relax.ShapeExpr([batch, seq])),
-                                   relax.const(np.array([1], "int64")), axis=0))
+    if stride_form == "take":  # one entry of the mask's shape
+        stride = bb.emit(relax.op.take(relax.op.shape_to_tensor(relax.ShapeExpr([batch, seq])),
+                                       relax.const(np.array([1], "int64")), axis=0))
+    elif stride_form == "shape_var":  # the same entry read through a bound shape variable
+        shape = bb.emit(relax.ShapeExpr([batch, seq]))
+        stride = bb.emit(relax.op.take(relax.op.shape_to_tensor(shape), relax.const(np.array([1], "int64")), axis=0))
+    else:  # a one-entry shape as a tensor, [S]: the import of a shape gathered by constant indices
+        stride = bb.emit(relax.op.shape_to_tensor(relax.ShapeExpr([seq if stride_form == "one_entry" else batch])))
     if row_stride is not None:
         stride = relax.const(row_stride, "int64")
     idx = bb.emit(relax.op.add(bb.emit(relax.op.multiply(rows, stride)), cols))
@@ -42,13 +48,15 @@ def _rows_and_cols(bb, batch, seq, row_stride=None, offset=0, negative_wrap=Fals
 
 @pytest.mark.parametrize("symbolic", [False, True])
 @pytest.mark.parametrize("negative_wrap", [False, True])
-def test_flat_index_of_mask_gather_is_proven(symbolic, negative_wrap):
+@pytest.mark.parametrize("stride_form", ["take", "shape_var", "one_entry"])
+def test_flat_index_of_mask_gather_is_proven(symbolic, negative_wrap, stride_form):
     batch, seq = (tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("seq", "int64")) if symbolic else (2, 5)
-    graph, idx = _index_graph(lambda bb, b, s: _rows_and_cols(bb, b, s, negative_wrap=negative_wrap), batch, seq)
+    graph, idx = _index_graph(lambda bb, b, s: _rows_and_cols(bb, b, s, negative_wrap=negative_wrap,
+                                                             stride_form=stride_form), batch, seq)
     assert is_flat_row_major(affine_index(idx, graph), shape_dims(idx), batch, seq)
 
 
-@pytest.mark.parametrize("variant", [dict(row_stride=4), dict(offset=1)])
+@pytest.mark.parametrize("variant", [dict(row_stride=4), dict(offset=1), dict(stride_form="one_entry_of_batch")])
 def test_other_indices_are_not_the_identity(variant):
     graph, idx = _index_graph(lambda bb, b, s: _rows_and_cols(bb, b, s, **variant))
     assert not is_flat_row_major(affine_index(idx, graph), shape_dims(idx), 2, 5)

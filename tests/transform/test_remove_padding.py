@@ -76,10 +76,7 @@ def test_valid_positions_match_ort_and_padded_build(builds, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dynamic", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="known regression (session 22): on MiniLM's dynamic export RemovePadding cannot prove the "
-                        "mask gather reads m[b, j] since the import changed (6391bc7); the model still builds unpadded"))],
-                         ids=["static", "dynamic"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_minilm_matches_torch(export_dir, dynamic):
     """all-MiniLM-L6-v2 (2 layers, real weights). Static export: the mask's GatherND indices are constants;
     dynamic: they are computed from the symbolic batch and sequence, and one build serves several shapes."""

@@ -101,12 +101,29 @@ def affine_index(e: relax.Expr, graph: FunctionGraph, depth: int = 0) -> Optiona
         k = arg(1)
         if op_name(src) != "relax.shape_to_tensor" or k is None or k.coef or _int(k.const) is None:
             return None
-        shape = src.args[0]
-        if not isinstance(shape, relax.ShapeExpr):
-            return None
-        return Affine(k.ndim, {}, shape.values[_int(k.const)])
+        values = _shape_values(src.args[0], graph)
+        return None if values is None else Affine(k.ndim, {}, values[_int(k.const)])
+    if op == "relax.shape_to_tensor":
+        # a one-entry shape as a tensor, [seq]: uniform, so it broadcasts like a scalar (a shape gathered by
+        # constant indices imports this way since 6391bc7)
+        values = _shape_values(v.args[0], graph)
+        return None if values is None or len(values) != 1 else Affine(1, {}, values[0])
     if op == "relax.astype" and str(v.attrs.dtype) in ("int64", "int32"):
         return arg(0)
+    return None
+
+
+def _shape_values(shape: relax.Expr, graph: FunctionGraph) -> Optional[List]:
+    """The entries of a shape value (a literal ``R.shape([...])`` or a variable whose type knows them)."""
+    if isinstance(shape, relax.ShapeExpr):
+        return list(shape.values)
+    if isinstance(shape, relax.Var):
+        bound = graph.value(shape)
+        if isinstance(bound, relax.ShapeExpr):
+            return list(bound.values)
+        ty = getattr(shape, "ty", None)
+        if isinstance(ty, relax.ShapeType) and getattr(ty, "values", None) is not None:
+            return list(ty.values)
     return None
 
 
