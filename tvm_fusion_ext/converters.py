@@ -252,6 +252,23 @@ def _size_quotient(inputs):
     return relax.prim_value(tirx.floordiv(a, b)) if is_size_division(a, b) else None
 
 
+def rounded_size_quotient(x, up: bool):
+    """``floor`` or ``ceil`` of a size divided in floats, ``float(a) / c`` with ``a`` an integer size expression
+    and ``c`` a positive whole number, as the integer quotient it is, cast back to ``x``'s float type:
+    ``float(floordiv(a + c - 1, c))`` for ``ceil``. Exporters write size arithmetic this way (MobileViT's
+    ``ceil(h / p) * p``, a pooled length's ``floor((L - k) / s)``); TVM's unary converters take tensors only, and
+    an integer quotient keeps the later shapes readable to the analyzer. None for any other expression."""
+    from tvm import tirx
+
+    if not isinstance(x, tirx.Div) or not isinstance(x.b, tirx.FloatImm) or not isinstance(x.a, tirx.Cast):
+        return None
+    c, a = float(x.b.value), x.a.value
+    if c <= 0 or c != int(c) or not str(a.ty).startswith("int"):
+        return None
+    c = tirx.IntImm(str(a.ty), int(c))
+    return tirx.Cast(str(x.ty), tirx.floordiv(a + c - 1, c) if up else tirx.floordiv(a, c))
+
+
 def _target_with_inferred_dim(data, target, attr):
     """A Reshape target's ``-1`` (and ``0``s, which copy the input's dim) resolved by cancelling the factors the
     input's dims and the other target dims share, for input dims that are symbolic; None where that does not
@@ -809,6 +826,36 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
                 return inputs[0]
             return stock(bb, inputs, attr, params)
 
+    class Resize(_Fixed, of.Resize):
+        """Output sizes computed from the input's shape: MobileViT resizes its feature map to ``ceil(h / p) · p``
+        with ``sizes = Concat(Shape(x)[:2], ...)``, a run-time tensor once the batch is dynamic, where TVM's
+        converter takes constant sizes only. The elements are read as expressions of the dims; the batch and
+        channel entries must be the input's own (a Resize never changes them here), the spatial ones known."""
+
+        @classmethod
+        def convert(cls, bb, inputs, attr, params, opset, stock):
+            from .onnx_slice import int_elements
+
+            x, sizes = inputs[0], (inputs[3] if len(inputs) > 3 else None)
+            if sizes is None or isinstance(sizes, tvm.ir.GenericConst) or (isinstance(sizes, relax.ShapeExpr) and all(
+                    isinstance(v, tvm.tirx.IntImm) for v in sizes.values)):
+                return stock(bb, inputs, attr, params)
+            values = int_elements(bb, sizes)
+            dims = list(x.ty.shape.values) if getattr(x.ty, "shape", None) is not None else None
+            if values is None or dims is None or len(values) != len(dims):
+                return stock(bb, inputs, attr, params)
+            analyzer = tvm.sym.Analyzer()
+            if not all(analyzer.can_prove_equal(tvm.tirx.Cast("int64", d) if str(d.ty) != "int64" else d, v)
+                       for d, v in zip(dims[:2], values[:2])):
+                raise Unsupported(f"Resize to sizes {[str(v) for v in values]} changes the batch or channel size "
+                                  f"of a {[str(d) for d in dims]} input")
+            spatial = [analyzer.simplify(v) for v in values[2:]]
+            if not all(isinstance(v, tvm.tirx.IntImm) for v in spatial):
+                raise Unsupported(f"Resize to spatial sizes {[str(v) for v in spatial]} computed at run time "
+                                  "(known sizes are needed)")
+            static = relax.const(np.asarray([1, 1] + [int(v) for v in spatial], np.int64))
+            return stock(bb, [*inputs[:3], static, *inputs[4:]], attr, params)
+
     class _FoldedUnary(_Fixed):
         """Computed on the spot when the input is a constant. Exporters write size arithmetic in floats (MobileViT's
         ``int(math.ceil(h / p) * p)``: ``Ceil(2.0) · 2.0 → Cast → Div ...`` into a Reshape target); TVM's binary
@@ -824,6 +871,13 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
                 value = x.value.numpy()
                 with np.errstate(all="ignore"):
                     return relax.const(cls.numpy_fn(value).astype(value.dtype), str(value.dtype))
+            if isinstance(x, tvm.tirx.FloatImm):  # a size computed in floats, folded to a literal by now
+                with np.errstate(all="ignore"):
+                    return tvm.tirx.FloatImm(str(x.ty), float(cls.numpy_fn(np.float64(x.value))))
+            if cls.__name__ in ("Ceil", "Floor") and tvm.ir.is_prim_expr(x) and str(x.ty).startswith("float"):
+                rounded = rounded_size_quotient(x, up=cls.__name__ == "Ceil")
+                if rounded is not None:
+                    return rounded
             return stock(bb, inputs, attr, params)
 
     folded = []
@@ -836,4 +890,4 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
     return {cls.__name__: cls for cls in (Constant, TopK, Einsum, IsInf, BitShift, Mod, Equal, ReduceMax, ReduceMin, Pow,
                                            SpaceToDepth, LayerNormalization,
                                            RMSNormalization, Dropout, NonMaxSuppression, Reshape, Tile, Max, Min,
-                                           Sum, Mean, QuantizeLinear, OneHot, Gather, ScatterND, *folded)}
+                                           Sum, Mean, QuantizeLinear, OneHot, Gather, ScatterND, Resize, *folded)}

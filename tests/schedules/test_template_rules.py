@@ -104,6 +104,49 @@ def test_symbolic_rows_take_the_dense_template_padded_to_its_register_tile(n):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("tokens", [4, 50, 2])
+def test_symbolic_batch_of_static_rows_sharing_a_factor_with_the_tile_takes_the_template(tokens):
+    """A dynamic batch of a fixed number of rows (MobileViT's 4 pixels per patch, CLIP's 50 tokens): padded to the
+    usual tile, ``(4b + 7) // 8`` is canonicalised to ``(b + 1) // 2`` and TVM's schedule state cannot prove the
+    real rows inside the padded ones (the template failed, the fallback ran). The tile is moved to a divisor of the
+    rows or one coprime with them; the template takes the kernel and the results are right."""
+    from tvm_fusion_ext.ops import op_of, params_of
+    from tvm_fusion_ext.schedules.cpu.dense import provable_row_block
+    from tvm_fusion_ext.testing import numpy_activation
+
+    batch = tvm.tirx.Var("batch", "int64")
+    rng = np.random.default_rng(4)
+    w, b = rng.standard_normal((32, 48)).astype("float32"), rng.standard_normal(48).astype("float32")
+    x = relax.Var("x", relax.TensorType((batch, tokens, 32), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(call_op(bb, "fused_dense", {"x": x, "w": relax.const(w), "bias": relax.const(b)},
+                                       {"act": "gelu", "transpose_b": False}))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    tile = provable_row_block(tokens, symbolic_mr(CPU))
+    assert tokens % tile == 0 or np.gcd(tokens, tile) == 1
+    kernels = [f for _, f in lower(mod, CPU).functions_items() if isinstance(f, tvm.tirx.PrimFunc) and op_of(f)]
+    assert [params_of(f).get("row_block") for f in kernels] == [tile]
+    scheduled = ApplyTemplates(CPU, fallback=False)(lower(mod, CPU))
+    assert all(bool(f.attrs["tirx.is_scheduled"]) for _, f in scheduled.functions_items()
+               if isinstance(f, tvm.tirx.PrimFunc) and op_of(f))
+    vm = relax.VirtualMachine(build(mod, CPU, fuse=False), tvm.cpu())
+    for n in (1, 3):
+        xs = rng.standard_normal((n, tokens, 32)).astype("float32")
+        got = vm["main"](tvm.runtime.tensor(xs)).numpy()
+        np.testing.assert_allclose(got, numpy_activation(xs.astype("float64") @ w + b, "gelu"), rtol=1e-4, atol=1e-4)
+
+
+def test_provable_row_block_keeps_the_tile_where_it_proves():
+    from tvm_fusion_ext.schedules.cpu.dense import provable_row_block
+
+    assert [provable_row_block(c, 8) for c in (1, 3, 16, 197)] == [8, 8, 8, 8]  # no common factor, or a multiple
+    assert [provable_row_block(c, 8) for c in (4, 12, 50, 2)] == [4, 6, 5, 7]  # a divisor near 8, else coprime
+    assert [provable_row_block(c, 4) for c in (2, 6)] == [5, 6]
+
+
 @pytest.mark.parametrize("rows,padded", [((197,), True), ((1, 197), True), ((2, 197), True), ((128,), False),
                                          ((1, 198), False), ((5,), False)])
 def test_static_rows_without_a_divisor_near_the_tile_are_padded_to_it(rows, padded):

@@ -23,6 +23,7 @@ Odd sizes get exact tiles (divisors), except a packed N, whose last panel is zer
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -98,7 +99,10 @@ def row_block_for(call, knobs_mr: Optional[int], knobs_i, target: Optional[tvm.t
     128 rows. Such rows are padded to the symbolic tile instead (a few wasted rows, the full register tile),
     unless a tuning record fixed the static row split (``i``)."""
     if has_symbolic_rows(call):
-        return int(knobs_mr or symbolic_mr(target))
+        static = 1
+        for d in call.inputs["x"].ty.shape.values[:-1]:
+            static *= int(d) if isinstance(d, tvm.tirx.IntImm) else 1
+        return provable_row_block(static, int(knobs_mr or symbolic_mr(target)))
     if knobs_i is not None:
         return None
     m = 1
@@ -109,6 +113,24 @@ def row_block_for(call, knobs_mr: Optional[int], knobs_i, target: Optional[tvm.t
 
 #: a static row tile thinner than this (the best divisor of the rows) is replaced by padding the rows
 THIN_MR = 4
+
+
+def provable_row_block(static: int, mr: int) -> int:
+    """A row tile near ``mr`` for symbolic rows ``static · b`` whose padding TVM can reason about.
+
+    Rows padded to ``(c·b + mr - 1) // mr · mr`` are canonicalised by TVM's analyzer through the common factor of
+    ``c`` and ``mr`` (``(4b + 7) // 8`` becomes ``(b + 1) // 2``), after which it cannot prove the real rows lie
+    inside the padded ones, so the schedule state calls the scope no stage pipeline and the template fails
+    (MobileViT's patches, 4 per batch row; CLIP's 50 tokens under a dynamic batch). A tile that divides ``c``
+    (no padding at all) or shares no factor with it proves fine: the divisor of ``c`` nearest ``mr`` within
+    [THIN_MR, MR_MAX], else the coprime tile nearest ``mr``."""
+    if static <= 1 or static % mr == 0 or math.gcd(static, mr) == 1:
+        return mr
+    near = sorted(range(THIN_MR, MR_MAX + 1), key=lambda r: (abs(r - mr), -r))
+    for r in near:
+        if static % r == 0:
+            return r
+    return next(r for r in near if math.gcd(static, r) == 1)
 
 
 def symbolic_mr(target: Optional[tvm.target.Target] = None) -> int:
