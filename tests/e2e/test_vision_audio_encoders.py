@@ -14,6 +14,21 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
+def _last_hidden_state(model, input_name: str):
+    """``model`` as a module of one positional input returning ``last_hidden_state`` (what the exports trace)."""
+    import torch
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(**{input_name: x}).last_hidden_state
+
+    return Encoder().eval()
+
+
 def _vit():
     import transformers
 
@@ -43,15 +58,7 @@ def test_encoder_fuses_and_matches_torch(export_dir, make, exporter):
     torch.manual_seed(0)
     base, name, shape = make()
 
-    class Encoder(torch.nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-
-        def forward(self, x):
-            return self.model(**{name: x}).last_hidden_state
-
-    module = Encoder(base).eval()
+    module = _last_hidden_state(base, name)
     x = torch.randn(*shape)
     path = str(export_dir / f"{make.__name__}_{exporter}.onnx")
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
@@ -83,24 +90,15 @@ def test_swin_v2_cosine_attention_fuses_and_matches_torch(export_dir, exporter):
     torch.manual_seed(0)
     config = transformers.Swinv2Config(image_size=32, patch_size=2, embed_dim=16, depths=[2, 2], num_heads=[2, 4],
                                        window_size=4)
-    base = transformers.Swinv2Model(config).eval()
-
-    class Encoder(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = base
-
-        def forward(self, x):
-            return self.model(pixel_values=x).last_hidden_state
-
+    encoder = _last_hidden_state(transformers.Swinv2Model(config).eval(), "pixel_values")
     x = torch.randn(2, 3, 32, 32)
     path = str(export_dir / f"swinv2_{exporter}.onnx")
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(Encoder(), (x,), path, dynamo=exporter == "dynamo",
+        torch.onnx.export(encoder, (x,), path, dynamo=exporter == "dynamo",
                           opset_version=18 if exporter == "dynamo" else 17, input_names=["pixel_values"],
                           output_names=["out"])
-        ref = Encoder()(x).numpy()
+        ref = encoder(x).numpy()
     if exporter == "legacy":
         # the legacy export of two images is itself unlike torch (by 1.9: a trace-time size baked in): the reference
         # is ONNX Runtime running the same file
@@ -128,25 +126,16 @@ def test_wav2vec2_with_dynamic_batch_and_length_matches_torch(export_dir):
                                          intermediate_size=128, conv_dim=(32, 32), conv_stride=(5, 2),
                                          conv_kernel=(10, 3), num_conv_pos_embeddings=16,
                                          num_conv_pos_embedding_groups=4)
-    model = transformers.Wav2Vec2Model(config).eval()
-
-    class Encoder(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, x):
-            return self.model(input_values=x).last_hidden_state
-
+    encoder = _last_hidden_state(transformers.Wav2Vec2Model(config).eval(), "input_values")
     path = str(export_dir / "wav2vec2_dynamic.onnx")
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(Encoder().eval(), (torch.randn(2, 800),), path, dynamo=False, opset_version=17,
+        torch.onnx.export(encoder, (torch.randn(2, 800),), path, dynamo=False, opset_version=17,
                           input_names=["input_values"], output_names=["out"],
                           dynamic_axes={"input_values": {0: "batch", 1: "length"}})
     compiled = CompiledModel.from_module(load_onnx(path, max_shapes={"input_values": [4, 4096]}))
     for batch, length in ((2, 800), (3, 1330)):
         x = torch.randn(batch, length)
         with torch.no_grad():
-            ref = Encoder()(x).numpy()
+            ref = encoder(x).numpy()
         np.testing.assert_allclose(compiled.run({"input_values": x.numpy()})["out"], ref, rtol=1e-4, atol=1e-4)
