@@ -252,6 +252,14 @@ def _size_quotient(inputs):
     return relax.prim_value(tirx.floordiv(a, b)) if is_size_division(a, b) else None
 
 
+def _one_hot(indices: np.ndarray, depth: int, values: np.ndarray, axis: int) -> np.ndarray:
+    """ONNX OneHot on constants: negative indices count from ``depth``; out-of-range ones give ``off``."""
+    idx = np.where(indices < 0, indices + depth, indices).astype(np.int64)
+    axis = axis + idx.ndim + 1 if axis < 0 else axis
+    positions = np.arange(depth).reshape([depth if i == axis else 1 for i in range(idx.ndim + 1)])
+    return np.where(np.expand_dims(idx, axis) == positions, values[1], values[0]).astype(values.dtype)
+
+
 def rounded_size_quotient(x, up: bool):
     """``floor`` or ``ceil`` of a size divided in floats, ``float(a) / c`` with ``a`` an integer size expression
     and ``c`` a positive whole number, as the integer quotient it is, cast back to ``x``'s float type:
@@ -683,9 +691,19 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
 
         @classmethod
         def convert(cls, bb, inputs, attr, params, opset, stock):
+            from .onnx_slice import int_elements
+
             data, reps = inputs[0], inputs[1]
             if isinstance(reps, relax.Call) and reps.op.same_as(tvm.ir.Op.get("relax.shape_to_tensor")):
                 reps = reps.args[0]  # the importer hands sizes to tensor-taking ops as a tensor of them
+            if isinstance(reps, relax.Call) and reps.op.same_as(tvm.ir.Op.get("relax.reshape")) and isinstance(
+                    reps.args[0], tvm.ir.GenericConst):
+                reps = reps.args[0]  # CANINE's legacy export: repeats are a reshaped OneHot of constants
+            if isinstance(reps, tvm.ir.GenericConst) and reps.value.numpy().dtype.kind in "iu":
+                reps = relax.ShapeExpr([int(v) for v in reps.value.numpy().reshape(-1)])
+            elif not isinstance(reps, relax.ShapeExpr):
+                values = int_elements(bb, reps)  # repeats computed from sizes
+                reps = relax.ShapeExpr(values) if values is not None else reps
             shape = getattr(getattr(data, "ty", None), "shape", None)
             if not isinstance(reps, relax.ShapeExpr) or shape is None or not hasattr(shape, "values"):
                 return stock(bb, inputs, attr, params)
@@ -776,7 +794,17 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
 
         @classmethod
         def convert(cls, bb, inputs, attr, params, opset, stock):
+            from .onnx_slice import int_elements
+
             indices, depth, values = inputs
+            static = int_elements(bb, values) if isinstance(indices, tvm.ir.GenericConst) and isinstance(
+                depth, tvm.ir.GenericConst) and not isinstance(values, tvm.ir.GenericConst) else None
+            if static is not None and all(isinstance(v, tvm.tirx.IntImm) for v in static):
+                # every input known at import (CANINE's legacy export: values read from a static shape, the
+                # result the repeats of a Tile, which must be constants): computed here
+                return relax.const(_one_hot(indices.value.numpy(), int(depth.value.numpy().reshape(-1)[0]),
+                                            np.asarray([int(v) for v in static], dtype_of(values)),
+                                            int(attr.get("axis", -1))))
             if isinstance(values, tvm.ir.GenericConst) or not isinstance(depth, tvm.ir.GenericConst):
                 return stock(bb, inputs, attr, params)
             n = int(np.asarray(depth.value.numpy()).reshape(-1)[0])
