@@ -133,6 +133,7 @@ def test_warm_start_from_cli_is_in_the_manifest(tiny_path, random_logs, tmp_path
                     options=TuneOptions(trials=1, per_iter=2, population=16, warm_start=(random_logs[0],),
                                         progress=messages.append))
     assert manifest["warm_start"]["records"] == 4 and manifest["warm_start"]["sources"] == [random_logs[1]]
+    assert manifest["cost_model"] == "handover"  # the default with --warm-start (the replay's winner)
     assert any("warm-started on 4 records of 4 kernels" in m for m in messages), messages
     # the progress line: best so far and the time left at this run's pace (the budget is spent: 0s)
     lines = [m for m in messages if m.startswith("tune: trials")]
@@ -150,7 +151,7 @@ def test_progress_durations_read_as_a_person_would():
 @pytest.mark.parametrize("extra, message", [
     (["--warm-start", "/nonexistent/logs"], "is not a directory"),
     (["--warm-start", "."], "holds no tuning-record directories"),
-    (["--warm-start", "RECORDS", "--cost-model", "random"], "needs --cost-model xgb or rank"),
+    (["--warm-start", "RECORDS", "--cost-model", "random"], "needs --cost-model rank, handover or xgb"),
 ])
 def test_warm_start_errors_are_one_line(tiny_path, random_logs, tmp_path, capsys, extra, message):
     from tvm_fusion_ext.cli import main
@@ -275,3 +276,51 @@ def test_rank_model_warm_start_is_a_fixed_base_that_the_run_continues(tmp_path):
         twin = RankModel(target)
         twin.load(str(tmp_path / "rank.pkl"))
         np.testing.assert_array_equal(twin.predict(ctx, cands[32:]), warm)
+
+
+def test_handover_model_hands_each_kernel_over_after_its_own_trials(tmp_path):
+    """``--cost-model handover``: the ranker predicts a kernel's candidates until ``at`` of that kernel's trials
+    are measured, XGBModel after; both learn from every measurement, warm-start records count for their own
+    kernel only, and the warm-start protocol (``last_train_size``, ``freeze_as_base``) reaches both parts."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_fusion_ext.tune.driver import _stub_tensor_intrin
+    from tvm_fusion_ext.tune.handover_model import HandoverModel
+    from tvm_fusion_ext.tune.rank_model import RankModel
+
+    with _stub_tensor_intrin(True):
+        target, task, cands = _tiny_dense_candidates(24)
+        ctx = ms.TuneContext(mod=task.mod, target=target, task_name="handover", num_threads=1)
+        rank = RankModel(target, num_warmup_samples=2, pretrain_rounds=20)
+        xgb = ms.cost_model.XGBModel(num_warmup_samples=2)
+        model = HandoverModel(rank, xgb, at=8)
+        results = [ms.runner.RunnerResult(run_secs=[1e-6 * (1 + i % 5)], error_msg=None) for i in range(24)]
+        model.last_train_size = 7
+        assert rank._inst.last_train_size == 7 and xgb._inst.last_train_size == 7
+        model.last_train_size = 0
+        assert model.picker(ctx) is rank._inst
+        model.update(ctx, cands[:4], results[:4])
+        assert model.picker(ctx) is rank._inst  # 4 of 8
+        np.testing.assert_array_equal(model.predict(ctx, cands[12:]), rank.predict(ctx, cands[12:]))
+        model.update(ctx, cands[4:8], results[4:8])
+        assert model.picker(ctx) is xgb._inst
+        assert rank._inst.data_size == 8 and xgb._inst.data_size == 8  # both learned from both batches
+        np.testing.assert_array_equal(model.predict(ctx, cands[12:]), xgb.predict(ctx, cands[12:]))
+        model.freeze_as_base()
+        assert rank._inst.base is not None and xgb._inst.data_size == 8  # XGBModel keeps the records as data
+        model.save(str(tmp_path / "handover"))
+        assert sorted(os.listdir(tmp_path / "handover")) == ["rank.pkl", "xgb"]
+
+
+@pytest.mark.slow
+def test_handover_cost_model_tunes_from_the_cli_with_a_warm_start(tiny_path, random_logs, tmp_path):
+    from tvm_fusion_ext.cli import main
+
+    logs = tmp_path / "handover"
+    assert main(["tune", tiny_path, "--target", "llvm", "--trials", "4", "--per-iter", "2", "--population", "16",
+                 "--cost-model", "handover", "--warm-start", random_logs[0], "--logs", str(logs)]) == 0
+    (sub,) = [d for d in os.listdir(logs) if d.startswith("tiny-")]
+    with open(os.path.join(logs, sub, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    assert manifest["cost_model"] == "handover" and manifest["trials"] == 4
+    assert manifest["warm_start"]["records"] == 4

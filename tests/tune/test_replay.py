@@ -234,3 +234,36 @@ def test_within_noise_share_counts_only_losses_the_rounds_can_tell_apart():
     assert rp._within_noise(pool, results, [best] * 3) == pytest.approx(2 / 3)
     assert results[2].final_index(pool) == worst
     assert rp.SearchResult(np.array([3]), np.array([np.inf])).final_index(pool) == -1
+
+
+class AntiOracle(Oracle):
+    """Scores the slowest candidates highest: a model whose picks are easy to tell from the oracle's."""
+
+    def score(self, idx, seed):
+        return -super().score(idx, seed)
+
+
+def test_handover_picks_with_the_first_model_until_at_then_with_the_second():
+    from tvm_fusion_ext.tune.replay_models import Handover
+
+    pool = synthetic_pool(n=80)
+    first, then = Oracle(pool), AntiOracle(pool)
+    res = rp.search(pool, rp.STRATEGIES["handover-transfer"], seed=1, budget=24, k=8,
+                    model=Handover(first, then, at=16))
+    ranked = np.argsort(pool.latency_us).tolist()
+    assert res.order[:16].tolist() == ranked[:16]       # two rounds by the first model, best first
+    assert res.order[16:].tolist() == ranked[::-1][:8]  # then the second's picks
+    assert first.observed == then.observed == [res.order[i:i + 8].tolist() for i in (0, 8, 16)]  # both learn
+
+
+def test_handover_transfer_pretrains_both_parts_on_the_transfer_sources():
+    target, other_task = synthetic_pool(seed=1, name="a"), synthetic_pool(seed=3, name="b")
+    # handover-transfer's first part reads decisions from traces, which synthetic pools lack: store-feature twin
+    options = dict(rp.STRATEGIES["handover-transfer"].options, first="rank-expert-transfer")
+    strategy = rp.Strategy("handover-store", "test", model="handover", options=tuple(options.items()))
+    model = rp.make_model(strategy, target, [target, other_task])
+    assert model.at == 64
+    assert model.first.base is not None and model.first.base.num_boosted_rounds() > 0  # a ranker's base
+    assert model.then.model.booster is not None and "b-auto" in model.then.lookup.pools  # xgb-transfer
+    twin = model.clone_for(target)
+    assert twin.measured == 0 and twin.first.seen == [] and twin.first.base is model.first.base

@@ -79,9 +79,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--space", choices=("template", "auto"), default="template",
                    help="template: our templates' knobs; auto: MetaSchedule's sketches (template where they fail)")
     p.add_argument("--scheduler", choices=("gradient", "round-robin"), default="gradient", help="task scheduler")
-    p.add_argument("--cost-model", choices=("rank", "xgb", "random"), default="rank",
-                   help="rank (default): our pairwise-ranking XGBoost on each candidate's decisions and expert "
-                        "features (tune/rank_model.py; the replay benchmark's winner); xgb: MetaSchedule's XGBModel; "
+    p.add_argument("--cost-model", choices=("auto", "rank", "handover", "xgb", "random"), default="auto",
+                   help="auto (default): handover with --warm-start, else rank; rank: our pairwise-ranking XGBoost "
+                        "on each candidate's decisions and expert features (tune/rank_model.py); handover: rank for "
+                        "a kernel's first 64 trials, then MetaSchedule's XGBModel, both warm-started "
+                        "(tune/handover_model.py; the replay benchmark's winner); xgb: MetaSchedule's XGBModel; "
                         "random: random scores (baseline for comparison)")
     p.add_argument("--seed", type=int, default=1, help="random seed of the search")
     p.add_argument("--warm-start", action="append", metavar="DIR",

@@ -146,7 +146,8 @@ def main(argv=None) -> int:
     p.add_argument("--target", default="llvm")
     p.add_argument("--logs", default="compare_logs", help="a fresh directory for the runs' records")
     p.add_argument("--json", help="also write the rows here")
-    p.add_argument("--cost-model", choices=("rank", "xgb"), default="rank", help="the guided run's cost model")
+    p.add_argument("--cost-model", choices=("rank", "handover", "xgb"), default="rank",
+                   help="the guided run's cost model")
     p.add_argument("--warm-start", action="append", metavar="DIR",
                    help="pre-train the guided run's cost model on these records (random search cannot use them)")
     args = p.parse_args(argv)

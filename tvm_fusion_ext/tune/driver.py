@@ -23,6 +23,7 @@ or, for an auto task, removes the block's ``schedule_rule`` so that the default 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -40,7 +41,7 @@ from .task_logs import task_loggers
 
 SPACES = ("template", "auto")
 SCHEDULERS = ("gradient", "round-robin")
-COST_MODELS = ("xgb", "rank", "random")
+COST_MODELS = ("auto", "rank", "handover", "xgb", "random")
 # Below this many FLOPs a kernel costs less than a launch / the VM call around it: not worth a trial.
 DEFAULT_MIN_FLOPS = 1000.0
 
@@ -335,7 +336,9 @@ class TuneOptions:
     builder_timeout: float = 60.0
     runner: object = None                     # a MetaSchedule Runner; None: LocalRunner on this machine
     seed: int = 1
-    cost_model: str = "rank"                  # "rank": RankModel (rank_model.py; the replay's winner); "xgb":
+    cost_model: str = "auto"                  # "auto": "handover" with --warm-start (the replay's winner, which
+    #                                           transfers), else "rank"; "rank": RankModel (rank_model.py);
+    #                                           "handover": rank, then XGBModel (handover_model.py); "xgb":
     #                                           MetaSchedule's XGBModel; "random": RandomModel (baseline)
     fast_import: Optional[bool] = None        # stub the tensor-intrinsic registry (default: llvm only)
     warm_start: Tuple[str, ...] = ()          # record dirs (or roots) whose records pre-train XGBModel
@@ -352,7 +355,7 @@ def _check_options(opts: TuneOptions) -> None:
     if opts.trials < 0:
         raise FusionExtError(f"--trials must be >= 0, got {opts.trials}")
     if opts.warm_start and opts.cost_model == "random":
-        raise FusionExtError("--warm-start trains a cost model: it needs --cost-model xgb or rank")
+        raise FusionExtError("--warm-start trains a cost model: it needs --cost-model rank, handover or xgb")
 
 
 def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: str = "model",
@@ -365,6 +368,10 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
 
     opts = options or TuneOptions()
     _check_options(opts)
+    if opts.cost_model == "auto":
+        # the replay's winner hands a kernel over from the ranker to XGBModel, both pre-trained on other models'
+        # records; without such records the ranker alone (README, "Replay")
+        opts = dataclasses.replace(opts, cost_model="handover" if opts.warm_start else "rank")
     target = resolve_target(target)
     from .warm_start import record_dirs
 
@@ -416,12 +423,17 @@ def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fa
         cost_model = ms.cost_model.RandomModel(seed=opts.seed)
         progress.cost_model = None  # its scores are not predictions: no rank correlation
     else:
-        if opts.cost_model == "rank":
+        warmup = min(8, max(2, opts.per_iter))
+        if opts.cost_model in ("rank", "handover"):
             from .rank_model import RankModel
 
-            cost_model = RankModel(target, num_warmup_samples=min(8, max(2, opts.per_iter)), seed=opts.seed)
+            cost_model = RankModel(target, num_warmup_samples=warmup, seed=opts.seed)
+            if opts.cost_model == "handover":
+                from .handover_model import HandoverModel
+
+                cost_model = HandoverModel(cost_model, ms.cost_model.XGBModel(num_warmup_samples=warmup))
         else:
-            cost_model = ms.cost_model.XGBModel(num_warmup_samples=min(8, max(2, opts.per_iter)))
+            cost_model = ms.cost_model.XGBModel(num_warmup_samples=warmup)
         progress.cost_model = cost_model
         _warm_start(cost_model, out, done_before, warm_dirs, target, progress, say)
     with task_loggers(out, [t.name for t in tunable]) as loggers:

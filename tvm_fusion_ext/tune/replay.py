@@ -78,6 +78,9 @@ STRATEGIES: Dict[str, Strategy] = {s.name: s for s in (
              options=(("store", False), ("knobs", True), ("params", (("max_depth", 3),)))),
     Strategy("rank-all", "ours on store, expert and knob features, trees of depth 3, expert rules", model="rank",
              expert_features=True, rules=True, options=(("knobs", True), ("params", (("max_depth", 3),)))),
+    Strategy("handover-transfer", "rank-knobs-transfer picks the first 64 trials, xgb-transfer the rest; both "
+             "learn from every measurement", model="handover", expert_features=True, rules=True, transfer=True,
+             options=(("first", "rank-knobs-transfer"), ("then", "xgb-transfer"), ("at", 64))),
 )}
 DEFAULT_STRATEGIES = ("random", "xgb", "xgb-expert", "xgb-transfer", "rank-expert-transfer")
 
@@ -107,11 +110,15 @@ def _seed(seed: int, name: str) -> int:
 
 def make_model(strategy: Strategy, pool: Pool, others: Sequence[Pool] = ()):
     """A fresh cost model for one search (pre-trained on ``others`` when the strategy transfers)."""
-    from .replay_models import MetaScheduleXGB, RankXGB
+    from .replay_models import Handover, MetaScheduleXGB, RankXGB
 
     if strategy.model is None:
         return None
     kwargs = dict(strategy.options)
+    if strategy.model == "handover":
+        # each part as its own strategy makes it (pre-trained on the same sources when it transfers)
+        return Handover(make_model(STRATEGIES[kwargs["first"]], pool, others),
+                        make_model(STRATEGIES[kwargs["then"]], pool, others), kwargs["at"])
     if strategy.model == "xgbmodel":
         model = MetaScheduleXGB(pool, expert_features=strategy.expert_features, **kwargs)
     elif strategy.model == "rank":

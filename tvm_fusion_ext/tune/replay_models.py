@@ -206,3 +206,29 @@ class RankXGB:
 def _relevance(latency: np.ndarray) -> np.ndarray:
     """Ranking labels: normalised throughput (best of the group = 1), as XGBModel's regression target."""
     return (np.min(latency) / latency).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------- handover
+
+class Handover:
+    """One model picks until ``at`` trials are measured, another after; both learn from every measurement.
+
+    What it is for (BERT's FFN ``auto`` pool): ``rank-knobs-transfer`` reaches a near-best candidate in a few
+    rounds and then keeps picking next to it, while MetaSchedule's ``XGBModel`` pre-trained on the other pools
+    (``xgb-transfer``) is slower to get near but goes on to the pool's best. The first model buys the early
+    trials, the second the final best."""
+
+    def __init__(self, first, then, at: int):
+        self.first, self.then, self.at = first, then, int(at)
+        self.measured = 0
+
+    def clone_for(self, pool: Pool) -> "Handover":
+        return Handover(self.first.clone_for(pool), self.then.clone_for(pool), self.at)
+
+    def observe(self, idx: Sequence[int]) -> None:
+        self.measured += len(idx)
+        self.first.observe(idx)
+        self.then.observe(idx)
+
+    def score(self, idx: Sequence[int], seed: int) -> Optional[np.ndarray]:
+        return (self.first if self.measured < self.at else self.then).score(idx, seed)
