@@ -71,6 +71,18 @@ def test_template_declines_a_symbolic_reduction_and_the_fallback_schedules_it():
     np.testing.assert_allclose(out.numpy(), xs @ ws, rtol=1e-5, atol=1e-5)
 
 
+def _gelu_dense_module(x_shape, w, b):
+    """``gelu(x @ w + b)`` as one fused_dense call over an ``x`` of ``x_shape`` (plain weights)."""
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(call_op(bb, "fused_dense", {"x": x, "w": relax.const(w), "bias": relax.const(b)},
+                                       {"act": "gelu", "transpose_b": False}))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
 @pytest.mark.parametrize("n", [48, 512])  # 512: 32 column panels, run 4 per task (panel_group)
 def test_symbolic_rows_take_the_dense_template_padded_to_its_register_tile(n):
     """Rows known at run time (batch × sequence): the operator accumulates over rows padded to the template's
@@ -81,14 +93,7 @@ def test_symbolic_rows_take_the_dense_template_padded_to_its_register_tile(n):
     batch, seq = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("seq", "int64")
     rng = np.random.default_rng(2)
     w, b = rng.standard_normal((32, n)).astype("float32"), rng.standard_normal(n).astype("float32")
-    x = relax.Var("x", relax.TensorType((batch, seq, 32), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = bb.emit_output(call_op(bb, "fused_dense", {"x": x, "w": relax.const(w), "bias": relax.const(b)},
-                                       {"act": "gelu", "transpose_b": False}))
-        bb.emit_func_output(y)
-    mod = bb.get()
+    mod = _gelu_dense_module((batch, seq, 32), w, b)
     kernels = [f for _, f in lower(mod, CPU).functions_items() if isinstance(f, tvm.tirx.PrimFunc) and op_of(f)]
     assert [params_of(f).get("row_block") for f in kernels] == [symbolic_mr(CPU)]  # 4 on AVX2, 8 on AVX-512
     scheduled = ApplyTemplates(CPU, fallback=False)(lower(mod, CPU))
@@ -117,14 +122,7 @@ def test_symbolic_batch_of_static_rows_sharing_a_factor_with_the_tile_takes_the_
     batch = tvm.tirx.Var("batch", "int64")
     rng = np.random.default_rng(4)
     w, b = rng.standard_normal((32, 48)).astype("float32"), rng.standard_normal(48).astype("float32")
-    x = relax.Var("x", relax.TensorType((batch, tokens, 32), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = bb.emit_output(call_op(bb, "fused_dense", {"x": x, "w": relax.const(w), "bias": relax.const(b)},
-                                       {"act": "gelu", "transpose_b": False}))
-        bb.emit_func_output(y)
-    mod = bb.get()
+    mod = _gelu_dense_module((batch, tokens, 32), w, b)
     tile = provable_row_block(tokens, symbolic_mr(CPU))
     assert tokens % tile == 0 or np.gcd(tokens, tile) == 1
     kernels = [f for _, f in lower(mod, CPU).functions_items() if isinstance(f, tvm.tirx.PrimFunc) and op_of(f)]

@@ -220,16 +220,17 @@ def test_rank_model_learns_the_order_of_candidates_it_has_not_seen():
 
 
 @pytest.mark.slow  # 19 s of tuning through the CLI
-def test_rank_cost_model_tunes_from_the_cli_and_warm_starts(tiny_path, random_logs, tmp_path):
+@pytest.mark.parametrize("cost_model", ["rank", "handover"])
+def test_ranking_cost_models_tune_from_the_cli_and_warm_start(tiny_path, random_logs, tmp_path, cost_model):
     from tvm_fusion_ext.cli import main
 
-    logs = tmp_path / "rank"
+    logs = tmp_path / cost_model
     assert main(["tune", tiny_path, "--target", "llvm", "--trials", "4", "--per-iter", "2", "--population", "16",
-                 "--cost-model", "rank", "--warm-start", random_logs[0], "--logs", str(logs)]) == 0
+                 "--cost-model", cost_model, "--warm-start", random_logs[0], "--logs", str(logs)]) == 0
     (sub,) = [d for d in os.listdir(logs) if d.startswith("tiny-")]
     with open(os.path.join(logs, sub, "manifest.json"), encoding="utf-8") as f:
         manifest = json.load(f)
-    assert manifest["cost_model"] == "rank" and manifest["trials"] == 4
+    assert manifest["cost_model"] == cost_model and manifest["trials"] == 4
     assert manifest["warm_start"]["records"] == 4
 
 
@@ -310,17 +311,3 @@ def test_handover_model_hands_each_kernel_over_after_its_own_trials(tmp_path):
         assert rank._inst.base is not None and xgb._inst.data_size == 8  # XGBModel keeps the records as data
         model.save(str(tmp_path / "handover"))
         assert sorted(os.listdir(tmp_path / "handover")) == ["rank.pkl", "xgb"]
-
-
-@pytest.mark.slow
-def test_handover_cost_model_tunes_from_the_cli_with_a_warm_start(tiny_path, random_logs, tmp_path):
-    from tvm_fusion_ext.cli import main
-
-    logs = tmp_path / "handover"
-    assert main(["tune", tiny_path, "--target", "llvm", "--trials", "4", "--per-iter", "2", "--population", "16",
-                 "--cost-model", "handover", "--warm-start", random_logs[0], "--logs", str(logs)]) == 0
-    (sub,) = [d for d in os.listdir(logs) if d.startswith("tiny-")]
-    with open(os.path.join(logs, sub, "manifest.json"), encoding="utf-8") as f:
-        manifest = json.load(f)
-    assert manifest["cost_model"] == "handover" and manifest["trials"] == 4
-    assert manifest["warm_start"]["records"] == 4
