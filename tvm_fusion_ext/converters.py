@@ -699,10 +699,8 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
             if isinstance(reps, relax.Call) and reps.op.same_as(tvm.ir.Op.get("relax.reshape")) and isinstance(
                     reps.args[0], tvm.ir.GenericConst):
                 reps = reps.args[0]  # CANINE's legacy export: repeats are a reshaped OneHot of constants
-            if isinstance(reps, tvm.ir.GenericConst) and reps.value.numpy().dtype.kind in "iu":
-                reps = relax.ShapeExpr([int(v) for v in reps.value.numpy().reshape(-1)])
-            elif not isinstance(reps, relax.ShapeExpr):
-                values = int_elements(bb, reps)  # repeats computed from sizes
+            if not isinstance(reps, relax.ShapeExpr):
+                values = int_elements(bb, reps)  # constant repeats, or computed from sizes
                 reps = relax.ShapeExpr(values) if values is not None else reps
             shape = getattr(getattr(data, "ty", None), "shape", None)
             if not isinstance(reps, relax.ShapeExpr) or shape is None or not hasattr(shape, "values"):
