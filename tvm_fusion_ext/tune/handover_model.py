@@ -31,64 +31,61 @@ class HandoverModel(PyCostModel):
 
     def __init__(self, first, then, at: int = HANDOVER_AT):
         super().__init__()
-        self.first, self.then, self.at = first, then, int(at)
+        # the Python objects behind the derived-object wrappers: called directly, not through the FFI
+        self.first, self.then = getattr(first, "_inst", first), getattr(then, "_inst", then)
+        self.at = int(at)
         self.measured: Dict[int, int] = {}  # structural hash of a kernel -> its trials measured (records included)
-
-    @staticmethod
-    def _py(model):
-        return getattr(model, "_inst", model)  # the Python object behind a derived-object wrapper
 
     @property
     def last_train_size(self) -> int:
-        return self._py(self.first).last_train_size
+        return self.first.last_train_size
 
     @last_train_size.setter
     def last_train_size(self, value: int) -> None:
         # warm_start.py defers training to the last kernel's records this way: both parts must hear it
-        self._py(self.first).last_train_size = value
-        self._py(self.then).last_train_size = value
+        self.first.last_train_size = value
+        self.then.last_train_size = value
 
     # what the progress report reads to tell predictions from warm-up noise (tune/progress.py)
     @property
     def booster(self):
-        return self._py(self.first).booster if self._py(self.first).booster is not None else \
-            self._py(self.then).booster
+        return self.first.booster if self.first.booster is not None else self.then.booster
 
     @property
     def data_size(self) -> int:
-        return self._py(self.first).data_size
+        return self.first.data_size
 
     @property
     def num_warmup_samples(self) -> int:
-        return self._py(self.first).num_warmup_samples
+        return self.first.num_warmup_samples
 
     def freeze_as_base(self) -> None:
         """The ranker makes the records a fixed base (its transfer); XGBModel keeps them as training data."""
-        self._py(self.first).freeze_as_base()
+        self.first.freeze_as_base()
 
     def load(self, path: str) -> None:
-        self._py(self.first).load(os.path.join(path, "rank.pkl"))
-        self._py(self.then).load(os.path.join(path, "xgb"))
+        self.first.load(os.path.join(path, "rank.pkl"))
+        self.then.load(os.path.join(path, "xgb"))
 
     def save(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
-        self._py(self.first).save(os.path.join(path, "rank.pkl"))
-        self._py(self.then).save(os.path.join(path, "xgb"))
+        self.first.save(os.path.join(path, "rank.pkl"))
+        self.then.save(os.path.join(path, "xgb"))
 
     def update(self, context, candidates, results) -> None:
         import tvm_ffi
 
         key = int(tvm_ffi.structural_hash(context.mod))
         self.measured[key] = self.measured.get(key, 0) + len(candidates)
-        self._py(self.first).update(context, candidates, results)
-        self._py(self.then).update(context, candidates, results)
+        self.first.update(context, candidates, results)
+        self.then.update(context, candidates, results)
 
     def picker(self, context):
         """The model that predicts ``context``'s kernel now."""
         import tvm_ffi
 
         measured = self.measured.get(int(tvm_ffi.structural_hash(context.mod)), 0)
-        return self._py(self.first) if measured < self.at else self._py(self.then)
+        return self.first if measured < self.at else self.then
 
     def predict(self, context, candidates):
         return self.picker(context).predict(context, candidates)
