@@ -141,6 +141,23 @@ def test_warm_start_from_cli_is_in_the_manifest(tiny_path, random_logs, tmp_path
     assert lines[-1].split(" | ETA ")[1].split(" ")[0] == "0s", lines[-1]
 
 
+def test_default_is_the_ranker_when_no_warm_start_record_is_for_this_target(tiny_path, random_logs, tmp_path):
+    """The handover was measured only with transfer: if every ``--warm-start`` record is another CPU's, the
+    default picks as it does without ``--warm-start``, and says so. An explicit ``handover`` stays."""
+    from tvm_fusion_ext.frontend import load_onnx
+    from tvm_fusion_ext.tune.driver import TuneOptions, tune
+
+    other_cpu = "llvm:x86-64-v3"  # runs on any x86-64 with AVX2; the records are this machine's
+    for asked, used in (("auto", "rank"), ("handover", "handover")):
+        messages = []
+        manifest = tune(load_onnx(tiny_path), other_cpu, logs=str(tmp_path / asked), workload="tiny",
+                        options=TuneOptions(trials=1, per_iter=2, population=16, warm_start=(random_logs[0],),
+                                            cost_model=asked, progress=messages.append))
+        assert manifest["warm_start"]["records"] == 0 and manifest["warm_start"]["skipped_other_target"] == 4
+        assert manifest["cost_model"] == used, manifest["cost_model"]
+        assert any("no --warm-start record is for this target" in m for m in messages) == (asked == "auto")
+
+
 def test_progress_durations_read_as_a_person_would():
     from tvm_fusion_ext.tune.progress import format_duration
 

@@ -208,6 +208,49 @@ def test_remeasure_times_every_candidate_in_rounds_and_keeps_the_collected_figur
     assert "--rounds must be at least 1" in capsys.readouterr().err
 
 
+# rebuilds and times the tiny pool for another CPU (20 s): in the slow tier
+@pytest.mark.slow
+def test_remeasure_retargets_a_pool_to_another_cpu(collected, tmp_path, capsys):
+    """``--target`` rebuilds every trace for that CPU and makes the file describe it: target, the expert rules'
+    verdicts and the expert features recomputed for it, the old target kept; its records are then that
+    target's warm-start source. The pool's own target, or another kind of target, does not re-target."""
+    from tvm_fusion_ext import records
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.tune.expert import RULES, check
+    from tvm_fusion_ext.tune.expert_features import candidate_features, machine_of
+    from tvm_fusion_ext.tune.pool import main
+    from tvm_fusion_ext.tune.pool_file import load, pack, schedule_of, workload_of
+    from tvm_fusion_ext.tune.pool_records import export_records
+
+    directory, _ = collected
+    packed, moved, same = (str(tmp_path / n) for n in ("tiny.npz", "avx2.npz", "same.npz"))
+    pack(directory, packed)
+    here = load(packed)
+    assert main(["remeasure", packed, "--out", moved, "--rounds", "1", "--threads", "1",
+                 "--target", "llvm:x86-64-v3"]) == 0
+    pool = load(moved, traces=True)
+    avx2 = resolve_target("llvm:x86-64-v3")
+    assert pool.meta["target_label"] == records.target_label(avx2) != here.meta["target_label"]
+    assert pool.meta["retargeted"]["from_target_label"] == here.meta["target_label"]
+    assert np.all(np.isfinite(pool.latency_us)) and pool.rounds_us.shape == (6, 1)
+    np.testing.assert_array_equal(pool.first_latency_us, here.latency_us)
+    target, mod = workload_of(pool)
+    assert records.target_label(target) == records.target_label(avx2)
+    for i in range(len(pool)):                       # verdicts and features are the new target's
+        func = schedule_of(pool, i, mod).mod["main"]
+        rule = check(func, target)
+        assert pool.expert_rule[i] == (0 if rule is None else 1 + list(RULES).index(rule))
+        np.testing.assert_allclose(pool.expert_features[i], candidate_features(schedule_of(pool, i, mod).mod,
+                                                                             target, machine_of(target)),
+                                   rtol=1e-5, atol=1e-6)
+    assert records.target_label(avx2) in export_records(moved, str(tmp_path / "warm"))
+    assert main(["remeasure", packed, "--out", same, "--rounds", "1", "--threads", "1", "--target", "llvm"]) == 0
+    assert "retargeted" not in load(same).meta and load(same).meta["target_label"] == here.meta["target_label"]
+    capsys.readouterr()
+    assert main(["remeasure", packed, "--out", same, "--target", "cuda"]) == 2
+    assert "cannot be re-targeted to cuda" in capsys.readouterr().err
+
+
 def test_refeature_adds_new_expert_columns_and_keeps_the_measurements(collected, tmp_path, capsys):
     """A pool packed before a feature existed gets it from its traces; the old columns come out unchanged and
     nothing measured is touched."""
@@ -282,3 +325,24 @@ def test_knob_strategies_read_the_decisions_from_the_pool_file(collected, tmp_pa
     assert np.isfinite(rows[:, pool.expert_features.shape[1]:][:, :n_knobs]).all()
     result = rp.search(pool, rp.STRATEGIES["rank-knobs"], seed=1, budget=6, k=2)
     assert sorted(result.order.tolist()) == list(range(6))
+
+
+def test_shipped_pools_describe_the_target_their_directory_names():
+    """A pool under ``tuning_pools/<target label>/`` was re-targeted to that CPU (so its records warm-start
+    runs there) and keeps where it came from; every shipped pool has a measured latency for most candidates."""
+    import glob
+    import os
+
+    from tvm_fusion_ext.tune.pool_file import load
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "tuning_pools")
+    moved = sorted(glob.glob(os.path.join(root, "*", "*.npz")))
+    assert moved, "no re-targeted pool is shipped"
+    for path in moved:
+        pool = load(path)
+        label = os.path.basename(os.path.dirname(path))
+        original = load(os.path.join(root, os.path.basename(path)))
+        assert pool.meta["target_label"] == label != original.meta["target_label"]
+        assert pool.meta["retargeted"]["from_target_label"] == original.meta["target_label"]
+        assert len(pool) == len(original) and np.isfinite(pool.latency_us).mean() > 0.99
+        np.testing.assert_array_equal(pool.first_latency_us, original.first_latency_us)

@@ -368,7 +368,8 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
 
     opts = options or TuneOptions()
     _check_options(opts)
-    if opts.cost_model == "auto":
+    auto = opts.cost_model == "auto"
+    if auto:
         # the replay's winner hands a kernel over from the ranker to XGBModel, both pre-trained on other models'
         # records; without such records the ranker alone (README, "Replay")
         opts = dataclasses.replace(opts, cost_model="handover" if opts.warm_start else "rank")
@@ -392,11 +393,12 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
     fast = opts.fast_import if opts.fast_import is not None else info.is_cpu
     with _stub_tensor_intrin(fast):
         lowered, _ = prepare(mod, target, fuse_graph=fuse)
-        return _tune(lowered, target, out, workload, mhash, previous, opts, fast, say, warm_dirs)
+        return _tune(lowered, target, out, workload, mhash, previous, opts, fast, say, warm_dirs, auto)
 
 
 def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fast: bool, say,
-          warm_dirs: List[str]) -> dict:
+          warm_dirs: List[str], auto: bool = False) -> dict:
+    """``auto``: the cost model was the default's choice, not the user's (it may fall back, below)."""
     from tvm.s_tir import meta_schedule as ms
 
     register_custom_rules()
@@ -427,15 +429,22 @@ def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fa
         if opts.cost_model in ("rank", "handover"):
             from .rank_model import RankModel
 
-            cost_model = RankModel(target, num_warmup_samples=warmup, seed=opts.seed)
+            ranker = cost_model = RankModel(target, num_warmup_samples=warmup, seed=opts.seed)
             if opts.cost_model == "handover":
                 from .handover_model import HandoverModel
 
-                cost_model = HandoverModel(cost_model, ms.cost_model.XGBModel(num_warmup_samples=warmup))
+                cost_model = HandoverModel(ranker, ms.cost_model.XGBModel(num_warmup_samples=warmup))
         else:
             cost_model = ms.cost_model.XGBModel(num_warmup_samples=warmup)
         progress.cost_model = cost_model
-        _warm_start(cost_model, out, done_before, warm_dirs, target, progress, say)
+        transferred = _warm_start(cost_model, out, done_before, warm_dirs, target, progress, say)
+        if auto and opts.cost_model == "handover" and not transferred:
+            # the handover was measured only with transfer: with none of the other records usable here (another
+            # CPU's), the default is what it is without --warm-start (the ranker keeps what it learned)
+            say("tune: no --warm-start record is for this target, so the ranker alone picks (--cost-model rank)")
+            opts = dataclasses.replace(opts, cost_model="rank")
+            progress.base["cost_model"] = "rank"
+            progress.cost_model = cost_model = ranker
     with task_loggers(out, [t.name for t in tunable]) as loggers:
         return _search(tunable, loggers, target, out, database, opts, fast, progress, cost_model, budget, say)
 
@@ -482,20 +491,23 @@ def _search(tunable, loggers, target, out, database, opts, fast, progress, cost_
     return manifest
 
 
-def _warm_start(cost_model, out, done_before, warm_dirs, target, progress, say) -> None:
-    """Pre-train the cost model on this directory's records (a resumed run) and on ``--warm-start`` directories."""
+def _warm_start(cost_model, out, done_before, warm_dirs, target, progress, say) -> int:
+    """Pre-train the cost model on this directory's records (a resumed run) and on ``--warm-start`` directories;
+    returns how many of the latter's records were for this target."""
     from .warm_start import warm_start
 
     own = os.path.realpath(out)
-    sources = ([out] if done_before else []) + [d for d in dict.fromkeys(warm_dirs) if os.path.realpath(d) != own]
+    others = [d for d in dict.fromkeys(warm_dirs) if os.path.realpath(d) != own]
+    sources = ([out] if done_before else []) + others
     if not sources:
-        return
+        return 0
     stats = warm_start(cost_model, sources, target)
     progress.base["warm_start"] = stats.to_dict()
     skipped = stats.other_target + stats.unreplayable
     say(f"tune: cost model warm-started on {stats.records} records of {stats.workloads} kernels from "
         f"{len(sources)} directories" + (f" ({skipped} records skipped: other target or stale trace)"
                                         if skipped else ""))
+    return sum(stats.by_source.get(d, 0) for d in others)
 
 
 def measure_template_defaults(contexts, tasks, target, database, builder, runner, progress, budget: int) -> int:

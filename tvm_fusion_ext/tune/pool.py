@@ -459,6 +459,8 @@ def main(argv=None) -> int:
     r.add_argument("--rounds", type=int, default=5)
     r.add_argument("--min-repeat-ms", type=int, default=10)
     r.add_argument("--threads", type=int, help="TVM threads while timing (default: one per core, as the tuner)")
+    r.add_argument("--target", help="rebuild and time for this target instead of the pool's ('llvm': this "
+                                    "CPU), making the file this machine's (a --warm-start source here)")
     f = sub.add_parser("refeature", help="recompute a pool file's expert features from its traces, keeping its "
                                          "measurements (pool_refeature.py)")
     f.add_argument("pool", help="a pool file (tuning_pools/*.npz)")
@@ -485,7 +487,7 @@ def main(argv=None) -> int:
             from .pool_remeasure import remeasure
 
             print(remeasure(args.pool, args.out, rounds=args.rounds, min_repeat_ms=args.min_repeat_ms,
-                            threads=args.threads, say=lambda m: print(m, flush=True)))
+                            threads=args.threads, say=lambda m: print(m, flush=True), target=args.target))
         elif args.cmd == "refeature":
             from .pool_refeature import refeature
 

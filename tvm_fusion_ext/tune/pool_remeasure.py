@@ -17,6 +17,13 @@ as the tuner measures. A burst of load now hits a few calls of many candidates i
 few, and the **minimum over rounds** (interference only ever slows a kernel down) becomes the candidate's
 ``latency_us``. The collector's figure stays in ``first_latency_us``, all rounds in ``rounds_us``, and the
 load at each round in ``rounds_load``; the meta records the protocol.
+
+``--target llvm`` re-targets a pool to this machine's CPU: the traces are rebuilt for it and timed here, and the
+file then describes this machine (its target, the expert rules' verdicts and expert features for it; the old
+target is kept in ``meta["retargeted"]``). Why: a pool is a ``--warm-start`` source only for runs on its own
+target (``pool records``), and the shipped pools were measured on another CPU. The candidates stay the ones
+drawn from the old target's design space, so they are a transfer source here, not a sample of this CPU's
+space.
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ BUILD_BATCH = 32
 
 
 def remeasure(path: str, out: Optional[str] = None, rounds: int = 5, min_repeat_ms: int = 10,
-              threads: Optional[int] = None, seed: int = 0, say: Callable[[str], None] = print) -> str:
-    """Re-measure pool file ``path`` into ``out`` (default: in place); returns a one-line summary."""
+              threads: Optional[int] = None, seed: int = 0, say: Callable[[str], None] = print,
+              target: Optional[str] = None) -> str:
+    """Re-measure pool file ``path`` into ``out`` (default: in place), rebuilt for ``target`` when given (a
+    target spec: ``llvm`` is this CPU); returns a one-line summary."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -46,7 +55,12 @@ def remeasure(path: str, out: Optional[str] = None, rounds: int = 5, min_repeat_
     if rounds < 1:
         raise FusionExtError(f"--rounds must be at least 1, got {rounds}")
     pool = load(path, traces=True)
-    target, mod = workload_of(pool)
+    pool_target, mod = workload_of(pool)
+    retarget = _retarget(pool, pool_target, target)
+    if retarget is not None:
+        target, mod = retarget
+    else:
+        target = pool_target
     cores = _set_threads(threads or int(target.attrs.get("num-cores") or 0) or None)
     todo = np.flatnonzero(pool.status == 0)
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -83,13 +97,57 @@ def remeasure(path: str, out: Optional[str] = None, rounds: int = 5, min_repeat_
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine_info(),
         "rebuild_failed": [int(i) for i in failed],
     }
+    if retarget is not None:
+        from ..records import target_label
+
+        meta["retargeted"] = {"from_target": meta["target"], "from_target_label": meta.get("target_label"),
+                              "from_machine": meta.get("machine")}
+        meta.update(target=str(target), target_label=target_label(target), machine=machine_info())
+        pool.expert_rule = _verdicts(pool, mod, target)
     pool.meta, pool.latency_us, pool.status = meta, latency, status
     pool.first_latency_us, pool.rounds_us, pool.rounds_load = first, rounds_us, rounds_load
     target_path = out or path
     save(pool, target_path)
+    if retarget is not None:
+        from .pool_refeature import refeature
+
+        say(refeature(target_path, say=say))
     ok = np.isfinite(latency)
     return (f"{target_path}: {int(ok.sum())} of {len(pool)} candidates re-measured in {rounds} rounds, best "
             f"{np.nanmin(latency):.1f} us (collected best {np.nanmin(first):.1f} us)")
+
+
+def _retarget(pool, pool_target, spec: Optional[str]):
+    """``(target, task PrimFunc)`` for ``spec`` when it names another target than the pool's, else None."""
+    from ..records import target_label
+    from ..targets import resolve_target
+    from .driver import _stub_tensor_intrin, register_custom_rules
+    from .pool_tasks import get_task
+
+    if spec is None:
+        return None
+    target = resolve_target(spec)
+    if target.kind.name != pool_target.kind.name:
+        raise FusionExtError(f"pool {pool.name} was measured on {pool_target.kind.name}; it cannot be "
+                             f"re-targeted to {target.kind.name} (remeasure times CPU kernels)")
+    if target_label(target) == target_label(pool_target):
+        return None
+    register_custom_rules()
+    with _stub_tensor_intrin(target.kind.name == "llvm"):
+        return target, get_task(pool.meta["task"], target).mod
+
+
+def _verdicts(pool, mod, target) -> np.ndarray:
+    """The expert rules' verdict on every candidate for ``target``, coded as the pool file stores them."""
+    from .expert import RULES, check
+    from .pool import _verdict
+    from .pool_file import schedule_of
+
+    codes = np.zeros(len(pool), dtype=np.int8)
+    for i in range(len(pool)):
+        rule = _verdict(check, schedule_of(pool, i, mod), target)
+        codes[i] = 0 if rule is None else 1 + list(RULES).index(rule)
+    return codes
 
 
 def _set_threads(n: Optional[int]) -> int:

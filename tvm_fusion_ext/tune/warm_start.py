@@ -29,6 +29,7 @@ class WarmStart:
     other_target: int = 0            # records skipped: measured on another target
     unreplayable: int = 0            # records skipped: their trace no longer applies to their workload
     sources: List[str] = field(default_factory=list)
+    by_source: Dict[str, int] = field(default_factory=dict)  # records of this target in each source
 
     def to_dict(self) -> dict:
         return {"records": self.records, "workloads": self.workloads, "skipped_other_target": self.other_target,
@@ -60,6 +61,7 @@ def warm_start(cost_model, sources: Iterable[str], target) -> WarmStart:
             if rec.target is None or records.target_label(rec.target) != label:
                 stats.other_target += 1
                 continue
+            stats.by_source[path] = stats.by_source.get(path, 0) + 1
             key = int(tvm_ffi.structural_hash(rec.workload.mod))
             groups.setdefault(key, (rec.workload.mod, []))[1].append(rec)
     prepared = _prepare(groups.values(), target, stats)
