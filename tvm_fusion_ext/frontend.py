@@ -36,6 +36,7 @@ from .converters import (LiftedScalars, Unsupported, check_graph, fixed_converte
                          scalar_tensor)
 from .onnx_attention import convert_onnx_attention
 from .onnx_dft import converter_class as dft_converter_class
+from .onnx_if import fold_static_ifs
 from .onnx_pad import convert_pad_in_range
 from .onnx_reshape import check_reshape_in_range
 from .onnx_rotary import converter_class as rotary_converter_class
@@ -75,6 +76,8 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
     if proto.functions:
         # Local functions (some dynamo exports) would otherwise reach the importer as unknown op types.
         proto = onnx.inliner.inline_local_functions(proto)
+    # before the op check: a branch never taken may hold ops (or shapes) TVM cannot import
+    proto, _ = fold_static_ifs(proto)
     graph = proto.graph
     init_names = {t.name for t in graph.initializer}
     graph_inputs = [i for i in graph.input if i.name not in init_names]
