@@ -51,8 +51,6 @@ def fold_static_ifs(proto):
             for out, branch_out in zip(node.output, taken.output):
                 nodes.append(onnx.helper.make_node("Identity", [branch_out.name], [out],
                                                    name=f"{node.name or out}/taken_branch"))
-            for vi in taken.value_info:       # what shape inference said inside the branch stays known
-                shapes.setdefault(vi.name, _dims_of(vi))
         if not changed:
             if folded:
                 _freeze_size_inputs(model, _Evaluator(model.graph, shapes))

@@ -112,8 +112,7 @@ def pack(work: str, out: str) -> str:
         run_us=run_us,
         status=np.array([0 if r.get("run_secs") else (1 if r.get("build_error") else 2) for r in records],
                         dtype=np.int8),
-        expert_rule=np.array([0 if r["expert_rule"] is None else 1 + list(RULES).index(r["expert_rule"])
-                              for r in records], dtype=np.int8),
+        expert_rule=np.array([rule_code(r["expert_rule"]) for r in records], dtype=np.int8),
         origin=np.array([ORIGINS.index(r["origin"]) for r in records], dtype=np.int8),
         parent=np.array([-1 if r["parent"] is None else r["parent"] for r in records], dtype=np.int32),
         load=np.array([[*(r.get("loadavg") or [np.nan] * 3), np.nan if r.get("runnable") is None
@@ -201,18 +200,26 @@ def load_dir(directory: str) -> List[Pool]:
     return [load(os.path.join(directory, f)) for f in files]
 
 
-def workload_of(pool: Pool):
-    """``(target, module)``: the target the pool was measured on and its task's PrimFunc, on which every
-    stored trace replays."""
+def rule_code(rule: Optional[str]) -> int:
+    """How ``expert_rule`` stores a verdict: 0 passes, else 1 + the rule's index in ``expert.RULES``."""
+    from .expert import RULES
+
+    return 0 if rule is None else 1 + list(RULES).index(rule)
+
+
+def workload_of(pool: Pool, target=None):
+    """``(target, module)``: the target the pool was measured on (or ``target``, to rebuild it for another) and
+    its task's PrimFunc, on which every stored trace replays."""
     import tvm
 
     from .driver import _stub_tensor_intrin, register_custom_rules
     from .pool_tasks import get_task
 
-    try:
-        target = tvm.target.Target(json.loads(pool.meta["target"]))
-    except (KeyError, ValueError) as err:
-        raise FusionExtError(f"pool meta has no usable target ({err})") from None
+    if target is None:
+        try:
+            target = tvm.target.Target(json.loads(pool.meta["target"]))
+        except (KeyError, ValueError) as err:
+            raise FusionExtError(f"pool meta has no usable target ({err})") from None
     register_custom_rules()
     with _stub_tensor_intrin(target.kind.name == "llvm"):
         return target, get_task(pool.meta["task"], target).mod

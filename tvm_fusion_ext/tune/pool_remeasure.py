@@ -58,7 +58,7 @@ def remeasure(path: str, out: Optional[str] = None, rounds: int = 5, min_repeat_
     pool_target, mod = workload_of(pool)
     retarget = _retarget(pool, pool_target, target)
     if retarget is not None:
-        target, mod = retarget
+        target, mod = workload_of(pool, retarget)
     else:
         target = pool_target
     cores = _set_threads(threads or int(target.attrs.get("num-cores") or 0) or None)
@@ -118,11 +118,9 @@ def remeasure(path: str, out: Optional[str] = None, rounds: int = 5, min_repeat_
 
 
 def _retarget(pool, pool_target, spec: Optional[str]):
-    """``(target, task PrimFunc)`` for ``spec`` when it names another target than the pool's, else None."""
+    """The target ``spec`` names when it is another than the pool's, else None."""
     from ..records import target_label
     from ..targets import resolve_target
-    from .driver import _stub_tensor_intrin, register_custom_rules
-    from .pool_tasks import get_task
 
     if spec is None:
         return None
@@ -130,24 +128,17 @@ def _retarget(pool, pool_target, spec: Optional[str]):
     if target.kind.name != pool_target.kind.name:
         raise FusionExtError(f"pool {pool.name} was measured on {pool_target.kind.name}; it cannot be "
                              f"re-targeted to {target.kind.name} (remeasure times CPU kernels)")
-    if target_label(target) == target_label(pool_target):
-        return None
-    register_custom_rules()
-    with _stub_tensor_intrin(target.kind.name == "llvm"):
-        return target, get_task(pool.meta["task"], target).mod
+    return None if target_label(target) == target_label(pool_target) else target
 
 
 def _verdicts(pool, mod, target) -> np.ndarray:
     """The expert rules' verdict on every candidate for ``target``, coded as the pool file stores them."""
-    from .expert import RULES, check
+    from .expert import check
     from .pool import _verdict
-    from .pool_file import schedule_of
+    from .pool_file import rule_code, schedule_of
 
-    codes = np.zeros(len(pool), dtype=np.int8)
-    for i in range(len(pool)):
-        rule = _verdict(check, schedule_of(pool, i, mod), target)
-        codes[i] = 0 if rule is None else 1 + list(RULES).index(rule)
-    return codes
+    return np.array([rule_code(_verdict(check, schedule_of(pool, i, mod), target)) for i in range(len(pool))],
+                    dtype=np.int8)
 
 
 def _set_threads(n: Optional[int]) -> int:
