@@ -1,4 +1,4 @@
-"""Symbolic CPU attention branches to 32- and 64-key-block variants for short requests (compile/short_keys.py):
+"""Symbolic CPU attention branches to 8-, 32- and 64-key-block variants for short requests (compile/short_keys.py):
 every branch against numpy at the lengths on both sides of each boundary, and the kernels it must leave alone."""
 
 import warnings
@@ -59,7 +59,8 @@ def test_every_branch_matches_numpy_on_both_sides_of_its_boundary(causal):
         warnings.simplefilter("error")  # a template failure on a variant must not surface as a warning
         compiled = compile_model(_module(params), TARGET, fuse_graph=False)
     vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
-    for batch, seq in ((1, 1), (2, 31), (1, 32), (2, 33), (1, 64), (1, 65), (2, 130)):
+    for batch, seq in ((1, 1), (3, 1), (2, 5), (1, 8), (2, 9), (2, 31), (1, 32), (2, 33), (1, 64), (1, 65),
+                       (2, 130)):
         arrays = _inputs(batch, seq, seed=seq)
         got = vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
         want = _reference(*arrays, 0.25, causal)
@@ -69,12 +70,51 @@ def test_every_branch_matches_numpy_on_both_sides_of_its_boundary(causal):
 def test_the_kernel_branches_on_its_key_count():
     lowered = prepare(_module({"scale": 0.25}), TARGET, fuse_graph=False)[0]
     kernel = _kernel(schedule(lowered, TARGET))
-    assert str(kernel.attrs["tfx.short_key_blocks"]) == "32,64"
+    assert str(kernel.attrs["tfx.short_key_blocks"]) == "8,32,64"
     assert '"key_block"' not in str(kernel.attrs["tfx.params"])  # the kernel itself keeps the symbolic default
     script = kernel.script()
-    assert "if seq <= T.int64(32):" in script and "if seq <= T.int64(64):" in script
-    # three copies of the flash loop: the 128-key kernel and its two variants
-    assert script.count('T.sblock("attn_online_update")') == 3
+    for keys in (8, 32, 64):
+        assert f"if seq <= T.int64({keys}):" in script
+    # four copies of the flash loop: the 128-key kernel and its three variants
+    assert script.count('T.sblock("attn_online_update")') == 4
+
+
+def test_the_shortest_variant_pads_queries_to_one_row_not_sixteen():
+    lowered = prepare(_module({"scale": 0.25}), TARGET, fuse_graph=False)[0]
+    kernel = _kernel(lowered)
+    assert short_keys._variant_params(kernel, 8)["query_block"] == 1
+    assert short_keys._variant_params(kernel, 32)["query_block"] == kernel_query_block(kernel)
+
+
+def _cross_module(queries):
+    """Queries static (``queries`` of them), keys symbolic: a cross-attention over a run-time-length memory."""
+    batch, seq = tirx.Var("batch", "int64"), tirx.Var("seq", "int64")
+    args = [relax.Var("q", relax.TensorType([batch, queries, H, D], "float32"))]
+    args += [relax.Var(n, relax.TensorType([batch, seq, H, D], "float32")) for n in ("k", "v")]
+    args.append(relax.Var("mask", relax.TensorType([batch, 1, 1, seq], "float32")))
+    return build_module(args, lambda bb: call_op(bb, "fused_attention", dict(zip(("q", "k", "v", "mask"), args)),
+                                                 {"scale": 0.25}))
+
+
+def test_static_queries_keep_their_tile_in_every_variant_and_match_numpy():
+    lowered = prepare(_cross_module(12), TARGET, fuse_graph=False)[0]
+    assert short_keys._refusal(_kernel(lowered)) is None  # the keys are symbolic: a candidate
+    params = short_keys._variant_params(_kernel(lowered), 8)
+    assert params.get("query_block") == kernel_query_block(_kernel(lowered))
+    compiled = compile_model(_cross_module(12), TARGET, fuse_graph=False)
+    vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
+    for batch, seq in ((1, 1), (2, 8), (1, 9), (2, 40)):
+        q = np.random.default_rng(seq).standard_normal((batch, 12, H, D)).astype("float32")
+        _, k, v, mask = _inputs(batch, seq, seed=seq)
+        got = vm["main"](*[tvm.runtime.tensor(a) for a in (q, k, v, mask)]).numpy()
+        np.testing.assert_allclose(got, _reference(q, k, v, mask, 0.25, False), rtol=2e-5, atol=2e-5,
+                                   err_msg=f"(batch, keys) = ({batch}, {seq})")
+
+
+def kernel_query_block(kernel):
+    import json
+
+    return json.loads(str(kernel.attrs["tfx.params"])).get("query_block")
 
 
 def test_static_keys_and_cuda_are_left_alone():
@@ -101,7 +141,7 @@ def test_a_variant_the_template_cannot_schedule_drops_the_branch_not_the_build(m
 
     caplog.set_level("INFO", logger="tvm_fusion_ext.compile.short_keys")
     assert short_keys.dispatch(plain, unscheduled) is None
-    assert "32-key variant was not scheduled by a template" in caplog.text
+    assert "8-key variant was not scheduled by a template" in caplog.text
 
     def failing(mod):
         raise RuntimeError("boom")
@@ -116,7 +156,7 @@ def test_symbolic_key_block_is_above_every_variant():
 
 def test_a_variant_takes_the_knobs_of_records_tuned_at_its_key_block():
     """Records tuned at 64 keys (the static kernel's key block for 33–64 keys) reach the 64-key variant; the
-    128-key kernel and the 32-key variant have other signatures and keep their defaults."""
+    128-key kernel and the 8- and 32-key variants have other signatures and keep their defaults."""
     from tvm_fusion_ext.schedules.kernel_knobs import KernelKnobs, TransferredKnobs, kernel_signature
 
     static64 = _kernel(prepare(_module({"scale": 0.25}, seq=64), TARGET, fuse_graph=False)[0])
@@ -128,4 +168,4 @@ def test_a_variant_takes_the_knobs_of_records_tuned_at_its_key_block():
         warnings.simplefilter("error")
         scheduled = schedule(lowered, TARGET, kernel_knobs=table)
     assert table.scheduled == {kernel_signature(static64): 1}
-    assert str(_kernel(scheduled).attrs["tfx.short_key_blocks"]) == "32,64"
+    assert str(_kernel(scheduled).attrs["tfx.short_key_blocks"]) == "8,32,64"

@@ -66,7 +66,7 @@ LOW_PRECISION = ("float16", "bfloat16")
 #: box (MiniLM's 12 heads × 32, query tile 16, against the static kernel at each length): 32-key blocks were
 #: 1.30× / 1.31× / 1.12× at S = 16 / 128 / 384 (the flash loop's per-block rescale runs 4× as often), 128-key
 #: blocks 3.2× / 1.09× / 0.83×. A short request would pay for its padded keys: the CPU build gives the kernel
-#: branches with 32- and 64-key blocks for ≤ 32 and ≤ 64 keys (:mod:`..compile.short_keys`)
+#: branches with 8-, 32- and 64-key blocks for ≤ 8, ≤ 32 and ≤ 64 keys (:mod:`..compile.short_keys`)
 SYMBOLIC_KEY_BLOCK = 128
 
 

@@ -44,7 +44,7 @@ from tvm import s_tir, tirx
 from ..attention_blocks import (STAGES, inline_low_precision_stages, kernel_stages, output_loops_bhsd,
                                 pad_symbolic_queries, symbolic_rows_reason)
 from ...targets import TargetInfo
-from ..common import categorical
+from ..common import categorical, op_params
 from ..rule import Knobs, TemplateRule
 
 QUERY_TILES = (1, 2, 4, 8, 16, 32, 64)
@@ -105,6 +105,15 @@ def default_query_tile(rows) -> int:
     return min(32, max(t for t in QUERY_TILES if t <= max(n_rows, 1)))
 
 
+def _default_tile(sch, rows) -> int:
+    """Symbolic rows are padded to the operator's ``query_block``: the tile is that block (a short-request
+    variant pads to fewer rows than :data:`SYMBOLIC_QUERY_TILE`, see compile/short_keys.py)."""
+    block = op_params(sch).get("query_block")
+    if not isinstance(rows, (int, tirx.IntImm)) and block in QUERY_TILES:
+        return int(block)
+    return default_query_tile(rows)
+
+
 def _write_back_real_rows(sch, rows_block, task) -> None:
     """The kernel's rows are padded to whole tiles (``attn_rows``); ``attn_out`` copies each tile's real rows
     to the output under the tile's loop, the finish inlined into it (no padded output buffer)."""
@@ -124,7 +133,7 @@ def attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = No
 
     # parallel query tiles; the output epilogue runs per tile
     b, h, s, d = output_loops_bhsd(sch, block)
-    tile = categorical(sch, QUERY_TILES, "query_tile", default_query_tile(sch.get(s).extent), knobs)
+    tile = categorical(sch, QUERY_TILES, "query_tile", _default_tile(sch, sch.get(s).extent), knobs)
     s0, s1 = sch.split(s, [None, tile])
     sch.reorder(b, h, s0, s1, d)
     task = sch.fuse(b, h, s0)

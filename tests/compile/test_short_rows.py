@@ -1,0 +1,113 @@
+"""Symbolic CPU dense kernels branch to 1-, 2- and 4-row-tile variants for requests of a few rows
+(compile/short_rows.py): every branch against numpy at the row counts on both sides of each boundary, for the
+dense and the gated dense, and the kernels the pass must leave alone."""
+
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+from tvm_fusion_ext.compile import short_rows
+from tvm_fusion_ext.compile.pipeline import compile_model, prepare
+from tvm_fusion_ext.compile.schedule import ApplyTemplates, schedule
+from tvm_fusion_ext.ops import call_op
+from tvm_fusion_ext.schedules.cpu.dense import symbolic_mr
+from tvm_fusion_ext.targets import resolve_target
+from tvm_fusion_ext.testing import build_module
+
+TARGET = resolve_target("llvm")
+K, N = 48, 64
+RNG = np.random.default_rng(0)
+W = (RNG.standard_normal((K, N)) / np.sqrt(K)).astype("float32")
+BIAS = RNG.standard_normal(N).astype("float32")
+W_GATED = (RNG.standard_normal((K, N, 2)) / np.sqrt(K)).astype("float32")
+#: (batch, seq): 1, 2, 3, 4, 5, 8, 9 and 14 rows, each side of every variant's bound and of the kernel's tile
+SHAPES = ((1, 1), (2, 1), (1, 2), (3, 1), (1, 4), (2, 2), (1, 5), (2, 4), (3, 3), (2, 7))
+
+
+def _module(op, batch=None, seq=None):
+    batch = batch if batch is not None else tirx.Var("batch", "int64")
+    seq = seq if seq is not None else tirx.Var("seq", "int64")
+    x = relax.Var("x", relax.TensorType([batch, seq, K], "float32"))
+    if op == "fused_dense":
+        inputs, params = {"x": x, "w": relax.const(W), "bias": relax.const(BIAS)}, {"act": "gelu"}
+    else:
+        inputs, params = {"x": x, "w": relax.const(W_GATED)}, {"act": "silu"}
+    return build_module([x], lambda bb: call_op(bb, op, inputs, params))
+
+
+def _reference(op, x):
+    x = x.astype("float64")
+    if op == "fused_dense":
+        from scipy.special import erf
+
+        y = x @ W + BIAS
+        return 0.5 * y * (1 + erf(y / np.sqrt(2)))
+    gate, up = x @ W_GATED[..., 0], x @ W_GATED[..., 1]
+    return gate / (1 + np.exp(-gate)) * up
+
+
+def _kernel(mod, op):
+    return next(f for gv, f in mod.functions_items()
+                if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith(op))
+
+
+@pytest.mark.parametrize("op", ["fused_dense", "fused_gated_dense"])
+def test_every_branch_matches_numpy_on_both_sides_of_its_bound(op):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a template failure on a variant must not surface as a warning
+        compiled = compile_model(_module(op), TARGET, fuse_graph=False)
+    vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
+    for batch, seq in SHAPES:
+        x = np.random.default_rng(batch * 10 + seq).standard_normal((batch, seq, K)).astype("float32")
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_allclose(got, _reference(op, x), rtol=1e-5, atol=1e-5,
+                                   err_msg=f"{op} at (batch, seq) = ({batch}, {seq})")
+
+
+@pytest.mark.parametrize("op", ["fused_dense", "fused_gated_dense"])
+def test_the_kernel_branches_on_its_row_count(op):
+    lowered = prepare(_module(op), TARGET, fuse_graph=False)[0]
+    kernel = _kernel(schedule(lowered, TARGET), op)
+    assert str(kernel.attrs["tfx.short_row_blocks"]) == "1,2,4"
+    assert '"row_block": %d' % symbolic_mr(TARGET) in str(kernel.attrs["tfx.params"])  # the kernel keeps its tile
+    script = kernel.script()
+    for rows in (1, 2, 4):
+        assert f"if batch * seq <= T.int64({rows}):" in script
+    # four copies of the micro-kernel: the kernel's tile and its three variants
+    assert script.count('T.sblock("dense_update")' if op == "fused_dense" else 'T.sblock("gated_dense_update")') == 4
+
+
+def test_static_rows_and_cuda_are_left_alone():
+    static = _kernel(schedule(prepare(_module("fused_dense", 1, 3), TARGET, fuse_graph=False)[0], TARGET),
+                     "fused_dense")
+    assert "tfx.short_row_blocks" not in static.attrs  # a static kernel has the tile for its rows
+    prime = _kernel(schedule(prepare(_module("fused_dense", 1, 197), TARGET, fuse_graph=False)[0], TARGET),
+                    "fused_dense")
+    assert "row_block" in str(prime.attrs["tfx.params"])  # padded to the tile at build time ...
+    assert "tfx.short_row_blocks" not in prime.attrs      # ... with nothing left to choose at run time
+    cuda = resolve_target("cuda:sm_80")
+    kernel = _kernel(schedule(prepare(_module("fused_dense"), cuda, fuse_graph=False)[0], cuda), "fused_dense")
+    assert "tfx.short_row_blocks" not in kernel.attrs  # CUDA's row tile is a thread block's
+
+
+def test_a_variant_the_template_cannot_schedule_drops_the_branch_not_the_build(caplog):
+    lowered = prepare(_module("fused_dense"), TARGET, fuse_graph=False)[0]
+    plain = _kernel(ApplyTemplates(TARGET)(lowered), "fused_dense")  # scheduled, before the dispatch
+    assert short_rows._refusal(plain) is None
+    caplog.set_level("INFO", logger="tvm_fusion_ext.compile.short_rows")
+    assert short_rows.dispatch(plain, lambda mod: mod) is None  # as if no template took the variant
+    assert "1-row variant was not scheduled by a template" in caplog.text
+
+    def failing(mod):
+        raise RuntimeError("boom")
+
+    assert short_rows.dispatch(plain, failing) is None
+    assert "failed: boom" in caplog.text
+
+
+def test_every_variant_is_thinner_than_the_symbolic_tile():
+    assert max(short_rows.SHORT_ROW_BLOCKS) < symbolic_mr(TARGET)
+    assert list(short_rows.SHORT_ROW_BLOCKS) == sorted(short_rows.SHORT_ROW_BLOCKS)

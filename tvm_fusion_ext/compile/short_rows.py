@@ -1,0 +1,79 @@
+"""Symbolic CPU dense kernels dispatch a request of a few rows to kernels with thinner row tiles.
+
+A ``fused_dense`` or ``fused_gated_dense`` whose rows (batch × sequence) are known only at run time pads them to
+its register tile (``row_block``: 8 rows with AVX-512, 4 with AVX2) so that the micro-kernel carries no tail
+predicate. A request of 1 row then multiplies 8: measured on MiniLM's dynamic export at (batch, seq) = (1, 1),
+the artifact took 2.99 ms against 1.47 ms for the static build (whose 1-row tile streams the weights once), and
+a decoder step with a KV cache has a single row per sequence at every token.
+
+This pass gives each such kernel a run-time choice: ``if rows <= 1`` a kernel with 1-row tiles, ``elif rows <=
+SHORT_ROW_BLOCKS[-1]`` one with that many rows, else the kernel as built. Padded rows are never written back, so
+each branch computes the same values in the same order per row.
+
+Static rows, CUDA (its row tile is a thread block's, :mod:`..schedules.cuda.dense`) and kernels whose tile is
+already at most the variants' are left alone, as is any kernel whose variants no template schedules.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List, Optional, Tuple
+
+import tvm
+from tvm import tirx
+
+from ..ops.registry import inputs_of, op_of, params_of
+from .kernel_variants import ScheduleFn, branch, cpu_dispatch_pass, plain_parameters, scheduled_variant
+
+logger = logging.getLogger(__name__)
+
+#: row tiles of the short-request variants, thinnest first: a request of R rows takes the first tile ≥ R
+SHORT_ROW_BLOCKS = (1, 2, 4)
+#: the operators whose CPU templates tile padded symbolic rows by the operator's ``row_block``
+ROW_TILED_OPS = ("fused_dense", "fused_gated_dense")
+
+
+def DispatchShortRows(target: tvm.target.Target, schedule_fn: ScheduleFn) -> tvm.transform.Pass:  # noqa: N802
+    """Module pass over a scheduled module: every CPU dense kernel with padded symbolic rows becomes a run-time
+    choice between itself and variants with :data:`SHORT_ROW_BLOCKS` (templates only, no fallback)."""
+
+    return cpu_dispatch_pass("tfx.DispatchShortRows", target, _refusal, dispatch, schedule_fn, logger)
+
+
+def rows_of(func: tirx.PrimFunc) -> tirx.PrimExpr:
+    """The kernel's row count: the product of x's leading dims (symbolic ones are the kernel's own variables)."""
+    x = func.params[inputs_of(func).index("x")].ty  # 0.27: a parameter's type is its buffer
+    rows = tirx.IntImm("int64", 1)
+    for d in list(x.shape)[:-1]:
+        rows = rows * (d if str(d.ty) == "int64" else d.astype("int64"))
+    return rows
+
+
+def _refusal(func) -> Optional[str]:
+    """Why ``func`` gets no dispatch ("" when it is not a candidate at all), or None when it does."""
+    if not isinstance(func, tirx.PrimFunc) or op_of(func) not in ROW_TILED_OPS:
+        return ""
+    row_block = params_of(func).get("row_block")
+    if row_block is None or "x" not in inputs_of(func):
+        return ""
+    x = func.params[inputs_of(func).index("x")].ty
+    if all(isinstance(d, tirx.IntImm) for d in list(x.shape)[:-1]):
+        return ""  # static rows padded to a tile (a prime row count): known at build time, nothing to choose
+    if int(row_block) <= max(SHORT_ROW_BLOCKS):
+        return f"row tile {row_block} is already thin"
+    if not plain_parameters(func):
+        return "scalar size parameters"
+    return None
+
+
+def dispatch(func: tirx.PrimFunc, schedule_fn: ScheduleFn) -> Optional[tirx.PrimFunc]:
+    """``func`` (scheduled) with its short-row variants in front of it, or None when a variant cannot be made."""
+    branches: List[Tuple[int, tirx.Stmt]] = []
+    for rows in SHORT_ROW_BLOCKS:
+        body, why = scheduled_variant(func, dict(params_of(func), row_block=rows), schedule_fn)
+        if body is None:
+            logger.info("no short-row dispatch for a %s kernel: the %d-row variant %s", op_of(func), rows, why)
+            return None
+        branches.append((rows, body))
+    return branch(func, rows_of(func), branches).with_attr(
+        "tfx.short_row_blocks", ",".join(str(rows) for rows, _ in branches))
