@@ -71,13 +71,32 @@ def test_every_branch_matches_numpy_on_both_sides_of_its_bound(op):
 def test_the_kernel_branches_on_its_row_count(op):
     lowered = prepare(_module(op), TARGET, fuse_graph=False)[0]
     kernel = _kernel(schedule(lowered, TARGET), op)
-    assert str(kernel.attrs["tfx.short_row_blocks"]) == "1,2,4"
+    thinner = [rows for rows in short_rows.SHORT_ROW_BLOCKS if rows < symbolic_mr(TARGET)]  # AVX-512: 1, 2, 4
+    assert str(kernel.attrs["tfx.short_row_blocks"]) == ",".join(map(str, thinner))
     assert '"row_block": %d' % symbolic_mr(TARGET) in str(kernel.attrs["tfx.params"])  # the kernel keeps its tile
     script = kernel.script()
-    for rows in (1, 2, 4):
+    for rows in thinner:
         assert f"if batch * seq <= T.int64({rows}):" in script
-    # four copies of the micro-kernel: the kernel's tile and its three variants
-    assert script.count('T.sblock("dense_update")' if op == "fused_dense" else 'T.sblock("gated_dense_update")') == 4
+    # one copy of the micro-kernel per variant, and the kernel's own
+    block = 'T.sblock("dense_update")' if op == "fused_dense" else 'T.sblock("gated_dense_update")'
+    assert script.count(block) == len(thinner) + 1
+
+
+def test_a_four_row_tile_gets_the_one_and_two_row_variants():
+    """AVX2's symbolic tile (4 rows), here through the ``mr`` knob: variants only where they are thinner."""
+    lowered = prepare(_module("fused_dense"), TARGET, fuse_graph=False, knobs={"tfx.dense": {"mr": 4}})[0]
+    kernel = _kernel(schedule(lowered, TARGET, knobs={"tfx.dense": {"mr": 4}}), "fused_dense")
+    assert '"row_block": 4' in str(kernel.attrs["tfx.params"])
+    assert str(kernel.attrs["tfx.short_row_blocks"]) == "1,2"
+    compiled = compile_model(_module("fused_dense"), TARGET, fuse_graph=False, knobs={"tfx.dense": {"mr": 4}})
+    vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
+    for batch, seq in ((1, 1), (1, 2), (3, 1), (2, 3)):
+        x = np.random.default_rng(seq).standard_normal((batch, seq, K)).astype("float32")
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), _reference("fused_dense", x),
+                                   rtol=1e-5, atol=1e-5, err_msg=f"({batch}, {seq})")
+    one = _kernel(schedule(prepare(_module("fused_dense"), TARGET, fuse_graph=False,
+                                   knobs={"tfx.dense": {"mr": 1}})[0], TARGET), "fused_dense")
+    assert "tfx.short_row_blocks" not in one.attrs and short_rows._refusal(one) == "row tile 1 is already thin"
 
 
 def test_static_rows_and_cuda_are_left_alone():

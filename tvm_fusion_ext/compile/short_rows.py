@@ -6,8 +6,9 @@ predicate. A request of 1 row then multiplies 8: measured on MiniLM's dynamic ex
 the artifact took 2.99 ms against 1.47 ms for the static build (whose 1-row tile streams the weights once), and
 a decoder step with a KV cache has a single row per sequence at every token.
 
-This pass gives each such kernel a run-time choice: ``if rows <= 1`` a kernel with 1-row tiles, ``elif rows <=
-SHORT_ROW_BLOCKS[-1]`` one with that many rows, else the kernel as built. Padded rows are never written back, so
+This pass gives each such kernel a run-time choice: ``if rows <= 1`` a kernel with 1-row tiles, ``elif rows <= 2``
+one with 2-row tiles, ``elif rows <= 4`` one with 4-row tiles (each only when thinner than the kernel's own tile),
+else the kernel as built. Padded rows are never written back, so
 each branch computes the same values in the same order per row.
 
 Static rows, CUDA (its row tile is a thread block's, :mod:`..schedules.cuda.dense`) and kernels whose tile is
@@ -59,17 +60,22 @@ def _refusal(func) -> Optional[str]:
     x = func.params[inputs_of(func).index("x")].ty
     if all(isinstance(d, tirx.IntImm) for d in list(x.shape)[:-1]):
         return ""  # static rows padded to a tile (a prime row count): known at build time, nothing to choose
-    if int(row_block) <= max(SHORT_ROW_BLOCKS):
+    if not _thinner(func):
         return f"row tile {row_block} is already thin"
     if not plain_parameters(func):
         return "scalar size parameters"
     return None
 
 
+def _thinner(func: tirx.PrimFunc) -> List[int]:
+    """The variants' row tiles thinner than the kernel's (AVX2's 4-row tile gets 1 and 2)."""
+    return [rows for rows in SHORT_ROW_BLOCKS if rows < int(params_of(func)["row_block"])]
+
+
 def dispatch(func: tirx.PrimFunc, schedule_fn: ScheduleFn) -> Optional[tirx.PrimFunc]:
     """``func`` (scheduled) with its short-row variants in front of it, or None when a variant cannot be made."""
     branches: List[Tuple[int, tirx.Stmt]] = []
-    for rows in SHORT_ROW_BLOCKS:
+    for rows in _thinner(func):
         body, why = scheduled_variant(func, dict(params_of(func), row_block=rows), schedule_fn)
         if body is None:
             logger.info("no short-row dispatch for a %s kernel: the %d-row variant %s", op_of(func), rows, why)
