@@ -19,6 +19,7 @@ import tvm_ffi
 from tvm import tirx
 
 from ..ops.registry import inputs_of, make_prim_func, op_of
+from ..schedules.kernel_knobs import VARIANT_OF, kernel_signature
 from ..targets import TargetInfo
 
 #: module of one unscheduled PrimFunc → scheduled module (the build's templates; records name static kernels,
@@ -60,6 +61,9 @@ def scheduled_variant(func: tirx.PrimFunc, params: dict,
     types = {name: _tensor_type(p.ty) for name, p in zip(inputs_of(func), func.params)}
     try:
         variant = make_prim_func(op_of(func), types, params)
+        signature = kernel_signature(func)
+        if signature is not None:  # a copy of the kernel is not another kernel that took tuned knobs
+            variant = variant.with_attr(VARIANT_OF, signature)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             scheduled = schedule_fn(tvm.IRModule({"variant": variant}))["variant"]

@@ -48,7 +48,6 @@ def DispatchShortKeys(target: tvm.target.Target, schedule_fn: ScheduleFn) -> tvm
     """Module pass over a scheduled module: every symbolic-key CPU ``fused_attention`` becomes a run-time
     choice between itself and variants with :data:`SHORT_KEY_BLOCKS`, scheduled by ``schedule_fn`` (templates
     only, no fallback: a variant no template schedules is not worth a branch)."""
-
     return cpu_dispatch_pass("tfx.DispatchShortKeys", target, _refusal, dispatch, schedule_fn, logger)
 
 

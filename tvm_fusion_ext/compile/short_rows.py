@@ -8,8 +8,8 @@ a decoder step with a KV cache has a single row per sequence at every token.
 
 This pass gives each such kernel a run-time choice: ``if rows <= 1`` a kernel with 1-row tiles, ``elif rows <= 2``
 one with 2-row tiles, ``elif rows <= 4`` one with 4-row tiles (each only when thinner than the kernel's own tile),
-else the kernel as built. Padded rows are never written back, so
-each branch computes the same values in the same order per row.
+else the kernel as built. Padded rows are never written back, and every branch reduces over K in the same
+order, so each computes the same values per row.
 
 Static rows, CUDA (its row tile is a thread block's, :mod:`..schedules.cuda.dense`) and kernels whose tile is
 already at most the variants' are left alone, as is any kernel whose variants no template schedules.
@@ -37,7 +37,6 @@ ROW_TILED_OPS = ("fused_dense", "fused_gated_dense")
 def DispatchShortRows(target: tvm.target.Target, schedule_fn: ScheduleFn) -> tvm.transform.Pass:  # noqa: N802
     """Module pass over a scheduled module: every CPU dense kernel with padded symbolic rows becomes a run-time
     choice between itself and variants with :data:`SHORT_ROW_BLOCKS` (templates only, no fallback)."""
-
     return cpu_dispatch_pass("tfx.DispatchShortRows", target, _refusal, dispatch, schedule_fn, logger)
 
 

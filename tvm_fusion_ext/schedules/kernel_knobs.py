@@ -84,6 +84,10 @@ def signature(op: str, params: dict, inputs: Dict[str, Tuple[str, list]]) -> Opt
     return f"{op}({json.dumps(kept, sort_keys=True)}; {', '.join(f'{k}: {v}' for k, v in shapes.items())})"
 
 
+#: attribute of a short-request copy of a kernel (compile/kernel_variants.py): the signature of the kernel it copies
+VARIANT_OF = "tfx.variant_of"
+
+
 def kernel_signature(func) -> Optional[str]:
     """The signature of a lowered fused-operator PrimFunc (``tfx.op`` / ``tfx.params`` / ``tfx.inputs``)."""
     from ..ops.registry import inputs_of, op_of, params_of
@@ -140,8 +144,12 @@ class KernelKnobs:
             return None
         return dict(entry.knobs)
 
-    def mark_scheduled(self, sig: str) -> None:
-        """A template scheduled a kernel of signature ``sig`` with its transferred knobs."""
+    def mark_scheduled(self, sig: str, func=None) -> None:
+        """A template scheduled a kernel of signature ``sig`` (``func``) with its transferred knobs. A copy of a
+        kernel with the kernel's own signature (a short-request branch of it) is that kernel, counted once."""
+        attrs = getattr(func, "attrs", None)
+        if attrs is not None and VARIANT_OF in attrs and str(attrs[VARIANT_OF]) == sig:
+            return
         self.scheduled[sig] = self.scheduled.get(sig, 0) + 1
 
     def applied(self) -> List[dict]:

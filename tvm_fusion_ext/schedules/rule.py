@@ -145,7 +145,7 @@ class TemplateRule(ScheduleRule):
         if knobs is not self.knobs:
             tuned = self._try_schedule(sch, block, target, knobs, func, "knobs transferred from tuning records")
             if tuned is not None:
-                self.kernel_knobs.mark_scheduled(sig)
+                self.kernel_knobs.mark_scheduled(sig, func)
                 return tuned
             sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)  # the failed attempt left it half done
             block = self.find_block(sch)
