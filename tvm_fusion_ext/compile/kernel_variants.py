@@ -78,14 +78,23 @@ def scheduled_variant(func: tirx.PrimFunc, params: dict,
     return (body, "") if body is not None else (None, "does not take the kernel's parameters")
 
 
-def branch(func: tirx.PrimFunc, size: tirx.PrimExpr, cases: List[Tuple[int, tirx.Stmt]]) -> tirx.PrimFunc:
-    """``func`` running the first case whose bound ``size`` does not exceed (cases sorted by bound), else its
-    own body."""
+def with_variants(func: tirx.PrimFunc, size: tirx.PrimExpr, variants: List[Tuple[int, str, dict]],
+                  schedule_fn: ScheduleFn, attr: str, logger: logging.Logger) -> Optional[tirx.PrimFunc]:
+    """``func`` running, for each ``(bound, label, params)`` in order, the operator rebuilt with ``params`` when
+    ``size`` does not exceed ``bound``, else its own body; the bounds recorded in ``attr``. None (and the reason
+    logged) when a variant cannot be made: then the kernel stays as built."""
+    cases: List[Tuple[int, tirx.Stmt]] = []
+    for bound, label, params in variants:
+        body, why = scheduled_variant(func, params, schedule_fn)
+        if body is None:
+            logger.info("no run-time branches (%s) for a %s kernel: the %s variant %s", attr, op_of(func), label, why)
+            return None
+        cases.append((bound, body))
     size = size if str(size.ty) == "int64" else size.astype("int64")
-    body = func.body
+    out = func.body
     for bound, case in reversed(cases):
-        body = tirx.IfThenElse(size <= tirx.IntImm("int64", bound), case, body)
-    return func.with_body(body)
+        out = tirx.IfThenElse(size <= tirx.IntImm("int64", bound), case, out)
+    return func.with_body(out).with_attr(attr, ",".join(str(bound) for bound, _ in cases))
 
 
 def plain_parameters(func: tirx.PrimFunc) -> bool:

@@ -26,14 +26,14 @@ does not recognise (the branch is an optimisation).
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import tvm
 from tvm import tirx
 
 from ..ops.attention import SYMBOLIC_KEY_BLOCK, key_geometry
 from ..ops.registry import inputs_of, op_of, params_of
-from .kernel_variants import ScheduleFn, branch, cpu_dispatch_pass, plain_parameters, scheduled_variant
+from .kernel_variants import ScheduleFn, cpu_dispatch_pass, plain_parameters, with_variants
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +79,5 @@ def _variant_params(func: tirx.PrimFunc, kb: int) -> dict:
 def dispatch(func: tirx.PrimFunc, schedule_fn: ScheduleFn) -> Optional[tirx.PrimFunc]:
     """``func`` (scheduled) with its short-key variants in front of it, or None when a variant cannot be made."""
     _, T, _ = key_geometry(func)
-    branches: List[Tuple[int, tirx.Stmt]] = []
-    for kb in SHORT_KEY_BLOCKS:
-        body, why = scheduled_variant(func, _variant_params(func, kb), schedule_fn)
-        if body is None:
-            logger.info("no short-key dispatch for a fused_attention kernel: the %d-key variant %s", kb, why)
-            return None
-        branches.append((kb, body))
-    return branch(func, T, branches).with_attr("tfx.short_key_blocks", ",".join(str(kb) for kb, _ in branches))
+    variants = [(kb, f"{kb}-key", _variant_params(func, kb)) for kb in SHORT_KEY_BLOCKS]
+    return with_variants(func, T, variants, schedule_fn, "tfx.short_key_blocks", logger)

@@ -18,13 +18,13 @@ already at most the variants' are left alone, as is any kernel whose variants no
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import tvm
 from tvm import tirx
 
 from ..ops.registry import inputs_of, op_of, params_of
-from .kernel_variants import ScheduleFn, branch, cpu_dispatch_pass, plain_parameters, scheduled_variant
+from .kernel_variants import ScheduleFn, cpu_dispatch_pass, plain_parameters, with_variants
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +40,15 @@ def DispatchShortRows(target: tvm.target.Target, schedule_fn: ScheduleFn) -> tvm
     return cpu_dispatch_pass("tfx.DispatchShortRows", target, _refusal, dispatch, schedule_fn, logger)
 
 
+def _row_dims(func: tirx.PrimFunc) -> list:
+    """x's leading dims (symbolic ones are the kernel's own variables)."""
+    return list(func.params[inputs_of(func).index("x")].ty.shape)[:-1]  # 0.27: a parameter's type is its buffer
+
+
 def rows_of(func: tirx.PrimFunc) -> tirx.PrimExpr:
-    """The kernel's row count: the product of x's leading dims (symbolic ones are the kernel's own variables)."""
-    x = func.params[inputs_of(func).index("x")].ty  # 0.27: a parameter's type is its buffer
+    """The kernel's row count: the product of x's leading dims."""
     rows = tirx.IntImm("int64", 1)
-    for d in list(x.shape)[:-1]:
+    for d in _row_dims(func):
         rows = rows * (d if str(d.ty) == "int64" else d.astype("int64"))
     return rows
 
@@ -56,8 +60,7 @@ def _refusal(func) -> Optional[str]:
     row_block = params_of(func).get("row_block")
     if row_block is None or "x" not in inputs_of(func):
         return ""
-    x = func.params[inputs_of(func).index("x")].ty
-    if all(isinstance(d, tirx.IntImm) for d in list(x.shape)[:-1]):
+    if all(isinstance(d, tirx.IntImm) for d in _row_dims(func)):
         return ""  # static rows padded to a tile (a prime row count): known at build time, nothing to choose
     if not _thinner(func):
         return f"row tile {row_block} is already thin"
@@ -73,12 +76,5 @@ def _thinner(func: tirx.PrimFunc) -> List[int]:
 
 def dispatch(func: tirx.PrimFunc, schedule_fn: ScheduleFn) -> Optional[tirx.PrimFunc]:
     """``func`` (scheduled) with its short-row variants in front of it, or None when a variant cannot be made."""
-    branches: List[Tuple[int, tirx.Stmt]] = []
-    for rows in _thinner(func):
-        body, why = scheduled_variant(func, dict(params_of(func), row_block=rows), schedule_fn)
-        if body is None:
-            logger.info("no short-row dispatch for a %s kernel: the %d-row variant %s", op_of(func), rows, why)
-            return None
-        branches.append((rows, body))
-    return branch(func, rows_of(func), branches).with_attr(
-        "tfx.short_row_blocks", ",".join(str(rows) for rows, _ in branches))
+    variants = [(rows, f"{rows}-row", dict(params_of(func), row_block=rows)) for rows in _thinner(func)]
+    return with_variants(func, rows_of(func), variants, schedule_fn, "tfx.short_row_blocks", logger)
