@@ -1,7 +1,7 @@
 """An artifact against the static build of the same ONNX file and ONNX Runtime, timed in interleaved blocks.
 
     python scripts/bench_artifact_interleaved.py MODEL.onnx ARTIFACT [--shapes 1x16,1x48,1x128,1x384,8x128]
-        [--rounds 8] [--threads deployed|off]
+        [--rounds 8] [--threads deployed|off] [--stat call|block]
 
 Issue #10's table: the artifact (``deploy.load``), the same file built for exactly each shape (``static``) and ONNX
 Runtime on the same (dynamic) file, two threads each. Each runtime lives in its own process, so that one's thread
@@ -9,6 +9,10 @@ pool cannot slow another's; each round times one block of every runtime in turn,
 (a shared VM's neighbours, turbo) lands on all three alike, where ``tvm-fusion bench`` times one runtime after the
 other. Prints medians in ms and the ratios, with the largest difference from ONNX Runtime's output. Inputs: random
 token ids, a full mask, zero token types (the inputs a BERT-style encoder export takes).
+
+``--stat call`` (default): the median of every timed call of every round, each call timed on its own. ``--stat
+block``: the median of the rounds' block means (this script's statistic before session 26). On a shared VM a
+neighbour's burst lands inside some blocks and not others; a block's mean carries it, the median call does not.
 
 ``--threads deployed`` (default): every runtime with its own idle-thread policy, as it would serve: ONNX Runtime's
 spinning workers, our runtime's brief yield (``deploy.threads.SHORT_SPIN_COUNT``) for the artifact and the static
@@ -95,10 +99,12 @@ def worker(kind: str, model: str, artifact: str, shapes: list, threads: str, out
         call = calls[i][0]
         for _ in range(WARM_CALLS):
             call()
-        t = time.perf_counter()
+        times = []
         for _ in range(per[i]):
+            t = time.perf_counter()
             call()
-        print((time.perf_counter() - t) / per[i], flush=True)
+            times.append(time.perf_counter() - t)
+        print(",".join(f"{v:.9f}" for v in times), flush=True)
 
 
 def main() -> None:
@@ -108,6 +114,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="1x16,1x48,1x128,1x384,8x128")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--threads", choices=("deployed", "off"), default="deployed")
+    ap.add_argument("--stat", choices=("call", "block"), default="call",
+                    help="median of single calls (default) or of the rounds' block means")
     ap.add_argument("--worker", choices=RUNTIMES, help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -124,7 +132,8 @@ def main() -> None:
             for kind, proc in procs.items():  # one at a time: the static build compiles every shape first
                 if proc.stdout.readline().strip() != "ready":
                     raise SystemExit(f"the {kind} worker failed (its error is above)")
-            print(f"threads: {args.threads}; {args.rounds} rounds; medians in ms")
+            what = "median call" if args.stat == "call" else "median of block means"
+            print(f"threads: {args.threads}; {args.rounds} rounds; {what}, in ms")
             print("| (batch, seq) | artifact | static | ONNX Runtime | artifact / static | artifact / ORT "
                   "| static / ORT | max diff |")
             print("|---|---|---|---|---|---|---|---|")
@@ -137,7 +146,8 @@ def main() -> None:
                     for kind, proc in procs.items():
                         proc.stdin.write(f"{i}\n")
                         proc.stdin.flush()
-                        times[kind].append(float(proc.stdout.readline()))
+                        calls = [float(v) for v in proc.stdout.readline().split(",")]
+                        times[kind] += calls if args.stat == "call" else [sum(calls) / len(calls)]
                         time.sleep(SETTLE_S)
                 m = {k: 1e3 * float(np.median(v)) for k, v in times.items()}
                 print(f"| ({b}, {s}) | {m['artifact']:.2f} | {m['static']:.2f} | {m['ort']:.2f} | "

@@ -10,9 +10,8 @@ so it never makes another trip through memory. Activations use :mod:`.fastmath` 
 
 Rows known only at run time (``x`` of shape (batch, seq, K)): with ``row_block`` set, the accumulator runs
 over the rows flattened and padded up to a multiple of ``row_block`` (the ``dense_rows`` stage: the CPU template
-copies it once, the CUDA template gathers it per tile), the padding rows reading the last real row (a few wasted FMAs, no out-of-bounds read), and the
-epilogue writes only the real rows. A template can
-then tile rows by ``row_block`` with no tail predicate inside its micro-kernel, which would otherwise keep
+reads it in place, the CUDA template gathers it per tile), the padding rows reading the last real row (a few
+wasted FMAs, no out-of-bounds read), and the epilogue writes only the real rows. A template can then tile rows by ``row_block`` with no tail predicate inside its micro-kernel, which would otherwise keep
 its accumulator tile out of registers. On CPU a request of fewer rows than the tile runs a copy of the kernel
 built with a thinner ``row_block`` (:mod:`..compile.short_rows`), not 8 padded rows.
 """

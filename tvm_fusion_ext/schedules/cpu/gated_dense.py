@@ -32,8 +32,8 @@ from ...ops.gated_dense import pack_gated_weight
 from ...targets import TargetInfo
 from ..common import flatten_rows_map, op_params, static_extents_reason
 from ..rule import Knobs, TemplateRule
-from .dense import (KC_MAX, MR_MAX, UNROLL_STEPS, _decision, _extent, _row_independent_knobs, _wide,
-                    copy_padded_rows, default_ip, default_kc, default_mr, panel_group, row_block_for)
+from .dense import (KC_MAX, MR_MAX, UNROLL_STEPS, _decision, _extent, _row_independent_knobs, _wide, default_ip,
+                    default_kc, default_mr, panel_group, read_padded_rows_in_place, row_block_for)
 
 #: columns per panel: 2·nr accumulators per row, so mr=4 rows of 8 columns keep 8 AVX2 (4 AVX-512) registers
 #: of accumulators with room for the weight panel and the broadcast
@@ -56,7 +56,7 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
     ``reverse_compute_at`` cannot invert, while ``compute_at`` of the producer only needs its region."""
     knobs = knobs or {}
     params = op_params(sch)
-    copy_padded_rows(sch, block, target)
+    read_padded_rows_in_place(sch, block)
     _, j_acc, _, k = sch.get_loops(block)
     K = _extent(sch, k)
     epilogue = sch.get_consumers(block)[0]
