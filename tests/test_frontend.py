@@ -209,6 +209,56 @@ def test_dynamic_dim_names_and_bounds():
     _load_error(_dynamic_model(dim=(1, 4)), "no input dim is dynamic", InputError, max_shapes={"x": [1, 4, 8]})
 
 
+def _learned_positions_model(table_rows, offset=0, scale=1, mode_clip=False):
+    """``input_ids (batch, seq)`` → token embedding + a position embedding gathered at ``arange(0, seq) * scale +
+    offset`` from a table of ``table_rows`` (GPT-2's ``wpe``; BART shifts its positions by 2)."""
+    rng = np.random.default_rng(0)
+    wte = numpy_helper.from_array(rng.standard_normal((50, 8)).astype(np.float32), "wte")
+    wpe = numpy_helper.from_array(rng.standard_normal((table_rows, 8)).astype(np.float32), "wpe")
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+              (("zero", 0), ("one", 1), ("off", offset), ("scale", scale), ("axis1", [1]))]
+    nodes = [helper.make_node("Shape", ["input_ids"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["seq"], axis=0),
+             helper.make_node("Range", ["zero", "seq", "one"], ["r"]),
+             helper.make_node("Mul", ["r", "scale"], ["rs"]),
+             helper.make_node("Add", ["rs", "off"], ["pos"]),
+             helper.make_node("Unsqueeze", ["pos", "zero_axis"], ["pos2"]),
+             helper.make_node("Gather", ["wte", "input_ids"], ["tok"], axis=0),
+             helper.make_node("Gather", ["wpe", "pos2"], ["p"], axis=0),
+             helper.make_node("Add", ["tok", "p"], ["y"])]
+    consts.append(numpy_helper.from_array(np.array([0], np.int64), "zero_axis"))
+    return _model(nodes, [_vi("input_ids", TP.INT64, ["batch", "seq"])], [_vi("y", TP.FLOAT, ["batch", "seq", 8])],
+                  [wte, wpe, *consts])
+
+
+@pytest.mark.parametrize("offset", [0, 2])
+def test_learned_position_table_bounds_the_sequence(offset, run_ort):
+    """Positions gathered from a constant table (GPT-2's ``Range → Gather(wpe)``, shifted by 2 as BART's) bound the
+    sequence to the table: the manifest says so, and a longer input is refused before the call (ONNX Runtime
+    fails inside the Gather)."""
+    from tvm_fusion_ext.dims import bound_reasons, shape_bounds
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    m = _learned_positions_model(20, offset=offset)
+    mod = load_onnx(m)
+    assert shape_bounds(mod)["seq"] == (1, 20 - offset)
+    assert "gathers rows" in bound_reasons(mod)["seq"]["upper"] and "table of 20 rows" in bound_reasons(mod)["seq"]["upper"]
+    assert shape_bounds(mod)["batch"] == (1, 64)  # token ids index the vocabulary: no bound from them
+    model = CompiledModel.from_module(mod)
+    ids = np.random.default_rng(1).integers(0, 50, (2, 20 - offset)).astype(np.int64)
+    np.testing.assert_allclose(model.run({"input_ids": ids})["y"], run_ort(m, {"input_ids": ids})[0], rtol=1e-6)
+    with pytest.raises(InputError, match=rf"input 'input_ids' dim 1 \(seq\) is {21 - offset}, outside .*\(1\.\.{20 - offset}\)"):
+        model.run({"input_ids": np.zeros((1, 21 - offset), np.int64)})
+
+
+def test_positions_not_a_unit_step_from_the_dim_leave_the_default_bound():
+    """Indices ``2·seq - 2`` into the table: the rule bounds only positions that run to ``seq + c``, so the default
+    stands (the run-time gather check still refuses an out-of-range index)."""
+    from tvm_fusion_ext.dims import DEFAULT_SEQ_BOUND, shape_bounds
+
+    assert shape_bounds(load_onnx(_learned_positions_model(20, scale=2)))["seq"] == (1, DEFAULT_SEQ_BOUND)
+
+
 def test_shapes_argument_errors():
     m = _dynamic_model(dim=(1, "seq"))
     _load_error(m, ["unknown input 'y'", "model inputs are: x"], InputError, shapes={"y": [1, 2, 8]})

@@ -109,7 +109,7 @@ def infer_bounds(mod, dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping
         if name in given:
             bounds[name], why = given[name], "given (--max-shape)"
         elif name in seen:
-            bounds[name], why = seen[name], f"the graph slices a constant table of {seen[name]} rows by it"
+            bounds[name], why = seen[name]
         elif name in leading:
             bounds[name], why = DEFAULT_BATCH_BOUND, "default for a leading (batch) dim; --max-shape sets one"
         else:
@@ -314,21 +314,61 @@ def given_bounds(dim_vars, graph_inputs, max_shapes, label) -> Dict[str, int]:
     return out
 
 
-def _graph_bounds(func, dim_vars) -> Dict[str, int]:
-    """Bounds the graph itself implies: ``strided_slice(constant, end=dim)`` along an axis of n → dim ≤ n."""
+def _graph_bounds(func, dim_vars) -> Dict[str, Tuple[int, str]]:
+    """Bounds the graph itself implies, ``{dim: (bound, why)}``: ``strided_slice(constant, end=dim)`` along an axis
+    of n → dim ≤ n; ``take(constant, indices)`` along an axis of n, with indices that run up to ``dim + c - 1``
+    (positions ``arange(0, dim)``, shifted or broadcast, as GPT-2, Whisper's decoder and BART gather their
+    learned position embeddings) → dim ≤ n - c. ONNX Runtime refuses a longer input at that Gather; a bound
+    from the graph refuses it before the call, with the bound in the manifest."""
     import tvm
     from tvm import relax, tirx
 
     names = {v.name: v for v in dim_vars.values()}
-    found: Dict[str, int] = {}
+    found: Dict[str, Tuple[int, str]] = {}
+    bindings = {b.var: b.value for block in getattr(func.body, "blocks", []) for b in block.bindings
+                if isinstance(b, relax.VarBinding)}
 
-    def note(expr, limit):
-        if isinstance(expr, tirx.Var) and expr.name in names:
-            found[expr.name] = min(found.get(expr.name, limit), int(limit))
+    def note(expr, limit, why):
+        if isinstance(expr, tirx.Var) and expr.name in names and int(limit) < found.get(expr.name, (limit + 1,))[0]:
+            found[expr.name] = (int(limit), why)
+
+    def static_axis(data, axis):
+        shape = getattr(getattr(data, "ty", None), "shape", None)
+        if not isinstance(data, tvm.ir.GenericConst) or shape is None or not -len(shape.values) <= axis < len(shape.values):
+            return None
+        n = shape.values[axis]
+        return int(n) if isinstance(n, tirx.IntImm) else None
+
+    def gathered(e):
+        """``take(constant table, indices)``: the indices' last value as ``dim + c - 1`` bounds dim."""
+        from .compile.gather_checks import index_range
+
+        if getattr(e.attrs, "mode", "fast") != "fast" or e.attrs.axis is None:  # wrap / clip define any index
+            return
+        data = bindings.get(e.args[0], e.args[0]) if isinstance(e.args[0], relax.Var) else e.args[0]
+        n = static_axis(data, int(e.attrs.axis))
+        span = index_range(e.args[1], bindings) if n is not None else None
+        if span is None:
+            return
+        analyzer = tvm.sym.Analyzer()
+        for var in set(tirx.analysis.undefined_vars(span[0])) | set(tirx.analysis.undefined_vars(span[1])):
+            analyzer.bind(var, tvm.ir.Range(tirx.IntImm("int64", 1), tirx.IntImm("int64", 1 << 40)))  # dims >= 1
+        lo, hi = analyzer.simplify(span[0]), analyzer.simplify(span[1])
+        free = [v for v in tirx.analysis.undefined_vars(hi) if v.name in names]
+        if len(free) != 1 or tirx.analysis.undefined_vars(lo):
+            return
+        dim = free[0]
+        shift = analyzer.simplify(hi - dim)  # hi = dim + shift: positions run up to dim + shift
+        if isinstance(shift, tirx.IntImm) and isinstance(lo, tirx.IntImm) and int(lo.value) >= 0 \
+                and n - 1 - int(shift.value) >= 1:
+            note(dim, n - 1 - int(shift.value), f"the graph gathers rows {int(lo.value)} .. {dim.name}"
+                 f"{int(shift.value):+d} of a constant table of {n} rows")
 
     def visit(e):
         if not (isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)):
             return
+        if e.op.name == "relax.take":
+            gathered(e)
         if e.op.name == "relax.strided_slice":
             data = e.args[0]
             shape = getattr(getattr(data, "ty", None), "shape", None)
@@ -341,7 +381,8 @@ def _graph_bounds(func, dim_vars) -> Dict[str, int]:
                                                                           for f in ends.fields]
             for axis, end in zip(axes, values):
                 if end is not None and isinstance(shape.values[axis], tirx.IntImm):
-                    note(end, int(shape.values[axis]))
+                    n = int(shape.values[axis])
+                    note(end, n, f"the graph slices a constant table of {n} rows by it")
 
     relax.analysis.post_order_visit(func, visit)
     return found
