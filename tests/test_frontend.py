@@ -251,6 +251,30 @@ def test_learned_position_table_bounds_the_sequence(offset, run_ort):
         model.run({"input_ids": np.zeros((1, 21 - offset), np.int64)})
 
 
+def test_a_constant_slice_by_the_sequence_bounds_it(run_ort):
+    """BERT's ``position_ids`` buffer sliced ``[:, :seq]``: the table's length is the sequence's bound, even past the
+    512 default (a 600-row table here), and the manifest says where it came from."""
+    from tvm_fusion_ext.dims import bound_reasons, shape_bounds
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    table = numpy_helper.from_array(np.arange(600, dtype=np.int64)[None], "position_ids")
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+              (("one", 1), ("starts", [0]), ("axes", [1]))]
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["seq"], axis=0),
+             helper.make_node("Unsqueeze", ["seq", "starts"], ["ends"]),
+             helper.make_node("Slice", ["position_ids", "starts", "ends", "axes"], ["pos"], name="pos_slice"),
+             helper.make_node("Add", ["x", "pos"], ["y"])]
+    m = _model(nodes, [_vi("x", TP.INT64, ["batch", "seq"])], [_vi("y", TP.INT64, ["batch", "seq"])],
+               [table, *consts])
+    mod = load_onnx(m)
+    assert shape_bounds(mod)["seq"] == (1, 600)
+    assert bound_reasons(mod)["seq"]["upper"] == "node 'pos_slice' slices axis 1 (600) from 0 to seq"
+    x = np.arange(2 * 550, dtype=np.int64).reshape(2, 550)
+    np.testing.assert_array_equal(CompiledModel.from_module(mod, fuse=False).run({"x": x})["y"],
+                                  run_ort(m, {"x": x})[0])
+
+
 def test_positions_not_a_unit_step_from_the_dim_leave_the_default_bound():
     """Indices ``2·seq - 2`` into the table: the rule bounds only positions that run to ``seq + c``, so the default
     stands (the run-time gather check still refuses an out-of-range index)."""

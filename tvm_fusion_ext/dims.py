@@ -110,6 +110,8 @@ def infer_bounds(mod, dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping
             bounds[name], why = given[name], "given (--max-shape)"
         elif name in seen:
             bounds[name], why = seen[name]
+            if name in narrowed and narrowed[name] <= bounds[name]:  # the importer's reason names the node
+                bounds[name], why = narrowed[name], ranges.reasons[name]["upper"]
         elif name in leading:
             bounds[name], why = DEFAULT_BATCH_BOUND, "default for a leading (batch) dim; --max-shape sets one"
         else:
@@ -377,8 +379,7 @@ def _graph_bounds(func, dim_vars) -> Dict[str, Tuple[int, str]]:
             axes, ends = _int_tuple(e.args[1]), e.args[3]
             if axes is None or not isinstance(ends, (relax.ShapeExpr, relax.Tuple)):
                 return
-            values = ends.values if isinstance(ends, relax.ShapeExpr) else [getattr(f, "value", None)
-                                                                          for f in ends.fields]
+            values = ends.values if isinstance(ends, relax.ShapeExpr) else [_prim_field(f) for f in ends.fields]
             for axis, end in zip(axes, values):
                 if end is not None and isinstance(shape.values[axis], tirx.IntImm):
                     n = int(shape.values[axis])
@@ -394,7 +395,18 @@ def _int_tuple(e) -> Optional[List[int]]:
     if isinstance(e, relax.ShapeExpr):
         vals = e.values
     elif isinstance(e, relax.Tuple):
-        vals = [getattr(f, "value", None) for f in e.fields]
+        vals = [_prim_field(f) for f in e.fields]
     else:
         return None
     return [int(v) for v in vals] if all(isinstance(v, tirx.IntImm) for v in vals) else None
+
+
+def _prim_field(field):
+    """A relax tuple field as a PrimExpr: TVM 0.27 puts an op's integer arguments (``strided_slice``'s axes and
+    ends) in the tuple as PrimExprs themselves, older builds as a ``PrimValue`` holding one; else None."""
+    import tvm
+
+    if tvm.ir.is_prim_expr(field):
+        return field
+    value = getattr(field, "value", None)
+    return value if tvm.ir.is_prim_expr(value) else None
