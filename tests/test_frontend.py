@@ -209,19 +209,23 @@ def test_dynamic_dim_names_and_bounds():
     _load_error(_dynamic_model(dim=(1, 4)), "no input dim is dynamic", InputError, max_shapes={"x": [1, 4, 8]})
 
 
-def _learned_positions_model(table_rows, offset=0, scale=1, mode_clip=False):
+def _learned_positions_model(table_rows, offset=0, scale=1, clamp=False):
     """``input_ids (batch, seq)`` → token embedding + a position embedding gathered at ``arange(0, seq) * scale +
     offset`` from a table of ``table_rows`` (GPT-2's ``wpe``; BART shifts its positions by 2)."""
     rng = np.random.default_rng(0)
     wte = numpy_helper.from_array(rng.standard_normal((50, 8)).astype(np.float32), "wte")
     wpe = numpy_helper.from_array(rng.standard_normal((table_rows, 8)).astype(np.float32), "wpe")
     consts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
-              (("zero", 0), ("one", 1), ("off", offset), ("scale", scale), ("axis1", [1]))]
+              (("zero", 0), ("one", 1), ("off", offset), ("scale", scale), ("rows", table_rows))]
     nodes = [helper.make_node("Shape", ["input_ids"], ["shape"]),
              helper.make_node("Gather", ["shape", "one"], ["seq"], axis=0),
              helper.make_node("Range", ["zero", "seq", "one"], ["r"]),
              helper.make_node("Mul", ["r", "scale"], ["rs"]),
-             helper.make_node("Add", ["rs", "off"], ["pos"]),
+             helper.make_node("Add", ["rs", "off"], ["pos0"]),
+             # a clamp written as where(p < rows, p, 0): positions past the table read row 0
+             *([helper.make_node("Less", ["pos0", "rows"], ["inside"]),
+                helper.make_node("Where", ["inside", "pos0", "zero"], ["pos"])] if clamp else
+               [helper.make_node("Identity", ["pos0"], ["pos"])]),
              helper.make_node("Unsqueeze", ["pos", "zero_axis"], ["pos2"]),
              helper.make_node("Gather", ["wte", "input_ids"], ["tok"], axis=0),
              helper.make_node("Gather", ["wpe", "pos2"], ["p"], axis=0),
@@ -281,6 +285,21 @@ def test_positions_not_a_unit_step_from_the_dim_leave_the_default_bound():
     from tvm_fusion_ext.dims import DEFAULT_SEQ_BOUND, shape_bounds
 
     assert shape_bounds(load_onnx(_learned_positions_model(20, scale=2)))["seq"] == (1, DEFAULT_SEQ_BOUND)
+
+
+def test_positions_clamped_to_the_table_leave_the_sequence_unbounded(run_ort):
+    """``where(p < rows, p, 0)`` keeps every index inside the table, so a longer input is valid: the position rule
+    must not bound the sequence by the table (the largest index is not reached), and a 25-token input runs as in
+    ONNX Runtime."""
+    from tvm_fusion_ext.dims import DEFAULT_SEQ_BOUND, shape_bounds
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    m = _learned_positions_model(20, clamp=True)
+    mod = load_onnx(m)
+    assert shape_bounds(mod)["seq"] == (1, DEFAULT_SEQ_BOUND)
+    ids = np.random.default_rng(2).integers(0, 50, (1, 25)).astype(np.int64)
+    np.testing.assert_allclose(CompiledModel.from_module(mod).run({"input_ids": ids})["y"],
+                               run_ort(m, {"input_ids": ids})[0], rtol=1e-6)
 
 
 def test_shapes_argument_errors():

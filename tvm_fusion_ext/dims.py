@@ -318,9 +318,9 @@ def given_bounds(dim_vars, graph_inputs, max_shapes, label) -> Dict[str, int]:
 
 def _graph_bounds(func, dim_vars) -> Dict[str, Tuple[int, str]]:
     """Bounds the graph itself implies, ``{dim: (bound, why)}``: ``strided_slice(constant, end=dim)`` along an axis
-    of n → dim ≤ n; ``take(constant, indices)`` along an axis of n, with indices that run up to ``dim + c - 1``
-    (positions ``arange(0, dim)``, shifted or broadcast, as GPT-2, Whisper's decoder and BART gather their
-    learned position embeddings) → dim ≤ n - c. ONNX Runtime refuses a longer input at that Gather; a bound
+    of n → dim ≤ n; ``take(constant, indices)`` along an axis of n, with indices whose largest value is exactly
+    ``dim + c - 1`` (positions ``arange(0, dim)``, shifted or broadcast, as GPT-2, Whisper's decoder and BART gather
+    their learned position embeddings; :func:`_attained_span`) → dim ≤ n - c. ONNX Runtime refuses a longer input at that Gather; a bound
     from the graph refuses it before the call, with the bound in the manifest."""
     import tvm
     from tvm import relax, tirx
@@ -342,29 +342,18 @@ def _graph_bounds(func, dim_vars) -> Dict[str, Tuple[int, str]]:
         return int(n) if isinstance(n, tirx.IntImm) else None
 
     def gathered(e):
-        """``take(constant table, indices)``: the indices' last value as ``dim + c - 1`` bounds dim."""
-        from .compile.gather_checks import index_range
-
+        """``take(constant table, indices)`` with indices whose largest value is exactly ``dim + c``."""
         if getattr(e.attrs, "mode", "fast") != "fast" or e.attrs.axis is None:  # wrap / clip define any index
             return
         data = bindings.get(e.args[0], e.args[0]) if isinstance(e.args[0], relax.Var) else e.args[0]
         n = static_axis(data, int(e.attrs.axis))
-        span = index_range(e.args[1], bindings) if n is not None else None
+        span = _attained_span(e.args[1], bindings) if n is not None else None
         if span is None:
             return
-        analyzer = tvm.sym.Analyzer()
-        for var in set(tirx.analysis.undefined_vars(span[0])) | set(tirx.analysis.undefined_vars(span[1])):
-            analyzer.bind(var, tvm.ir.Range(tirx.IntImm("int64", 1), tirx.IntImm("int64", 1 << 40)))  # dims >= 1
-        lo, hi = analyzer.simplify(span[0]), analyzer.simplify(span[1])
-        free = [v for v in tirx.analysis.undefined_vars(hi) if v.name in names]
-        if len(free) != 1 or tirx.analysis.undefined_vars(lo):
-            return
-        dim = free[0]
-        shift = analyzer.simplify(hi - dim)  # hi = dim + shift: positions run up to dim + shift
-        if isinstance(shift, tirx.IntImm) and isinstance(lo, tirx.IntImm) and int(lo.value) >= 0 \
-                and n - 1 - int(shift.value) >= 1:
-            note(dim, n - 1 - int(shift.value), f"the graph gathers rows {int(lo.value)} .. {dim.name}"
-                 f"{int(shift.value):+d} of a constant table of {n} rows")
+        lo, dim, shift = span
+        if dim.name in names and lo >= 0 and n - 1 - shift >= 1:
+            note(dim, n - 1 - shift, f"the graph gathers rows {lo} .. {dim.name}{shift:+d} of a constant table of "
+                                     f"{n} rows")
 
     def visit(e):
         if not (isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)):
@@ -410,3 +399,68 @@ def _prim_field(field):
         return field
     value = getattr(field, "value", None)
     return value if tvm.ir.is_prim_expr(value) else None
+
+
+#: ops whose output holds every value of their (first) input and no other: the largest index survives them
+_SAME_VALUES = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.broadcast_to", "relax.permute_dims",
+                "relax.tile", "relax.repeat", "relax.flip"}
+
+
+def _attained_span(e, bindings: dict, depth: int = 0):
+    """``(lo, dim, c)`` when the integer tensor ``e`` holds exactly the values ``lo .. dim + c`` (``arange(lo, dim +
+    c + 1)``, broadcast, reshaped or shifted by a constant), else None. Exact, not a bound: a slice, a gather or a
+    ``where`` of positions may drop the largest one (a clamp written as ``where(p < n, p, 0)``), and a bound taken
+    from an index that is never reached would refuse inputs the model accepts."""
+    import tvm
+    from tvm import relax, tirx
+
+    if depth > 24:
+        return None
+    if isinstance(e, relax.Var) and e in bindings:
+        return _attained_span(bindings[e], bindings, depth + 1)
+    if not (isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)):
+        return None
+    name, args = e.op.name, e.args
+    if name == "relax.arange":
+        start, end, step = (_prim_field(a) if not tvm.ir.is_prim_expr(a) else a for a in args)
+        if not (isinstance(start, tirx.IntImm) and isinstance(step, tirx.IntImm) and int(step.value) == 1):
+            return None
+        free = list(tirx.analysis.undefined_vars(end)) if end is not None else []
+        if len(free) != 1:
+            return None
+        shift = tvm.sym.Analyzer().simplify(end - free[0] - 1)
+        return (int(start.value), free[0], int(shift.value)) if isinstance(shift, tirx.IntImm) else None
+    if name in _SAME_VALUES or (name == "relax.astype" and str(e.ty.dtype).startswith("int")):
+        return _attained_span(args[0], bindings, depth + 1)
+    if name == "relax.multiply" and _scalar_int(args[1], bindings) == 1:  # an export's `* 1` (a dtype or scale no-op)
+        return _attained_span(args[0], bindings, depth + 1)
+    if name in ("relax.add", "relax.subtract"):
+        inner = _attained_span(args[0], bindings, depth + 1)
+        c = _scalar_int(args[1], bindings)
+        if inner is None or c is None:
+            return None
+        c = c if name == "relax.add" else -c
+        return inner[0] + c, inner[1], inner[2] + c
+    if name == "relax.where":  # the importer's where(i < 0, i + n, i): an index never negative passes as itself
+        cond = bindings.get(args[0], args[0]) if isinstance(args[0], relax.Var) else args[0]
+        inner = _attained_span(args[2], bindings, depth + 1)
+        if inner is not None and inner[0] >= 0 and isinstance(cond, relax.Call) and \
+                getattr(cond.op, "name", "") == "relax.less" and cond.args[0].same_as(args[2]) and \
+                _scalar_int(cond.args[1], bindings) == 0:
+            return inner
+    return None
+
+
+def _scalar_int(e, bindings: dict):
+    """The int a constant (or a one-element constant tensor) holds, else None."""
+    import numpy as np
+    from tvm import relax
+
+    from .transform.graph import const_value, is_constant
+
+    if isinstance(e, relax.Var) and e in bindings:
+        e = bindings[e]
+    if not is_constant(e):
+        return None
+    v = const_value(e)
+    return int(v.reshape(-1)[0]) if v.size == 1 and v.dtype.kind in "iu" else None
