@@ -452,15 +452,16 @@ def _attained_span(e, bindings: dict, depth: int = 0):
 
 
 def _scalar_int(e, bindings: dict):
-    """The int a constant (or a one-element constant tensor) holds, else None."""
-    import numpy as np
+    """The int a one-element constant holds, else None."""
+    import tvm
     from tvm import relax
-
-    from .transform.graph import const_value, is_constant
 
     if isinstance(e, relax.Var) and e in bindings:
         e = bindings[e]
-    if not is_constant(e):
+    if not isinstance(e, tvm.ir.GenericConst):  # 0.27's relax.Constant
         return None
-    v = const_value(e)
-    return int(v.reshape(-1)[0]) if v.size == 1 and v.dtype.kind in "iu" else None
+    shape = getattr(getattr(e, "ty", None), "shape", None)
+    if shape is None or any(not isinstance(d, tvm.tirx.IntImm) or int(d) != 1 for d in shape.values):
+        return None  # not one element: read no large constant
+    v = e.value.numpy()
+    return int(v.reshape(-1)[0]) if v.dtype.kind in "iu" else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -100,3 +101,38 @@ def test_cli_refusal_with_the_runtime_only(symbolic_artifact, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "weights.bin is truncated" in lines[0], r.stderr
     assert not out.exists()
+
+
+_CUDA_RUNTIME = """
+import json, os, sys
+from tvm_fusion_ext.deploy.host import load_cuda_runtime
+import tvm
+from tvm.support import nvcc
+loaded = load_cuda_runtime()
+print(json.dumps({"runtime_only": bool(tvm.base._RUNTIME_ONLY), "loaded": loaded,
+                  "cuda_lib": "tvm_runtime_cuda" in tvm.base._LOADED_LIBS,
+                  "current": repr(nvcc.Target.current(allow_none=True)),
+                  "mode": os.environ.get("TVM_CUDA_COMPILE_MODE")}))
+"""
+
+
+def test_cuda_runtime_with_the_runtime_only():
+    """A runtime-only TVM skips its CUDA backend: ``load_cuda_runtime`` loads ``libtvm_runtime_cuda.so`` itself (here
+    it cannot: no driver, so False, and the loader then refuses a CUDA artifact in one line), and makes TVM's
+    load-time CUDA compile callback work without the compiler library (``Target.current`` answered AttributeError
+    on an H100 with only the runtime: every CUDA library failed to load)."""
+    env = _runtime_only_env()
+    env.pop("TVM_CUDA_COMPILE_MODE", None)
+    r = subprocess.run([sys.executable, "-c", _CUDA_RUNTIME], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["runtime_only"] and got["current"] == "None"
+    assert got["loaded"] == got["cuda_lib"]
+    if shutil.which("nvcc"):
+        import importlib.util
+
+        try:
+            has_nvrtc = importlib.util.find_spec("cuda.bindings") is not None
+        except ImportError:
+            has_nvrtc = False
+        assert got["mode"] == (None if has_nvrtc else "nvcc")

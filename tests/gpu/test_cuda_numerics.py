@@ -88,7 +88,7 @@ def test_attention_low_precision(gpu, dtype, S, D, layout):
     mask = np.where(rng.random((B, 1, 1, S)) < 0.8, 0.0, -10000.0).astype("float32")
     to = (lambda a: a) if layout == "BSHD" else (lambda a: a.transpose(0, 2, 1, 3))  # noqa: E731
     scale = 1 / math.sqrt(D)
-    params = {"scale": scale, "key_block": min(64, S), **{f"{t}_layout": layout for t in ("q", "k", "v", "out")}}
+    params = {"scale": scale, "key_block": min(64, 1 << (S.bit_length() - 1)), **{f"{t}_layout": layout for t in ("q", "k", "v", "out")}}
     got = _run("fused_attention", "tfx.attention", {"q": (to(q), dtype), "k": (to(k), dtype), "v": (to(v), dtype),
                                                       "mask": (mask, dtype)},
                params, to(q).shape, dtype, gpu)

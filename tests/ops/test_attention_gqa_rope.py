@@ -215,8 +215,7 @@ def test_cuda_grouped_rotary_compiles_without_spills(dtype, S, D, rope, arch, tm
     sch = s_tir.Schedule(tvm.IRModule({"main": _func(arrays, _params(True, rope, 64 if dtype == "float16" else None))}),
                          seed=1)
     attention_cuda(sch, sch.get_sblock("attn_out"), target)
-    mod = SkipMaskedKeyBlocks()(sch.mod)
-    assert not mod.same_as(sch.mod)  # the causal bound applies to the CUDA schedules too
+    mod = sch.mod  # as the CUDA pipeline builds it: no key-block bound (compile/schedule.py says why)
     src = _cuda_source(tvm.compile(mod, target=target))
     (tmp_path / "k.cu").write_text(src)
     res = subprocess.run(["nvcc", "--cubin", f"-arch={arch}", "-O3", "-w", "-Xptxas", "-v", "-o",

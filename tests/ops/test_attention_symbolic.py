@@ -140,6 +140,20 @@ def test_causal_key_loop_bound_is_symbolic():
     assert not tvm_ffi.structural_equal(before, after)  # the flash loop now stops at the tile's diagonal
 
 
+def test_cuda_pipeline_keeps_the_whole_key_loop():
+    """On an H100 (``scripts/gpu_check.py``) the key-block bound broke the CUDA kernels with run-time sizes it
+    touched, symbolic causal attention and packed attention, which matched numpy without it: the CUDA pipeline
+    schedules the template's kernel and leaves its key loop whole (the pass would bound it)."""
+    from tvm_fusion_ext.compile import ApplyTemplates
+
+    cuda = resolve_target("cuda:sm_90")
+    lowered = prepare(_module({"scale": 0.125, "causal": True}, mask=False), cuda, fuse_graph=False)[0]
+    templated = ApplyTemplates(cuda)(lowered)
+    assert tvm_ffi.structural_equal(_attention_kernel(schedule(lowered, cuda)), _attention_kernel(templated))
+    assert not tvm_ffi.structural_equal(_attention_kernel(SkipMaskedKeyBlocks()(templated)),
+                                        _attention_kernel(templated))
+
+
 @pytest.mark.parametrize("seq,causal,tile", [(197, False, 32), (37, True, 32), (5, False, 4), (64, False, None),
                                              (8, False, None)])
 def test_static_rows_that_leave_a_tail_tile_are_padded_too(seq, causal, tile):

@@ -10,7 +10,7 @@ import tvm
 from tvm import relax
 
 from ..errors import TuningLogError
-from ..targets import TargetSpec, resolve_target
+from ..targets import TargetInfo, TargetSpec, resolve_target
 
 
 def ApplyTemplates(target: TargetSpec = None, knobs: Optional[dict] = None,  # noqa: N802
@@ -69,8 +69,13 @@ def schedule(mod: tvm.IRModule, target: TargetSpec = None, records: Optional[str
     if records is not None:
         mod = apply_records(mod, target, records)
 
+    # CPU only: on an H100 (scripts/gpu_check.py) the bound broke the CUDA kernels it touched with symbolic sizes,
+    # causal attention over a run-time length and packed (varlen) attention, both matching numpy without it; the
+    # bound is an optimisation and the per-key causal test the semantics, so CUDA keeps the full key loop
+    skip = (lambda m: m) if TargetInfo.of(target).is_cuda else SkipMaskedKeyBlocks()
+
     def templates(m: tvm.IRModule, fallback: bool = True) -> tvm.IRModule:
-        return SkipMaskedKeyBlocks()(ApplyTemplates(target, knobs, fallback, kernel_knobs=kernel_knobs)(m))
+        return skip(ApplyTemplates(target, knobs, fallback, kernel_knobs=kernel_knobs)(m))
 
     # a variant's kernel never has a record (records name static kernels): templates and transferred knobs
     variants = lambda m: templates(m, fallback=False)  # noqa: E731

@@ -99,6 +99,58 @@ def check_cpu(path: str, cpu: dict, flags: Optional[Set[str]] = None) -> None:
             f"machines can run (--target llvm:CPU, e.g. llvm:x86-64-v3 for any AVX2 machine)")
 
 
+def load_cuda_runtime() -> bool:
+    """Make sure TVM's CUDA runtime (``libtvm_runtime_cuda.so``: the CUDA device API and the loader of CUDA kernels
+    inside a library) is loaded; True if it is. The full TVM loads it when its CUDA backend registers; a runtime-only
+    TVM (no ``libtvm_compiler.so``, or ``TVM_USE_RUNTIME_LIB=1``) skips the backends, so on a GPU machine with only
+    the runtime ``tvm.cuda(0)`` reported no GPU and a CUDA library failed to load ("a loader of that name is not
+    registered"; found running ``scripts/gpu_check.py`` on an H100). Without a driver (``libcuda.so.1``) it stays
+    unloaded, and :func:`check_gpu` refuses the artifact in one line."""
+    import ctypes
+    import os
+
+    import tvm
+
+    loaded = tvm.base._LOADED_LIBS
+    if tvm.base._RUNTIME_ONLY:
+        _compile_cuda_source_at_load()
+    if "tvm_runtime_cuda" in loaded:
+        return True
+    path = os.path.join(os.path.dirname(os.path.realpath(loaded["tvm_runtime"]._name)), "libtvm_runtime_cuda.so")
+    try:
+        loaded["tvm_runtime_cuda"] = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)  # registers itself with the runtime
+    except OSError:  # no such library in this TVM, or no CUDA driver on this machine
+        return False
+    return True
+
+
+def _compile_cuda_source_at_load() -> None:
+    """A CUDA library exported by TVM 0.27 carries its kernels as CUDA source, compiled when the library loads by
+    TVM's Python callback (``tvm.support.nvcc.tvm_callback_cuda_compile``). That callback asks
+    ``tvm.target.Target.current()`` for the architecture, an FFI function of the compiler library: a runtime-only
+    TVM raised AttributeError there (on the H100). With no current target the callback reads the architecture from
+    the GPU, so ``Target.current`` answers None where the FFI function is missing. TVM compiles with nvrtc unless
+    ``TVM_CUDA_COMPILE_MODE`` says nvcc; nvrtc needs the cuda-python bindings, so where they are missing and nvcc is
+    on PATH, nvcc compiles."""
+    import importlib.util
+    import os
+    import shutil
+
+    from tvm.support import nvcc  # the module of TVM's compile callback, which a CUDA library calls as it loads
+
+    try:
+        nvcc.Target.current(allow_none=True)
+    except AttributeError:  # module 'tvm.target._ffi_api' has no attribute 'TargetCurrent'
+        nvcc.Target.current = staticmethod(lambda allow_none=True: None)
+    if "TVM_CUDA_COMPILE_MODE" not in os.environ and shutil.which("nvcc"):
+        try:
+            has_nvrtc = importlib.util.find_spec("cuda.bindings") is not None
+        except ImportError:  # no "cuda" package at all
+            has_nvrtc = False
+        if not has_nvrtc:
+            os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
+
+
 def check_gpu(path: str, arch: Optional[str], device) -> None:
     """Refuse a CUDA library without a GPU, or on a GPU older than the architecture it was compiled for."""
     if not device.exist:

@@ -110,6 +110,8 @@ def load(path: str, num_threads: Optional[int] = None, device_id: int = 0, verif
     if check_cpu:
         host.check_cpu(path, target["cpu"])
     is_cuda = target["family"] == "cuda"
+    if is_cuda:
+        host.load_cuda_runtime()
     device = tvm.cuda(device_id) if is_cuda else tvm.cpu(0)
     if is_cuda:
         host.check_gpu(path, target.get("arch"), device)
