@@ -240,7 +240,7 @@ def _torch_time(torch, fn, number=50):
 def _torch_op(torch, spec, tensors):
     F = torch.nn.functional
     if spec["op"] == "dense":
-        x, w, b = tensors
+        x, w, b = (list(tensors) + [None])[:3]  # bias optional
         act = {"none": lambda z: z, "relu": F.relu, "gelu": F.gelu}[spec["act"]]
         return lambda: act(F.linear(x, w if spec["transpose_b"] else w.t(), b))
     if spec["op"] == "layernorm":
@@ -252,7 +252,7 @@ def _torch_op(torch, spec, tensors):
                                                   scale=spec["scale"])
 
 
-def run(in_dir: Path, json_out: Path) -> int:
+def run(in_dir: Path, json_out: Path, save_outputs: bool = False) -> int:
     import torch
     import tvm
     from tvm.runtime.vm import VirtualMachine
@@ -268,6 +268,7 @@ def run(in_dir: Path, json_out: Path) -> int:
                "torch": torch.__version__, "cases": []}
     libraries = {}
     failed = 0
+    save = {} if save_outputs else None
     for case in index["cases"]:
         row = {"name": case["name"]}
         try:
@@ -282,16 +283,21 @@ def run(in_dir: Path, json_out: Path) -> int:
                 lib["main"](*args)
                 dev.sync()
                 got = out.float().cpu().numpy()
-                timer = lib.time_evaluator("main", dev, number=50, repeat=3)
-                row["ours_s"] = float(min(timer(*args).results))
-                row["torch_s"] = _torch_time(torch, _torch_op(torch, case["torch"], tensors))
-                row["ours_over_torch"] = row["ours_s"] / row["torch_s"]
+                try:  # timings are extra: a failure here leaves the numerics standing
+                    timer = lib.time_evaluator("main", dev, number=50, repeat=3)
+                    row["ours_s"] = float(min(timer(*args).results))
+                    row["torch_s"] = _torch_time(torch, _torch_op(torch, case["torch"], tensors))
+                    row["ours_over_torch"] = row["ours_s"] / row["torch_s"]
+                except Exception as e:  # noqa: BLE001
+                    row["timing_error"] = f"{type(e).__name__}: {e}"[:200]
             else:
                 if case["library"] not in libraries:
                     libraries[case["library"]] = VirtualMachine(
                         tvm.runtime.load_module(str(in_dir / case["library"])), dev)
                 vm = libraries[case["library"]]
                 got = vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs]).numpy().astype("float32")
+            if save is not None:
+                save[case["name"]] = got
             diff = np.abs(got.astype("float64") - want.astype("float64"))
             close = np.isclose(got, want, rtol=case["tol"], atol=case["tol"])
             row.update(max_abs_err=float(diff.max()), tol=case["tol"], ok=bool(close.all()),
@@ -311,6 +317,8 @@ def run(in_dir: Path, json_out: Path) -> int:
     results["passed"] = len(results["cases"]) - failed
     results["failed"] = failed
     json_out.write_text(json.dumps(results, indent=1))
+    if save:
+        np.savez(json_out.with_suffix(".outputs.npz"), **save)  # what each case returned, to study a failure here
     print(f"{results['passed']} passed, {failed} failed on {results['device']}")
     return 1 if failed else 0
 
@@ -324,13 +332,14 @@ def main() -> int:
     r = sub.add_parser("run")
     r.add_argument("dir")
     r.add_argument("--json", default="gpu_check.json")
+    r.add_argument("--save-outputs", action="store_true", help="also write every case's output beside the JSON")
     args = ap.parse_args()
     if args.mode == "build":
         t = time.time()
         build(Path(args.dir), args.arch)
         print(f"built in {time.time() - t:.0f} s")
         return 0
-    return run(Path(args.dir), Path(args.json))
+    return run(Path(args.dir), Path(args.json), args.save_outputs)
 
 
 if __name__ == "__main__":
