@@ -131,26 +131,14 @@ def _build_prim(case, target, out_dir):
 def _symbolic_chain(target, out_dir):
     """tests/gpu/test_cuda_numerics.py::test_symbolic_kernels_match_cpu_at_every_length, as one VM library."""
     import tvm
-    from tvm import relax, tirx
+    from tvm import relax
 
     from tvm_fusion_ext.compile.pipeline import compile_model
-    from tvm_fusion_ext.ops import call_op
-    from tvm_fusion_ext.testing import build_module
 
-    b, s = tirx.Var("batch", "int64"), tirx.Var("seq", "int64")
-    shapes = {"x": [b, s, 256], "w": [256, 256], "bias": [256], "gamma": [256], "beta": [256], "mask": [b, 1, 1, s]}
-    args = {n: relax.Var(n, relax.TensorType(sh, "float32")) for n, sh in shapes.items()}
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    from test_cuda_numerics import symbolic_chain_module
 
-    def body(bb):
-        h = bb.emit(call_op(bb, "fused_dense", {"x": args["x"], "w": args["w"], "bias": args["bias"]}, {"act": "gelu"}))
-        heads = bb.emit(relax.op.reshape(h, [b, s, 4, 64]))
-        o = bb.emit(call_op(bb, "fused_attention", {"q": heads, "k": heads, "v": heads, "mask": args["mask"]},
-                            {"scale": 0.125, "causal": True}))
-        o = bb.emit(relax.op.reshape(o, [b, s, 256]))
-        return call_op(bb, "fused_layernorm", {"x": o, "residual": args["x"], "gamma": args["gamma"],
-                                               "beta": args["beta"]}, {"eps": 1e-5})
-
-    mod = build_module(list(args.values()), body)
+    mod, shapes = symbolic_chain_module()
     compile_model(mod, target, fuse_graph=False).executable.export_library(str(out_dir / "symbolic_chain.so"))
     on_cpu = relax.VirtualMachine(compile_model(mod, "llvm", fuse_graph=False).executable, tvm.cpu())
     rng = np.random.default_rng(0)

@@ -121,17 +121,14 @@ def test_attention(gpu):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_symbolic_kernels_match_cpu_at_every_length(gpu):
-    """One CUDA build of kernels whose batch and sequence are symbolic (dense rows padded to row tiles, attention
-    queries padded to query tiles, norms over any row count) equals the CPU build (itself checked against
-    numpy) at lengths that are not multiples of any tile."""
+def symbolic_chain_module():
+    """``(module, {input: shape})``: dense + GELU → causal attention → LayerNorm with symbolic batch and sequence
+    (also built by ``scripts/gpu_check.py`` for a GPU machine without the TVM compiler)."""
     from tvm import tirx
 
-    from tvm_fusion_ext.compile.pipeline import compile_model
     from tvm_fusion_ext.ops import call_op
     from tvm_fusion_ext.testing import build_module
 
-    dev, target = gpu
     b, s = tirx.Var("batch", "int64"), tirx.Var("seq", "int64")
     shapes = {"x": [b, s, 256], "w": [256, 256], "bias": [256], "gamma": [256], "beta": [256],
               "mask": [b, 1, 1, s]}
@@ -147,7 +144,17 @@ def test_symbolic_kernels_match_cpu_at_every_length(gpu):
         return call_op(bb, "fused_layernorm", {"x": o, "residual": args["x"], "gamma": args["gamma"],
                                                "beta": args["beta"]}, {"eps": 1e-5})
 
-    mod = build_module(list(args.values()), body)
+    return build_module(list(args.values()), body), shapes
+
+
+def test_symbolic_kernels_match_cpu_at_every_length(gpu):
+    """One CUDA build of kernels whose batch and sequence are symbolic (dense rows padded to row tiles, attention
+    queries padded to query tiles, norms over any row count) equals the CPU build (itself checked against
+    numpy) at lengths that are not multiples of any tile."""
+    from tvm_fusion_ext.compile.pipeline import compile_model
+
+    dev, target = gpu
+    mod, shapes = symbolic_chain_module()
     on_gpu = relax.VirtualMachine(compile_model(mod, target, fuse_graph=False).executable, dev)
     on_cpu = relax.VirtualMachine(compile_model(mod, "llvm", fuse_graph=False).executable, tvm.cpu())
     rng = np.random.default_rng(0)
