@@ -72,6 +72,24 @@ def test_dense_compiles_without_spills(M, K, N, dtype, arch, transpose_b):
         assert "ldmatrix" in src and "mma.sync.aligned.m16n8k16" in src
 
 
+@needs_nvcc
+@pytest.mark.parametrize("M,K,N,dtype", [(16, 16, 32, "float16"), (128, 384, 768, "bfloat16")])
+def test_dense_tensor_core_loads_wait_for_the_block(M, K, N, dtype):
+    """Every ldmatrix of the tensor-core dense sits between two ``__syncthreads``: the cooperative stores of a
+    shared tile must land before any warp reads it, and every warp must be done reading before the next K step
+    overwrites it. TVM's ThreadSync sees neither the asm nor ``address_of``, and without the barriers an H100
+    gave garbage in the second warp's columns at 16x16x32 (``scripts/gpu_check.py``; right with them)."""
+    _, src = _dense(M, K, N, dtype, "sm_90", act="none")
+    body = src[src.index("main_kernel("):]
+    lines = [ln.strip() for ln in body.splitlines()]
+    loads = [n for n, ln in enumerate(lines) if "ldmatrix" in ln and ln.startswith('"')]
+    assert loads
+    for n in loads:
+        before = max(m for m, ln in enumerate(lines[:n]) if ln.startswith("__syncthreads"))
+        assert all("uint4" not in ln for ln in lines[before:n]), "a shared store between the barrier and a load"
+        assert any(ln.startswith("__syncthreads") for ln in lines[n:n + 12]), "no barrier after a load"
+
+
 def _attention(S, D, dtype, layout, arch, heads=4, softcap=0.0):
     key_block = min(64, S)  # as the build path sets for CUDA (AttentionCUDA.prepare_operator)
     shape = (1, S, heads, D) if layout == "BSHD" else (1, heads, S, D)

@@ -70,9 +70,15 @@ def fragment_layout_inverse(lane, value):
 
 # ----------------------------------------------------------------------------------------------- intrinsics
 
-def _ldmatrix(dtype: str, operand: str, trans: bool):
+def _ldmatrix(dtype: str, operand: str, trans: bool, sync: bool = False):
     """shared 16×16 -> warp fragment. ``operand`` "a": x tile (m, k); "b": weight tile, (k, n) or, with
-    ``trans``, (n, k). mma wants B column-major, so a (k, n) tile is loaded with ldmatrix's .trans."""
+    ``trans``, (n, k). mma wants B column-major, so a (k, n) tile is loaded with ldmatrix's .trans.
+
+    ``sync``: a block-wide barrier before and after the load. TVM's ThreadSync sees neither ``address_of`` nor the
+    asm, so it put no ``__syncthreads`` between the block's cooperative stores of a tile and the warps' ldmatrix
+    reads, nor between those reads and the next K step's stores: on an H100 a warp read rows another warp had not
+    written yet (the dense template's second warp along N got garbage, NaN). Only for templates whose every warp
+    runs the same fragment loads (a barrier under a warp-dependent branch would hang)."""
     ldm_trans = operand == "b" and not trans
     half = convert(WARP // 2)
     if trans:  # lanes 0-7 / 8-15 / 16-23 / 24-31 address rows 0-7 / 0-7 (+8 cols) / 8-15 / 8-15 (+8 cols)
@@ -110,8 +116,12 @@ def _ldmatrix(dtype: str, operand: str, trans: bool):
                 # tiles of several types into one allocation (StorageRewrite, or the dynamic shared memory
                 # merge), LowerIntrin checks an access_ptr's type against whichever alias it finds and fails
                 row, col = T.meta_var(row_col(tx))
+                if sync:
+                    T.evaluate(T.tvm_storage_sync("shared"))
                 T.evaluate(T.ptx_legacy.ldmatrix(ldm_trans, 4, ".b16", warp.data, warp.elem_offset,
                                                  T.address_of(shared[row, col]), 0, dtype=dtype))
+                if sync:
+                    T.evaluate(T.tvm_storage_sync("shared"))
 
     return desc, impl
 
@@ -225,9 +235,9 @@ def _store_shared():
     return desc, impl
 
 
-def intrin_names(dtype: str, trans_b: bool) -> dict:
-    s = _SHORT[dtype]
-    return {"load_a": f"tfx_ldmatrix_{s}_a", "load_b": f"tfx_ldmatrix_{s}_b{'_trans' if trans_b else ''}",
+def intrin_names(dtype: str, trans_b: bool, sync: bool = False) -> dict:
+    s, z = _SHORT[dtype], "_sync" if sync else ""
+    return {"load_a": f"tfx_ldmatrix_{s}_a{z}", "load_b": f"tfx_ldmatrix_{s}_b{'_trans' if trans_b else ''}{z}",
             "compute": f"tfx_mma_{s}{s}f32{'_trans_b' if trans_b else ''}", "init": "tfx_mma_fill_f32",
             "store": "tfx_mma_store_f32_shared"}
 
@@ -244,11 +254,13 @@ def register_intrinsics() -> None:
     TensorIntrin.register("tfx_mma_fill_f32", *_fill(), override=True)
     TensorIntrin.register("tfx_mma_store_f32_shared", *_store_shared(), override=True)
     for dtype in DTYPES:
-        for trans_b in (False, True):
-            names = intrin_names(dtype, trans_b)
-            TensorIntrin.register(names["load_b"], *_ldmatrix(dtype, "b", trans_b), override=True)
-            TensorIntrin.register(names["compute"], *_mma(dtype, trans_b), override=True)
-        TensorIntrin.register(intrin_names(dtype, False)["load_a"], *_ldmatrix(dtype, "a", False), override=True)
+        for sync in (False, True):
+            for trans_b in (False, True):
+                names = intrin_names(dtype, trans_b, sync)
+                TensorIntrin.register(names["load_b"], *_ldmatrix(dtype, "b", trans_b, sync), override=True)
+                TensorIntrin.register(names["compute"], *_mma(dtype, trans_b), override=True)
+            TensorIntrin.register(intrin_names(dtype, False, sync)["load_a"], *_ldmatrix(dtype, "a", False, sync),
+                                  override=True)
     _REGISTERED = True
 
 
@@ -306,7 +318,7 @@ def dense_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Opti
     lim = TargetInfo.of(target).limits()
     dtype = str(sch.get(block).reads[0].source.dtype)
     trans_b = weight_is_transposed(sch, block)
-    names = intrin_names(dtype, trans_b)
+    names = intrin_names(dtype, trans_b, sync=True)
     epilogue = sch.get_consumers(block)[0]
 
     flatten_write_rows(sch, block)
