@@ -320,8 +320,8 @@ def _graph_bounds(func, dim_vars) -> Dict[str, Tuple[int, str]]:
     """Bounds the graph itself implies, ``{dim: (bound, why)}``: ``strided_slice(constant, end=dim)`` along an axis
     of n → dim ≤ n; ``take(constant, indices)`` along an axis of n, with indices whose largest value is exactly
     ``dim + c - 1`` (positions ``arange(0, dim)``, shifted or broadcast, as GPT-2, Whisper's decoder and BART gather
-    their learned position embeddings; :func:`_attained_span`) → dim ≤ n - c. ONNX Runtime refuses a longer input at that Gather; a bound
-    from the graph refuses it before the call, with the bound in the manifest."""
+    their learned position embeddings; :func:`_attained_span`) → dim ≤ n - c. ONNX Runtime refuses a longer input
+    at that Gather; a bound from the graph refuses it before the call, with the bound in the manifest."""
     import tvm
     from tvm import relax, tirx
 
@@ -336,7 +336,7 @@ def _graph_bounds(func, dim_vars) -> Dict[str, Tuple[int, str]]:
 
     def static_axis(data, axis):
         shape = getattr(getattr(data, "ty", None), "shape", None)
-        if not isinstance(data, tvm.ir.GenericConst) or shape is None or not -len(shape.values) <= axis < len(shape.values):
+        if not isinstance(data, tvm.ir.GenericConst) or shape is None or not 0 <= axis < len(shape.values):
             return None
         n = shape.values[axis]
         return int(n) if isinstance(n, tirx.IntImm) else None
@@ -422,7 +422,7 @@ def _attained_span(e, bindings: dict, depth: int = 0):
         return None
     name, args = e.op.name, e.args
     if name == "relax.arange":
-        start, end, step = (_prim_field(a) if not tvm.ir.is_prim_expr(a) else a for a in args)
+        start, end, step = (_prim_field(a) for a in args)
         if not (isinstance(start, tirx.IntImm) and isinstance(step, tirx.IntImm) and int(step.value) == 1):
             return None
         free = list(tirx.analysis.undefined_vars(end)) if end is not None else []
