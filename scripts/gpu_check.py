@@ -191,9 +191,18 @@ def build(out_dir: Path, arch: str) -> None:
     target = cuda_target(arch)
     out_dir.mkdir(parents=True, exist_ok=True)
     cases = []
+    from tvm_fusion_ext.schedules.cuda.attention_mma import OPT_IN
+
     for case in _prim_cases():
         cases.append(_build_prim(case, target, out_dir))
         print("built", cases[-1]["name"], flush=True)
+        if case[1] == "fused_attention" and case[6] != "float32":  # the opt-in tensor-core template too
+            os.environ[OPT_IN] = "1"
+            try:
+                cases.append(_build_prim((case[0] + "_mma",) + tuple(case[1:]), target, out_dir))
+            finally:
+                del os.environ[OPT_IN]
+            print("built", cases[-1]["name"], flush=True)
     cases += _symbolic_chain(target, out_dir)
     cases += _varlen(target, out_dir)
     (out_dir / "cases.json").write_text(json.dumps({"arch": arch, "cases": cases}, indent=1))

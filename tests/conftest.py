@@ -55,6 +55,14 @@ def tiny_encoder_path(tmp_path_factory):
     return default_model_path(cache_dir=tmp_path_factory.mktemp("cache"))
 
 
+@pytest.fixture
+def mma_attention(monkeypatch):
+    """The tensor-core attention template, opt-in until it passes on a GPU (``schedules/cuda/attention_mma.py``)."""
+    from tvm_fusion_ext.schedules.cuda.attention_mma import OPT_IN
+
+    monkeypatch.setenv(OPT_IN, "1")
+
+
 @pytest.fixture(scope="session")
 def run_llvm():
     """``run_llvm(mod, feeds) -> list[np.ndarray]``: plain ``tvm.compile`` for llvm, inputs fed by ONNX name."""

@@ -74,14 +74,21 @@ def test_layernorm(gpu, dtype, N):
 
 
 @pytest.mark.parametrize("dtype,S,D,layout", [
-    ("float16", 128, 64, "BSHD"),   # tensor cores, K and V read in place
+    ("float16", 128, 64, "BSHD"),   # tensor cores (when asked), K and V read in place
     ("bfloat16", 128, 32, "BHSD"),
-    ("float16", 96, 64, "BSHD"),    # tensor cores, padded key blocks
-    ("float16", 40, 32, "BSHD"),    # rows not a multiple of 16: SIMT
+    ("float16", 96, 64, "BSHD"),    # tensor cores (when asked), padded key blocks
+    ("float16", 40, 32, "BSHD"),    # rows not a multiple of 16: SIMT either way
 ])
-def test_attention_low_precision(gpu, dtype, S, D, layout):
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "mma"])
+def test_attention_low_precision(gpu, dtype, S, D, layout, tensor_cores, monkeypatch):
+    from tvm_fusion_ext.schedules.cuda.attention_mma import OPT_IN
+
     if get_template("tfx.attention", gpu[1]) is None:
         pytest.skip("no CUDA attention template registered")
+    if tensor_cores:  # the opt-in template this test exists to check (schedules/cuda/attention_mma.py)
+        monkeypatch.setenv(OPT_IN, "1")
+    else:
+        monkeypatch.delenv(OPT_IN, raising=False)
     rng = np.random.default_rng(3)
     B, H = 1, 4
     q, k, v = (rng.standard_normal((B, S, H, D)).astype("float32") for _ in range(3))

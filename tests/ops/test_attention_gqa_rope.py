@@ -203,7 +203,8 @@ def test_unrecognised_structure_is_left_alone():
     pytest.param("float16", 64, 64, None, "sm_90", marks=pytest.mark.slow),
     ("float16", 40, 48, "interleaved", "sm_90"),    # SIMT path for a head dim that does not tile by 16
 ])
-def test_cuda_grouped_rotary_compiles_without_spills(dtype, S, D, rope, arch, tmp_path, monkeypatch):
+def test_cuda_grouped_rotary_compiles_without_spills(dtype, S, D, rope, arch, tmp_path, monkeypatch,
+                                                   mma_attention):
     from tvm_fusion_ext.schedules.cuda.attention import attention_cuda
 
     if shutil.which("nvcc") is None:

@@ -1,6 +1,7 @@
 """CUDA (SIMT, fp32 accumulation) template for ``fused_attention``: one thread block per query tile.
 
-16-bit inputs whose shapes fit 16×16 tiles go to the tensor-core template of :mod:`.attention_mma`.
+16-bit inputs whose shapes fit 16×16 tiles go to the tensor-core template of :mod:`.attention_mma` when it is
+asked for (``TFX_CUDA_MMA_ATTENTION=1``; see there why it is opt-in).
 
 Shape of the schedule (``rows`` = query rows per block on threadIdx.y, a warp on threadIdx.x)::
 

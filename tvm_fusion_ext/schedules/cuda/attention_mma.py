@@ -30,12 +30,19 @@ Knobs: ``warps`` (perfect tile ``[tiles, W]`` of the 16-row query tiles, W ≤ 4
 is the operator's ``key_block``; the build path sets :data:`KEY_BLOCK` for CUDA 16-bit attention
 (``AttentionCUDA.prepare_operator``).
 
+Opt-in (:data:`OPT_IN`, environment ``TFX_CUDA_MMA_ATTENTION=1``): on an H200 (session 26) this template gave
+wrong outputs, because its warps' ``ldmatrix`` reads of shared tiles were not separated by barriers from the
+block's cooperative stores (the defect the tensor-core dense had). Its loads now wait at block barriers as the
+dense's do, which made the dense right there, but no GPU has run this template since: until
+``scripts/gpu_check.py`` passes on one, 16-bit attention takes the SIMT template, which matched.
+
 Known limits: head dims over 64 exceed 48 KiB of static shared memory at 64 keys per block and take the SIMT
 template; with padded key blocks on sm_90 ptxas spills 24 bytes at two warps (S = 96, D = 64).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import tvm
@@ -61,6 +68,12 @@ SMEM = "shared"  # static: 0.27's dynamic shared-memory merge overlapped the liv
 #: key block the build path asks for on CUDA with 16-bit inputs (see the module docstring)
 KEY_BLOCK = 64
 MAX_WARPS = 4
+#: environment variable that turns this template on (see the module docstring)
+OPT_IN = "TFX_CUDA_MMA_ATTENTION"
+
+
+def opted_in() -> bool:
+    return os.environ.get(OPT_IN, "") == "1"
 
 
 def smem_bytes(rows: int, head_dim: int, key_block: int, in_bytes: int = 2) -> int:
@@ -77,9 +90,10 @@ def supports(S: int, D: int, key_block: int, dtype: str, lim: dict) -> bool:
 
 
 def tensor_cores_fit(sch: s_tir.Schedule, block, stages: dict, target: tvm.target.Target) -> bool:
-    """Whether this kernel takes the tensor-core template: 16-bit operands (``attn_p16`` exists) and query
-    rows, head dim and key block that tile by 16 (the key block by 32: a lane per key in the row reductions)."""
-    if "attn_p16" not in stages:
+    """Whether this kernel takes the tensor-core template: asked for (:func:`opted_in`), 16-bit operands
+    (``attn_p16`` exists) and query rows, head dim and key block that tile by 16 (the key block by 32: a lane per
+    key in the row reductions)."""
+    if "attn_p16" not in stages or not opted_in():
         return False
     attrs = sch.mod["main"].attrs
     if attrs is not None and "cu_seqlens" in str(attrs.get("tfx.inputs", "")).split(","):
@@ -171,8 +185,10 @@ def attention_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: 
     if in_place:
         sch.compute_inline(kt)
         sch.compute_inline(vb)
-    qk_names = intrin_names(dtype, in_place)
-    bo_names = intrin_names(dtype, False)  # p16·V: V's tile is (key, d) = (k, n): ldmatrix .trans
+    # every warp runs the same fragment loads (static loops, no warp-dependent branch around them), so each
+    # may sit between block barriers: see tensorcore._ldmatrix's ``sync``
+    qk_names = intrin_names(dtype, in_place, sync=True)
+    bo_names = intrin_names(dtype, False, sync=True)  # p16·V: V's tile is (key, d) = (k, n): ldmatrix .trans
 
     b, h, s, d = output_loops_bhsd(sch, block)
     S, D = int(sch.get(s).extent), int(sch.get(d).extent)
