@@ -364,7 +364,7 @@ def test_build_only_cli_compiles_sm90_candidates(model, capsys):
 
 @pytest.mark.slow  # 8.5 s
 @needs_nvcc
-def test_build_only_fp16_candidates_use_tensor_core_templates(model):
+def test_build_only_fp16_candidates_use_tensor_core_templates(model, mma_attention):
     from tvm_fusion_ext.tools.inspect_cuda import convert_dtype
     from tvm_fusion_ext.tune.check_candidates import check_candidates
 
