@@ -13,7 +13,8 @@ over the rows flattened and padded up to a multiple of ``row_block`` (the ``dens
 reads it in place, the CUDA template gathers it per tile), the padding rows reading the last real row (a few
 wasted FMAs, no out-of-bounds read), and the epilogue writes only the real rows. A template can then tile rows by ``row_block`` with no tail predicate inside its micro-kernel, which would otherwise keep
 its accumulator tile out of registers. On CPU a request of fewer rows than the tile runs a copy of the kernel
-built with a thinner ``row_block`` (:mod:`..compile.short_rows`), not 8 padded rows.
+built with a thinner ``row_block`` (:mod:`..compile.short_rows`), not 8 padded rows. ``row_clamp`` says how a
+padding row is clamped to the last real one (:func:`real_row`).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def pack_weight(w: np.ndarray, nr: int, transpose_b: bool = False) -> np.ndarray
 
 @register_op("fused_dense", inputs=("x", "w", "bias"))
 def fused_dense(x, w, bias=None, *, act="none", transpose_b=False, w_layout="plain", out_features=None,
-                acc_dtype="float32", out_dtype=None, row_block=None):
+                acc_dtype="float32", out_dtype=None, row_block=None, row_clamp="min"):
     if w_layout not in W_LAYOUTS:
         raise ValueError(f"fused_dense: unknown weight layout '{w_layout}' (known: {', '.join(W_LAYOUTS)})")
     out_dtype = out_dtype or x.dtype
@@ -91,7 +92,7 @@ def fused_dense(x, w, bias=None, *, act="none", transpose_b=False, w_layout="pla
         padded = (rows + (int(row_block) - 1)) // int(row_block) * int(row_block)
         # The padded rows as their own (inlinable) stage: a row tile of it is a rectangle, which a template can
         # stage in shared memory; read through x's (batch, seq) dims the same tile is a bounding box in (b, s).
-        padded_x = te.compute((padded, K), lambda r, c: x[(*_unflatten(tirx.min(r, rows - 1), batch), c)],
+        padded_x = te.compute((padded, K), lambda r, c: x[(*_unflatten(real_row(r, rows, row_clamp), batch), c)],
                               name="dense_rows", attrs={"schedule_rule": "None"})
         acc = te.compute((padded, N), lambda r, j: te.sum(
             padded_x[r, k].astype(acc_dtype) * weight(j).astype(acc_dtype),
@@ -106,6 +107,25 @@ def fused_dense(x, w, bias=None, *, act="none", transpose_b=False, w_layout="pla
 
     # "None": MetaSchedule's generic rules leave the epilogue to the dense template, which inlines it.
     return te.compute((*batch, N), epilogue, name="dense_epilogue", attrs={"schedule_rule": "None"})
+
+
+ROW_CLAMPS = ("min", "likely")
+
+
+def real_row(r, rows, row_clamp: str = "min"):
+    """Padded row ``r`` read as the last real row when past ``rows``.
+
+    ``row_clamp`` "likely" (CPU templates ask for it): a branch hint, which LoopPartition (the templates hint the
+    row-tile loop) uses to split off the last tile and drop the clamp from the full ones, whose rows are then one
+    base pointer at constant offsets. With ``min`` the clamp stayed in every tile, and an unrolled 8-row tile's
+    clamped row pointers left LLVM too few registers: it reloaded six of them from the stack in every step of the
+    K loop (symbolic dense 1.08-1.14x its static twin at 16 rows, 0.99-1.06 with the hint). "min" for templates
+    that stage a row tile (CUDA: ThreadSync refuses the branch around the shared-memory stores)."""
+    if row_clamp not in ROW_CLAMPS:
+        raise ValueError(f"fused_dense: unknown row_clamp '{row_clamp}' (known: {', '.join(ROW_CLAMPS)})")
+    if row_clamp == "likely":
+        return tirx.if_then_else(tirx.likely(r < rows), r, rows - 1)
+    return tirx.min(r, rows - 1)
 
 
 def _product(dims):

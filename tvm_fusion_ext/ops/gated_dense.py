@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from .dense import _flatten, _product, _unflatten, activation
+from .dense import _flatten, _product, _unflatten, activation, real_row
 from .registry import register_op
 
 #: activations a gated MLP applies to its gate (SwiGLU: silu; GeGLU: gelu, erf or tanh form)
@@ -43,7 +43,7 @@ def pack_gated_weight(w: np.ndarray, nr: int) -> np.ndarray:
 
 @register_op("fused_gated_dense", inputs=("x", "w", "bias"))
 def fused_gated_dense(x, w, bias=None, *, act="silu", w_layout="plain", out_features=None, acc_dtype="float32",
-                      out_dtype=None, row_block=None):
+                      out_dtype=None, row_block=None, row_clamp="min"):
     if act not in GATE_ACTIVATIONS:
         raise ValueError(f"fused_gated_dense: unknown gate activation '{act}' (known: {', '.join(GATE_ACTIVATIONS)})")
     if w_layout not in W_LAYOUTS:
@@ -68,7 +68,6 @@ def fused_gated_dense(x, w, bias=None, *, act="silu", w_layout="plain", out_feat
         raise ValueError(f"fused_gated_dense: weight {list(w.shape)} does not end in the (gate, up) pair")
     rows = _product(batch)
     padded = rows if row_block is None else (rows + (int(row_block) - 1)) // int(row_block) * int(row_block)
-    last_row = rows - 1
     k = te.reduce_axis((0, K), name="k")
 
     def weight(j, h):
@@ -79,7 +78,7 @@ def fused_gated_dense(x, w, bias=None, *, act="silu", w_layout="plain", out_feat
             return x[(*_unflatten(r, batch), c)]
     else:
         # the padded rows as their own stage, as in fused_dense (``dense_rows``: templates copy or inline it)
-        padded_x = te.compute((padded, K), lambda r, c: x[(*_unflatten(tirx.min(r, last_row), batch), c)],
+        padded_x = te.compute((padded, K), lambda r, c: x[(*_unflatten(real_row(r, rows, row_clamp), batch), c)],
                               name="dense_rows", attrs={"schedule_rule": "None"})
 
         def row(r, c):

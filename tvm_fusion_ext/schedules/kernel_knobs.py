@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tvm
 
 #: parameters that only say how run-time rows are padded: a static kernel has none of them
-ROW_ONLY_PARAMS = ("row_block", "query_block")
+ROW_ONLY_PARAMS = ("row_block", "row_clamp", "query_block")
 
 #: per operator: which axes of which input are row axes (batch, sequence), by input name. ``"leading"``: every
 #: axis but the last; ``"all"``: every axis (a mask, per-token bookkeeping). Inputs not listed have no row axis

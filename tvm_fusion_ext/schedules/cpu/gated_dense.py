@@ -167,5 +167,5 @@ class GatedDenseCPU(TemplateRule):
         if params.get("row_block") is None:
             row_block = row_block_for(call, self.knobs.mr, self.knobs.i, target)
             if row_block is not None:
-                params["row_block"] = row_block
+                params.update(row_block=row_block, row_clamp="likely")  # see ops/dense.py::real_row
         return call.replace(inputs=inputs, params=params) if params != call.params else None
