@@ -211,9 +211,9 @@ def test_symbolic_dense_reads_its_rows_in_place():
 
 
 def _x_reads_of_the_widest_tile(mod):
-    """``(clamped, plain)``: how many reads of ``x`` under the widest unrolled row tile of the built dense kernels
-    still clamp their row (a ``min`` or ``if_then_else`` in the index) and how many do not, in the TIR as
-    LoopPartition leaves it (simplified)."""
+    """``(executable, clamped, plain)``: ``mod`` built, and how many reads of ``x`` under the widest unrolled row
+    tile of its dense kernels still clamp their row (a ``min`` or ``if_then_else`` in the index) and how many do
+    not, in the TIR as LoopPartition leaves it (simplified)."""
     captured = []
 
     @tvm.instrument.pass_instrument
@@ -224,7 +224,7 @@ def _x_reads_of_the_widest_tile(mod):
                                 if isinstance(f, tvm.tirx.PrimFunc) and "dense" in gv.name_hint)
 
     with tvm.transform.PassContext(instruments=[Capture()]):
-        build(mod, CPU, fuse=False)
+        executable = build(mod, CPU, fuse=False)
     assert captured
     reads = []  # (rows of the enclosing unrolled tile, clamped)
     simplified = tvm.tirx.transform.StmtSimplify()(
@@ -243,7 +243,7 @@ def _x_reads_of_the_widest_tile(mod):
                 reads.append((rows, "T.min(" in index or "T.if_then_else(" in index))
     widest = max(rows for rows, _ in reads)
     clamped = [c for rows, c in reads if rows == widest]
-    return sum(clamped), len(clamped) - sum(clamped)
+    return executable, sum(clamped), len(clamped) - sum(clamped)
 
 
 @pytest.mark.parametrize("op", ["fused_dense", "fused_gated_dense"])
@@ -268,9 +268,9 @@ def test_full_row_tiles_read_x_unclamped(op):
     kernels = [f for _, f in lower(mod, CPU).functions_items() if isinstance(f, tvm.tirx.PrimFunc)
                and params_of(f).get("row_block")]
     assert kernels and all(params_of(f).get("row_clamp") == "likely" for f in kernels)
-    clamped, plain = _x_reads_of_the_widest_tile(mod)
+    executable, clamped, plain = _x_reads_of_the_widest_tile(mod)
     assert clamped and plain, (clamped, plain)
-    vm = relax.VirtualMachine(build(mod, CPU, fuse=False), tvm.cpu())
+    vm = relax.VirtualMachine(executable, tvm.cpu())
     for shape in ((1, 3), (1, 8), (2, 7), (3, 16)):  # a tail tile, one full tile, both
         xs = rng.standard_normal((*shape, 64)).astype("float32")
         if op == "fused_gated_dense":

@@ -122,7 +122,7 @@ def real_row(r, rows, row_clamp: str = "min"):
     K loop (symbolic dense 1.08-1.14x its static twin at 16 rows, 0.99-1.06 with the hint). "min" for templates
     that stage a row tile (CUDA: ThreadSync refuses the branch around the shared-memory stores)."""
     if row_clamp not in ROW_CLAMPS:
-        raise ValueError(f"fused_dense: unknown row_clamp '{row_clamp}' (known: {', '.join(ROW_CLAMPS)})")
+        raise ValueError(f"unknown row_clamp '{row_clamp}' (known: {', '.join(ROW_CLAMPS)})")
     if row_clamp == "likely":
         return tirx.if_then_else(tirx.likely(r < rows), r, rows - 1)
     return tirx.min(r, rows - 1)
