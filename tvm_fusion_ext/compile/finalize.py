@@ -15,11 +15,12 @@ def finalize_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
     else:
         from tvm.relax.backend.cpu_generic import pipeline as backend
     from .lower import ReshapesAsViews
+    from .shape_reuse import ReuseShapeValues
 
     # the backend runs RewriteDataflowReshape again: the same guard against TVM's assertion (see ReshapesAsViews)
     passes = [ReshapesAsViews() if p.info.name == "RewriteDataflowReshape" else p
               for p in backend.dataflow_lower_passes(target)]
-    passes += backend.finalize_passes(target) + [_ShapeFunctionsNoAlias()]
+    passes += backend.finalize_passes(target) + [ReuseShapeValues(), _ShapeFunctionsNoAlias()]
 
     @tvm.transform.module_pass(opt_level=0, name="tfx.finalize")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:

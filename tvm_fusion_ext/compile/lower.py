@@ -196,6 +196,7 @@ def lower(mod: tvm.IRModule, target: TargetSpec = None, knobs: Optional[dict] = 
     from .matmul_checks import CheckMatmulReductions
     from .reshape_checks import CheckReshapeSizes
     from .scalar_calls import KeepScalarCallsUnfused
+    from .split_kernel import LEGALIZE
 
     target = resolve_target(target)
     passes = [
@@ -208,7 +209,7 @@ def lower(mod: tvm.IRModule, target: TargetSpec = None, knobs: Optional[dict] = 
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
         PrepareOperatorsForTemplates(target, knobs, kernel_knobs),
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE),  # equal splits: one kernel
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         # exporters rebuild the same mask (or position table) inside every layer: once is enough
