@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_artifact_interleaved import _feeds  # noqa: E402
+from bench_artifact_vs_static import interleaved_medians  # noqa: E402
 
 
 def main() -> None:
@@ -38,15 +38,8 @@ def main() -> None:
         diff = max(float(np.abs(outs["old"][n] - outs["new"][n]).max()) for n in outs["old"])
         calls = {k: m.bind(feeds) for k, m in models.items()}  # inputs converted once: the calls alone are timed
         burst = max(2, int(200 / (batch * seq) ** 0.7))  # a few ms of calls at every length
-        times = {k: [] for k in models}
-        for _ in range(args.rounds):
-            for name, call in calls.items():
-                call()  # the first call after the other's pays for the caches they used
-                for _ in range(burst):
-                    start = time.perf_counter()
-                    call()
-                    times[name].append(time.perf_counter() - start)
-        old, new = (float(np.median(times[k])) * 1e3 for k in ("old", "new"))
+        medians = interleaved_medians(calls, args.rounds, burst)
+        old, new = medians["old"], medians["new"]
         print(f"({batch}, {seq}): old {old:.3f} ms, new {new:.3f} ms, new / old {new / old:.3f}, max diff {diff:.1e}",
               flush=True)
 

@@ -23,6 +23,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_artifact_interleaved import _feeds  # noqa: E402
 
 
+def interleaved_medians(calls, rounds: int, per_round: int) -> dict:
+    """The median single call, in ms, of each zero-argument call in ``calls``: each round times ``per_round`` calls
+    of one, then of the next, so a change in the machine's speed lands on all alike."""
+    times = {k: [] for k in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            call()  # the first call after the others' pays for the caches they used
+            for _ in range(per_round):
+                t = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - t)
+    return {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -46,16 +60,8 @@ def main() -> None:
         static = CompiledModel.from_module(load_onnx(args.model, shapes={n: [b, s] for n in names}))
         calls = {"artifact": deployed.bind(feeds), "static": static.bind(feeds)}
         diff = float(np.abs(next(iter(deployed.run(feeds).values())) - next(iter(static.run(feeds).values()))).max())
-        times = {k: [] for k in calls}
-        per_round = 8 if b * s < 200 else 3
-        for _ in range(args.rounds):
-            for name, call in calls.items():
-                call()  # the first call after the other's calls pays for the caches they used
-                for _ in range(per_round):
-                    t = time.perf_counter()
-                    call()
-                    times[name].append(time.perf_counter() - t)
-        a, st = (float(np.median(times[k])) * 1e3 for k in ("artifact", "static"))
+        medians = interleaved_medians(calls, args.rounds, 8 if b * s < 200 else 3)
+        a, st = medians["artifact"], medians["static"]
         print(f"| ({b}, {s}) | {a:.2f} | {st:.2f} | {a / st:.2f} | {diff:.1e} |", flush=True)
 
 

@@ -9,7 +9,7 @@ outputs share their iteration space): equal sections of a static axis. Anything 
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import tvm
 from tvm import relax, te, tirx
@@ -17,8 +17,8 @@ from tvm import relax, te, tirx
 _SPLIT = "relax.split"
 
 
-def equal_parts(call: relax.Call) -> Optional[List[int]]:
-    """The parts' starts along the split axis when every part has the same static size, else None."""
+def equal_parts(call: relax.Call) -> Optional[Tuple[int, List[int]]]:
+    """(axis, the parts' starts along it) when every part has the same static size, else None."""
     ty = call.args[0].ty
     if not isinstance(ty, relax.TensorType) or ty.ndim < 1 or not isinstance(ty.shape, relax.ShapeExpr):
         return None
@@ -32,12 +32,12 @@ def equal_parts(call: relax.Call) -> Optional[List[int]]:
         n = int(sections.value)
         if n < 2 or extent % n:
             return None
-        return [p * (extent // n) for p in range(n)]
+        return axis, [p * (extent // n) for p in range(n)]
     if not all(isinstance(i, tirx.IntImm) for i in sections):
         return None
     bounds = [0] + [int(i) for i in sections] + [extent]
     sizes = {b - a for a, b in zip(bounds, bounds[1:])}
-    return bounds[:-1] if len(bounds) > 2 and len(sizes) == 1 and sizes.pop() > 0 else None
+    return (axis, bounds[:-1]) if len(bounds) > 2 and len(sizes) == 1 else None
 
 
 def _one_loop_nest(x: te.Tensor, starts: List[int], axis: int):
@@ -51,10 +51,10 @@ def _one_loop_nest(x: te.Tensor, starts: List[int], axis: int):
 
 
 def legalize_split(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    starts = equal_parts(call)
-    if starts is None:
+    parts = equal_parts(call)
+    if parts is None:
         return tvm.ir.Op.get(_SPLIT).get_attr("FLegalize")(bb, call)
-    axis = int(call.attrs.axis) % call.args[0].ty.ndim
+    axis, starts = parts
     return bb.call_te(_one_loop_nest, call.args[0], starts, axis, primfunc_name_hint="split")
 
 
