@@ -67,7 +67,8 @@ def check(path: str, remove_padding: bool) -> str:
         worst = max(worst, float(np.abs(got[valid] - ref[valid]).max()))
     report = model.report
     fused = {k: v for k, v in report.fused.items() if v} if report else {}
-    return f"ok max |diff| {worst:.1e} {fused}"
+    in_place = report.count("ReadAttentionHeadsInPlace") if report else 0
+    return f"ok max |diff| {worst:.1e} {fused}" + (f", attention heads read in place {in_place}" if in_place else "")
 
 
 def main() -> None:

@@ -385,6 +385,44 @@ def test_attention_takes_every_knob_but_the_query_tile(tmp_path):
         np.testing.assert_allclose(got, _attention_reference(q, k, v, mask), rtol=1e-4, atol=1e-4)
 
 
+def test_attention_reading_heads_in_place_takes_the_knobs_of_the_plain_one(tmp_path):
+    """A record tuned on q/k/v ``[1, 128, 4, 32]`` reaches the symbolic kernel reading the same heads as ranges of
+    one ``[batch, seq, 12, 32]`` tensor (transform/attention_qkv_heads.py): same loops, same signature."""
+    from tvm import relax
+
+    from tvm_fusion_ext.compile import compile_model, prepare
+    from tvm_fusion_ext.compile.record_knobs import collect
+    from tvm_fusion_ext.ops import call_op
+    from tvm_fusion_ext.schedules.kernel_knobs import kernel_signature
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.testing import build_module
+
+    target = resolve_target("llvm")
+    (static,) = _kernels(prepare(_attention_module(1, 128), target, fuse_graph=False)[0], "tfx.attention").values()
+    _commit(_record_dir(tmp_path), static, _template_trace(static, "tfx.attention", ATTENTION_KNOBS))
+    b, s = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("seq", "int64")
+    x = relax.Var("x", relax.TensorType([b, s, 3 * HEADS, HEAD_DIM], "float32"))
+    mask = relax.Var("mask", relax.TensorType([b, 1, 1, s], "float32"))
+    heads = {"heads": HEADS, "kv_heads": HEADS, "q_head_start": 0, "k_head_start": HEADS, "v_head_start": 2 * HEADS}
+    module = build_module([x, mask], lambda bb: call_op(bb, "fused_attention", {"q": x, "k": x, "v": x,
+                                                                               "mask": mask},
+                                                        {"scale": 0.125, **heads}))
+    (kernel,) = _kernels(prepare(module, target, fuse_graph=False)[0], "tfx.attention").values()
+    (entry,) = collect(str(tmp_path), target).table.by_signature.values()
+    assert kernel_signature(kernel) == entry.signature
+
+    compiled = compile_model(module, target, fuse_graph=False, logs=str(tmp_path))
+    assert [e["rule"] for e in compiled.transferred] == ["tfx.attention"]
+    vm = tvm.relax.VirtualMachine(compiled.executable, tvm.cpu())
+    rng = np.random.default_rng(7)
+    xs = rng.standard_normal((2, 37, 3 * HEADS, HEAD_DIM)).astype("float32")
+    m = np.where(rng.random((2, 1, 1, 37)) < 0.25, -1e4, 0.0).astype("float32")
+    m[..., 0] = 0.0
+    got = vm["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(m)).numpy()
+    want = _attention_reference(*(xs[:, :, i * HEADS:(i + 1) * HEADS] for i in range(3)), m)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_knobs_that_fail_on_the_symbolic_kernel_fall_back_to_its_defaults(symbolic):
     """Knobs that cannot schedule the kernel (an unroll index past the template's candidates, as a database from
     another template version could hold; MetaSchedule's own loader refuses such a trace, so the table is made by

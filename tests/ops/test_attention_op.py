@@ -379,3 +379,90 @@ def test_cuda_numerics(shape, mask_shape, causal):
     out = tvm.runtime.empty((B, S, H, D), "float32", dev)
     ex(*[tvm.runtime.tensor(a, dev) for a in (q, k, v, mask) if a is not None], out)
     _close(out.numpy(), _reference(q, k, v, mask, 1.0 / np.sqrt(D), causal, ("BSHD",) * 4), tol=1e-4)
+
+
+# -- head ranges: Q, K and V read from one tensor (a fused QKV projection's output) ----------------------------
+
+def _head_range_case(B, S, H, HKV, D, lead, causal, seed=0):
+    """X [B, S, lead + H + 2·HKV, D] passed as q, k and v, and the reference on its slices (K/V heads repeated)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, S, lead + H + 2 * HKV, D)).astype("float32")
+    starts = {"q": lead, "k": lead + H, "v": lead + H + HKV}
+    params = {"scale": 0.3, "causal": causal, "q_layout": "BSHD", "k_layout": "BSHD", "v_layout": "BSHD",
+              "out_layout": "BSHD", "heads": H, "kv_heads": HKV, **{f"{n}_head_start": s for n, s in starts.items()}}
+    q = x[:, :, lead:lead + H]
+    k, v = (np.repeat(x[:, :, starts[n]:starts[n] + HKV], H // HKV, axis=2) for n in ("k", "v"))
+    return x, params, _reference(q, k, v, None, 0.3, causal, ("BSHD",) * 4)
+
+
+@pytest.mark.parametrize("B,S,H,HKV,D,lead,causal,scheduled", [
+    (2, 9, 3, 3, 16, 0, False, True),     # MHA: [q | k | v]
+    (1, 37, 4, 1, 32, 0, True, True),     # multi-query, causal
+    (2, 20, 4, 2, 8, 2, False, True),     # GQA behind two heads of something else
+    (1, 5, 2, 2, 16, 1, True, False),     # the unscheduled compute
+])
+def test_head_ranges_of_one_tensor(B, S, H, HKV, D, lead, causal, scheduled):
+    x, params, want = _head_range_case(B, S, H, HKV, D, lead, causal)
+    func = _func({"q": x, "k": x, "v": x}, params)
+    mod = _schedule(func) if scheduled else tvm.IRModule({"main": func})
+    out = tvm.runtime.empty((B, S, H, D), "float32")
+    tx = tvm.runtime.tensor(x)
+    tvm.compile(mod, target=TARGET)(tx, tx, tx, out)
+    _close(out.numpy(), want)
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"heads": 4, "kv_heads": 2, "q_head_start": 0, "k_head_start": 4, "v_head_start": 7}, r"v heads \[7, 9\)"),
+    ({"heads": 3, "kv_heads": 2, "k_head_start": 3, "v_head_start": 5}, "divide"),
+    ({"heads": 2, "q_head_start": -1}, r"q heads \[-1, 1\)"),
+])
+def test_head_ranges_outside_the_operand_are_refused(params, message):
+    x = np.zeros((1, 4, 8, 16), "float32")
+    base = {"scale": 1.0, "causal": False, "q_layout": "BSHD", "k_layout": "BSHD", "v_layout": "BSHD",
+            "out_layout": "BSHD"}
+    with pytest.raises(ValueError, match=message):
+        _func({"q": x, "k": x, "v": x}, {**base, **params})
+
+
+@pytest.mark.parametrize("arch,dtype", [("sm_90", "float32"), ("sm_80", "float16")])
+def test_cuda_head_ranges_compile_without_spills(arch, dtype, tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+
+    from tvm_fusion_ext.schedules.cuda.attention import attention_cuda
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "nvcc")
+    x, params, _ = _head_range_case(1, 64, 4, 2, 64, 0, True)
+    x = x.astype(dtype)
+    target = _cuda_target(arch)
+    sch = s_tir.Schedule(tvm.IRModule({"main": _func({"q": x, "k": x, "v": x}, params)}), seed=1)
+    attention_cuda(sch, sch.get_sblock("attn_out"), target)
+    src = _cuda_source(tvm.compile(sch.mod, target=target))
+    cu = tmp_path / "k.cu"
+    cu.write_text(src)
+    res = subprocess.run(["nvcc", "--cubin", f"-arch={arch}", "-O3", "-w", "-Xptxas", "-v", "-o",
+                          str(tmp_path / "k.cubin"), str(cu)], capture_output=True, text=True, check=True)
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                        res.stdout + res.stderr)
+    assert frames and all(f == ("0", "0", "0") for f in frames), res.stdout + res.stderr
+
+
+def test_separated_head_ranges_compute_the_same_attention():
+    """``separate_head_ranges`` (what the tensor-core template asks for): slices and plain parameters, same result."""
+    from tvm_fusion_ext.ops import OperatorCall, call_op
+    from tvm_fusion_ext.schedules.attention_blocks import separate_head_ranges
+    from tvm_fusion_ext.testing import build_module, run_relax
+
+    x_np, params, want = _head_range_case(2, 9, 4, 2, 16, 1, True)
+    x = relax.Var("x", relax.TensorType(list(x_np.shape), "float32"))
+    call = separate_head_ranges(OperatorCall("fused_attention", {"q": x, "k": x, "v": x}, params))
+    assert not any(p in call.params for p in ("heads", "kv_heads", "q_head_start", "k_head_start", "v_head_start"))
+    assert all(isinstance(call.inputs[n], relax.Call) for n in "qkv")  # every operand is a range of x
+    assert separate_head_ranges(call) is None
+
+    def body(bb):
+        return call_op(bb, "fused_attention", {n: bb.emit(e) for n, e in call.inputs.items()}, call.params)
+
+    _close(run_relax(build_module([x], body), [x_np]), want)

@@ -52,7 +52,9 @@ class _PrepareOperators(relax.PyExprMutator):
             wanted = template.prepare(original, self.target)
             if wanted is not None:
                 self.changed += 1
-                return call_op(self.builder_, op, wanted.inputs, wanted.params)
+                # a template may ask for an input computed from the given ones (a slice): bound first, typed
+                given = {n: self.builder_.emit(e) if isinstance(e, relax.Call) else e for n, e in wanted.inputs.items()}
+                return call_op(self.builder_, op, given, wanted.params)
         return call
 
 

@@ -23,6 +23,11 @@ Semantics the graph-side rules rely on:
   can see are skipped by the compiled kernel (:mod:`..compile.causal_skip`): about half the work.
 * Grouped-query attention: K and V may have fewer heads ``Hkv`` than Q (``H % Hkv == 0``); query head ``h``
   reads K/V head ``h // (H / Hkv)`` in place (``repeat_kv``'s order), so no repeated K/V exists.
+* Head ranges (``heads``, ``kv_heads``, ``q_head_start``, ``k_head_start``, ``v_head_start``): an operand may
+  hold more heads than it contributes; Q is heads ``[q_head_start, q_head_start + heads)`` of ``q``'s head axis,
+  K and V ``kv_heads`` heads from their starts. A fused QKV projection's output, viewed as
+  ``[B, S, H + 2·Hkv, D]``, is then passed as all three operands, and no split copies it apart
+  (:mod:`..transform.attention_qkv_heads`). Defaults: every head of each operand (the original form).
 * Rotary embeddings (``q_rope`` / ``k_rope`` = ``"half"`` or ``"interleaved"``): the operand is read as
   ``x·cos + rot(x)·sin`` with ``cos``/``sin`` of shape (1 | B, 1 | L, D) (L = S for q, T for k). ``rot`` is
   rotate-half (``[-x₂, x₁]`` of the two halves of the head dim) or the interleaved form (``(-x₁, x₀)`` per
@@ -57,6 +62,8 @@ from .registry import register_op
 from .rope import check_rope_tables, rotary_read
 
 LAYOUTS = ("BSHD", "BHSD")
+#: parameters that place Q/K/V's heads inside larger operands ("Head ranges" above), not what is computed
+HEAD_RANGE_PARAMS = ("heads", "kv_heads", "q_head_start", "k_head_start", "v_head_start")
 ACC = "float32"
 #: input types whose matmul operands stay 16-bit (tensor-core friendly): stages ``attn_p16`` and ``attn_vb``
 LOW_PRECISION = ("float16", "bfloat16")
@@ -115,7 +122,8 @@ def _dims(t, layout: str):
     return (b, x1, x2, d) if layout == "BHSD" else (b, x2, x1, d)
 
 
-def _at(t, layout: str, b, h, s, d):
+def _at(t, layout: str, b, h, s, d, head_start: int = 0):
+    h = h + head_start if head_start else h
     return t[b, h, s, d] if layout == "BHSD" else t[b, s, h, d]
 
 
@@ -125,19 +133,35 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
                     row_seq=None, key_bias=None, *, scale: float,
                     causal: bool = False, q_layout: str = "BSHD", k_layout: str = "BSHD", v_layout: str = "BSHD",
                     out_layout: str = "BSHD", key_block: Optional[int] = None, q_rope: str = "none",
-                    k_rope: str = "none", query_block: Optional[int] = None, softcap: float = 0.0):
+                    k_rope: str = "none", query_block: Optional[int] = None, softcap: float = 0.0,
+                    heads: Optional[int] = None, kv_heads: Optional[int] = None, q_head_start: int = 0,
+                    k_head_start: int = 0, v_head_start: int = 0):
     for name, lay in (("q", q_layout), ("k", k_layout), ("v", v_layout), ("out", out_layout)):
         if lay not in LAYOUTS:
             raise ValueError(f"fused_attention: {name}_layout must be one of {LAYOUTS}, got '{lay}'")
-    B, H, S, D = (_dim(x) for x in _dims(q, q_layout))
-    T, HKV = _dim(_dims(k, k_layout)[2]), _dim(_dims(k, k_layout)[1])
-    if not all(isinstance(x, int) for x in (H, D, HKV)):
+    B, QH, S, D = (_dim(x) for x in _dims(q, q_layout))
+    T, KH = _dim(_dims(k, k_layout)[2]), _dim(_dims(k, k_layout)[1])
+    VH = _dim(_dims(v, v_layout)[1])
+    if not all(isinstance(x, int) for x in (QH, D, KH, VH)):
         raise ValueError(f"fused_attention: heads and head dim must be static, got q {list(q.shape)} {q_layout}, "
                          f"k {list(k.shape)} {k_layout}")
+    # Each operand may hold more heads than it contributes: Q, K and V read as head ranges of one projection
+    # output (transform/attention_qkv_heads.py), so the split that would copy them apart never runs.
+    H = int(heads) if heads is not None else QH - int(q_head_start)
+    HKV = int(kv_heads) if kv_heads is not None else KH - int(k_head_start)
+    for name, start, count, extent in (("q", q_head_start, H, QH), ("k", k_head_start, HKV, KH),
+                                       ("v", v_head_start, HKV, VH)):
+        if start < 0 or count <= 0 or start + count > extent:
+            raise ValueError(f"fused_attention: {name} heads [{start}, {start + count}) are not within its "
+                             f"{extent} heads")
+    if kv_heads is None and VH - v_head_start != HKV:
+        raise ValueError("fused_attention: q, k, v shapes disagree "
+                         f"({list(q.shape)} {q_layout}, {list(k.shape)} {k_layout}, {list(v.shape)} {v_layout}; "
+                         "V's heads differ from K's)")
     # V's head dim is its own (DV): the output takes it; only q·kᵀ needs q and k to agree (MLA, LeViT)
     DV = _dim(_dims(v, v_layout)[3])
-    if (not isinstance(DV, int) or not _same_dims(_dims(k, k_layout), [B, HKV, T, D])
-            or not _same_dims(_dims(v, v_layout), [B, HKV, T, DV]) or H % HKV):
+    if (not isinstance(DV, int) or not _same_dims(_dims(k, k_layout), [B, KH, T, D])
+            or not _same_dims(_dims(v, v_layout), [B, VH, T, DV]) or H % HKV):
         raise ValueError("fused_attention: q, k, v shapes disagree "
                          f"({list(q.shape)} {q_layout}, {list(k.shape)} {k_layout}, {list(v.shape)} {v_layout}; "
                          "K/V heads must divide Q heads)")
@@ -224,7 +248,7 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         return h // group if group > 1 else h
 
     def k_at(b, hk, j, d):
-        return _at(k, k_layout, b, hk, j, d)
+        return _at(k, k_layout, b, hk, j, d, k_head_start)
 
     k_read = rotary_read(k_at, k_cos, k_sin, k_rope, D) if k_rope != "none" else k_at
     # K/V stages are per K/V head: GQA reads them at kv_head(h), they are never repeated per query head
@@ -233,12 +257,13 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
                                                      .astype(operand)),
                     name="attn_kt", attrs={"schedule_rule": "None"})
     if q_rope != "none":
-        rotate_q = rotary_read(lambda b, h, i, d: _at(q, q_layout, b, h, i, d), q_cos, q_sin, q_rope, D)
+        rotate_q = rotary_read(lambda b, h, i, d: _at(q, q_layout, b, h, i, d, q_head_start), q_cos, q_sin,
+                               q_rope, D)
         qr = te.compute((B, H, rows, D), lambda b, h, i, d: rotate_q(b, h, q_row(i), d).astype(operand),
                         name="attn_qr", attrs={"schedule_rule": "None"})
         q_read = lambda b, h, i, d: qr[b, h, i, d]  # noqa: E731
     else:
-        q_read = lambda b, h, i, d: _at(q, q_layout, b, h, q_row(i), d)  # noqa: E731
+        q_read = lambda b, h, i, d: _at(q, q_layout, b, h, q_row(i), d, q_head_start)  # noqa: E731
     rd = te.reduce_axis((0, D), name="rd")
     qk = te.compute((B, H, rows, nb, kb), lambda b, h, i, jb, jj: te.sum(
         q_read(b, h, i, rd).astype(ACC) * kt[seq_of(i) if varlen else b, kv_head(h), jb, rd, jj].astype(ACC),
@@ -286,7 +311,7 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         p16 = te.compute((B, H, rows, nb, kb), lambda *ix: p(*ix).astype(operand), name="attn_p16",
                          attrs={"schedule_rule": "None"})
         vb = te.compute((num_seq if varlen else B, HKV, nb, kb, DV), lambda b, hk, jb, jj, d: kv_read(
-            b, lambda: _at(v, v_layout, 0 if varlen else b, hk, key(jb, jj, b), d).astype(operand)),
+            b, lambda: _at(v, v_layout, 0 if varlen else b, hk, key(jb, jj, b), d, v_head_start).astype(operand)),
             name="attn_vb", attrs={"schedule_rule": "None"})
         bsum = te.compute((B, H, rows, nb), lambda b, h, i, jb: te.sum(p16[b, h, i, jb, jj2].astype(ACC), axis=jj2),
                           name="attn_bsum", attrs={"schedule_rule": "None"})
@@ -299,7 +324,7 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
                           name="attn_bsum", attrs={"schedule_rule": "None"})
         bo = te.compute((B, H, rows, nb, DV), lambda b, h, i, jb, d: te.sum(
             p[b, h, i, jb, jj3] * _at(v, v_layout, b, kv_head(h), key(jb, jj3, seq_of(i) if varlen else None),
-                                      d).astype(ACC), axis=jj3),
+                                      d, v_head_start).astype(ACC), axis=jj3),
             name="attn_bo", attrs={"schedule_rule": "None"})
 
     def combine(x, y):

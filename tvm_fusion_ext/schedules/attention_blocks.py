@@ -65,3 +65,27 @@ def pad_symbolic_queries(call, tile: int):
     if isinstance(rows, tirx.IntImm):
         return None
     return call.replace(params=dict(call.params, query_block=int(tile)))
+
+
+def separate_head_ranges(call):
+    """The ``fused_attention`` call with each operand that is a head range of a larger tensor (a fused QKV
+    projection read in place: ``transform/attention_qkv_heads.py``) sliced out to a tensor of its own, and the
+    head-range parameters dropped; None when it reads no head ranges. For a template that tiles each operand
+    as a whole ``[B, S, H, D]`` tensor."""
+    from tvm import relax
+
+    from ..ops.attention import HEAD_RANGE_PARAMS
+
+    params = call.params
+    if not any(params.get(p) for p in HEAD_RANGE_PARAMS):
+        return None
+    inputs = {}
+    for name, count in (("q", params.get("heads")), ("k", params.get("kv_heads")), ("v", params.get("kv_heads"))):
+        x, start = call.inputs[name], int(params.get(f"{name}_head_start", 0))
+        axis = 1 if params.get(f"{name}_layout", "BSHD") == "BHSD" else 2
+        extent = int(x.ty.shape[axis])
+        count = extent - start if count is None else int(count)
+        if start or count != extent:
+            inputs[name] = relax.op.strided_slice(x, axes=[axis], begin=[start], end=[start + count])
+    kept = {k: v for k, v in params.items() if k not in HEAD_RANGE_PARAMS}
+    return call.replace(inputs=inputs, params=kept)

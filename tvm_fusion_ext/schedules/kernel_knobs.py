@@ -63,6 +63,19 @@ def _attention_key_block(params: dict, inputs: Dict[str, Tuple[str, list]]) -> i
     return default_key_block(keys) if keys is not None else SYMBOLIC_KEY_BLOCK
 
 
+def _contributed_heads(params: dict, inputs: Dict[str, Tuple[str, list]]) -> Dict[str, Tuple[str, list]]:
+    """Attention's q/k/v with their head axis cut to the heads the kernel reads. A kernel reading heads [12, 24)
+    of a 36-head tensor (one projection output read in place) has the loops, hence the knobs, of one reading a
+    12-head tensor, so records tuned before heads were read in place still reach it."""
+    out = dict(inputs)
+    for name, count in (("q", params.get("heads")), ("k", params.get("kv_heads")), ("v", params.get("kv_heads"))):
+        if count is not None and name in out:
+            dtype, dims = out[name]
+            axis = 1 if params.get(f"{name}_layout", "BSHD") == "BHSD" else 2
+            out[name] = (dtype, [int(count) if i == axis else d for i, d in enumerate(dims)])
+    return out
+
+
 def signature(op: str, params: dict, inputs: Dict[str, Tuple[str, list]]) -> Optional[str]:
     """The signature of operator ``op`` with ``params`` on ``inputs`` (``{name: (dtype, dims)}``, a dim an
     ``int`` or None when symbolic); None for an operator without a row-axis table (it never takes transferred
@@ -72,6 +85,10 @@ def signature(op: str, params: dict, inputs: Dict[str, Tuple[str, list]]) -> Opt
     kept = {k: v for k, v in sorted(params.items()) if k not in ROW_ONLY_PARAMS}
     if op == "fused_attention":
         kept["key_block"] = _attention_key_block(params, inputs)
+        inputs = _contributed_heads(params, inputs)
+        from ..ops.attention import HEAD_RANGE_PARAMS
+
+        kept = {k: v for k, v in kept.items() if k not in HEAD_RANGE_PARAMS}
     shapes = {}
     for name, (dtype, dims) in sorted(inputs.items()):
         rows = set(_row_axes(op, params, name, len(dims)))

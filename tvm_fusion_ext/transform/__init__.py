@@ -14,6 +14,7 @@ _EXPORTS = {
     "FuseQKVProjection": ".qkv",
     "FuseRMSNorm": ".rmsnorm",
     "FuseRotaryEmbedding": ".rope",
+    "ReadAttentionHeadsInPlace": ".attention_qkv_heads",
     "ResolveShapeComputations": ".shape_computations",
     "SemanticFusion": ".pipeline",
     "FusionReport": ".report",

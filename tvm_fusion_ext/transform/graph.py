@@ -85,6 +85,18 @@ class FunctionGraph:
         except (KeyError, ValueError, tvm.TVMError):
             return None
 
+    def fused_call(self, value: relax.Expr) -> Optional[Tuple[str, Dict[str, relax.Expr], dict]]:
+        """``(operator name, {input name: argument}, params)`` when ``value`` is a ``call_tir`` of one of this
+        package's operators (:mod:`..ops.registry`), else None."""
+        from ..ops.registry import inputs_of, op_of, params_of
+
+        if not (isinstance(value, relax.Call) and op_name(value) == "relax.call_tir"):
+            return None
+        func = self.callee(value.args[0])
+        if not isinstance(func, tvm.tirx.PrimFunc) or op_of(func) is None:
+            return None
+        return op_of(func), dict(zip(inputs_of(func), value.args[1].fields)), params_of(func)
+
     def users(self, var: relax.Var) -> Set[Optional[relax.Var]]:
         """Bindings that read ``var``; ``None`` stands for the function's result."""
         return self._users.get(var, set())

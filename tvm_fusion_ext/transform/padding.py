@@ -41,7 +41,6 @@ import tvm
 from tvm import relax
 
 from ..ops import call_op
-from ..ops.registry import inputs_of, op_of, params_of
 from .graph import FunctionGraph, const_value, int_list, op_name, same_dim, shape_dims
 from .padding_mask import key_axis_reason, key_only_reason, padding_mask_input
 from .report import PADDING_KIND, VARLEN_KIND, FusionEvent, record_applied, record_refused
@@ -79,20 +78,10 @@ class _Region:
 def _attention_calls(graph: FunctionGraph) -> List[Tuple[relax.Var, Dict[str, relax.Expr], dict]]:
     out = []
     for var, val in graph.var2val.items():
-        call = _fused_call(val, graph)
+        call = graph.fused_call(val)
         if call is not None and call[0] == "fused_attention":
             out.append((var, call[1], call[2]))
     return sorted(out, key=lambda c: graph.position[c[0]])
-
-
-def _fused_call(val, graph: FunctionGraph):
-    """``(op name, {input name: expr}, params)`` for a call_tir of one of our operators, else None."""
-    if not (isinstance(val, relax.Call) and op_name(val) == "relax.call_tir"):
-        return None
-    func = graph.callee(val.args[0])
-    if func is None or not isinstance(func, tvm.tirx.PrimFunc) or op_of(func) is None:
-        return None
-    return op_of(func), dict(zip(inputs_of(func), val.args[1].fields)), params_of(func)
 
 
 def _is_rows(e, batch, seq) -> bool:
@@ -181,7 +170,7 @@ def _tokenwise(val, graph, region, batch, seq, attentions, var) -> Optional[str]
     if isinstance(val, relax.Var):
         return None
     op = op_name(val)
-    call = _fused_call(val, graph)
+    call = graph.fused_call(val)
     if call is not None:
         name, inputs, params = call
         if name == "fused_attention":
@@ -356,7 +345,7 @@ class _Packer(relax.PyExprMutator):
         if isinstance(val, relax.Var):
             return self._arg(val)
         op = op_name(val)
-        call = _fused_call(val, self.graph)
+        call = self.graph.fused_call(val)
         if call is not None:
             name, inputs, params = call
             if name == "fused_attention" and var in self.region.scatter_reason and \

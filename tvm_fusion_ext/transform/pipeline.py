@@ -6,6 +6,7 @@ import tvm
 from tvm import relax
 
 from .attention import FuseMultiHeadAttention
+from .attention_qkv_heads import ReadAttentionHeadsInPlace
 from .canonicalize import Canonicalize
 from .dense import FuseMatmulBiasActivation
 from .gated_mlp import FuseGatedMLP
@@ -24,7 +25,8 @@ def SemanticFusion(remove_padding: bool = False) -> tvm.transform.Pass:  # noqa:
     absorbs head split/merge reshapes that dense fusion would otherwise leave stranded), then dense epilogues,
     then residual LayerNorms (which see the dense outputs as their inputs). Last, ``remove_padding``: the
     token-wise part of an encoder runs on the valid tokens of its ``attention_mask`` only (it reads the fused
-    graph: :mod:`.padding`)."""
+    graph: :mod:`.padding`). Very last, attentions fed by split pieces of one tensor read their heads from it in
+    place (:mod:`.attention_qkv_heads`), on the padded or the packed graph alike."""
     passes = [
         ResolveShapeComputations(),
         relax.transform.CanonicalizeBindings(),
@@ -39,4 +41,5 @@ def SemanticFusion(remove_padding: bool = False) -> tvm.transform.Pass:  # noqa:
     ]
     if remove_padding:
         passes.append(RemovePadding())
+    passes.append(ReadAttentionHeadsInPlace())
     return tvm.transform.Sequential(passes, name="tfx.SemanticFusion")

@@ -20,6 +20,8 @@ FUSED_KINDS = ("dense", "attention", "layernorm", "qkv", "rmsnorm", "gated_mlp",
 PADDING_KIND = "padding_removed"
 #: the bucket of each attention RemovePadding runs packed (varlen) instead of around a scatter/gather
 VARLEN_KIND = "varlen_attention"
+#: the bucket of each attention that reads its Q/K/V heads from one projection output (:mod:`.attention_qkv_heads`)
+HEADS_IN_PLACE_KIND = "attention_heads_in_place"
 
 _active = threading.local()
 
@@ -80,6 +82,11 @@ class FusionReport:
         """Fused attentions that run on the packed tokens, per sequence (:mod:`.padding`)."""
         return sum(1 for e in self.applied if e.kind == VARLEN_KIND)
 
+    @property
+    def attention_heads_in_place(self) -> int:
+        """Fused attentions reading Q/K/V as head ranges of the tensor they were split from (no split copy)."""
+        return sum(1 for e in self.applied if e.kind == HEADS_IN_PLACE_KIND)
+
     def count(self, rule: str) -> int:
         return sum(1 for e in self.applied if e.rule == rule)
 
@@ -90,6 +97,7 @@ class FusionReport:
             "canonicalized": self.canonicalized,
             "padding_removed": self.padding_removed,
             "varlen_attention": self.varlen_attention,
+            "attention_heads_in_place": self.attention_heads_in_place,
             "applied": [e.to_dict() for e in self.applied],
             "refused": [e.to_dict("reason") for e in self.refused],
         }
@@ -104,6 +112,8 @@ class FusionReport:
         lines.append(f"Padding removed: {'yes' if self.padding_removed else 'no'}")
         if self.padding_removed:
             lines.append(f"Packed (varlen) attentions: {self.varlen_attention}")
+        if self.attention_heads_in_place:
+            lines.append(f"Attentions reading Q/K/V heads in place (no split copy): {self.attention_heads_in_place}")
         if self.canonicalized:
             lines.append("Canonicalised exporter idioms:")
             for k, v in sorted(self.canonicalized.items()):

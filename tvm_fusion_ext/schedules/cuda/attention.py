@@ -41,12 +41,13 @@ from ..attention_blocks import (
     kernel_stages,
     output_loops_bhsd,
     pad_symbolic_queries,
+    separate_head_ranges,
     symbolic_rows_reason,
 )
 from ...ops.attention import LOW_PRECISION
 from ..common import categorical, op_params
 from ..rule import Knobs, TemplateRule
-from .attention_mma import KEY_BLOCK, attention_mma, tensor_cores_fit
+from .attention_mma import KEY_BLOCK, attention_mma, opted_in, tensor_cores_fit
 from .tensorcore import WARP
 
 UNROLL = (0, 16, 64)
@@ -186,7 +187,9 @@ class AttentionCUDA(TemplateRule):
     def prepare_operator(self, call, target):
         """Symbolic query rows padded to whole row tiles (``query_block``); 16-bit attention with the key
         block the tensor-core template is sized for: the key block sets the score and operand tiles in shared
-        memory, and the CPU default (up to 128 keys) would leave room for a single warp per block in 48 KiB."""
+        memory, and the CPU default (up to 128 keys) would leave room for a single warp per block in 48 KiB.
+        With the tensor-core template asked for, 16-bit head ranges of one tensor are sliced out to operands of
+        their own (:func:`..attention_blocks.separate_head_ranges`)."""
         if call.op != "fused_attention":
             return None
         wanted = pad_symbolic_queries(call, SYMBOLIC_QUERY_ROWS) or call
@@ -197,4 +200,9 @@ class AttentionCUDA(TemplateRule):
         if (str(call.inputs["q"].ty.dtype) in LOW_PRECISION and isinstance(keys, tvm.tirx.IntImm)
                 and int(keys) >= KEY_BLOCK and call.params.get("key_block") != KEY_BLOCK):
             wanted = wanted.replace(params=dict(wanted.params, key_block=KEY_BLOCK))
+        rows = call.inputs["q"].ty.shape[2 if call.params.get("q_layout", "BSHD") == "BHSD" else 1]
+        if str(call.inputs["q"].ty.dtype) in LOW_PRECISION and opted_in() and isinstance(rows, tvm.tirx.IntImm):
+            # the tensor-core template stages each operand as a whole [B, S, H, D] tile source: head ranges of a
+            # QKV projection are copied out for it (what the split did before they were read in place)
+            wanted = separate_head_ranges(wanted) or wanted
         return None if wanted is call else wanted
