@@ -335,6 +335,18 @@ def _cuda_source(ex):
     return found[0].inspect_source()
 
 
+def _ptxas_frames(src: str, arch: str, tmp_path):
+    """``([(stack, spill stores, spill loads)] per kernel, the ptxas log)`` of CUDA source compiled by nvcc."""
+    import subprocess
+
+    cu = tmp_path / "k.cu"
+    cu.write_text(src)
+    res = subprocess.run(["nvcc", "--cubin", f"-arch={arch}", "-O3", "-w", "-Xptxas", "-v", "-o",
+                          str(tmp_path / "k.cubin"), str(cu)], capture_output=True, text=True, check=True)
+    log = res.stdout + res.stderr
+    return re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log), log
+
+
 @pytest.mark.parametrize("arch,shape,mask_shape,extra", [
     ("sm_80", (2, 3, 37, 129, 128), (2, 1, 37, 129), {}),
     ("sm_90", (1, 2, 33, 70, 64), (70,), {}),
@@ -344,18 +356,12 @@ def _cuda_source(ex):
 ])
 def test_cuda_template_compiles_without_spills(arch, shape, mask_shape, extra, tmp_path, monkeypatch):
     import shutil
-    import subprocess
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed")
     monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "nvcc")
     src = _cuda_source(_cuda_build(*shape, arch, mask_shape=mask_shape, **extra))
-    cu = tmp_path / "k.cu"
-    cu.write_text(src)
-    res = subprocess.run(["nvcc", "--cubin", f"-arch={arch}", "-O3", "-w", "-Xptxas", "-v", "-o",
-                          str(tmp_path / "k.cubin"), str(cu)], capture_output=True, text=True, check=True)
-    log = res.stdout + res.stderr
-    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    frames, log = _ptxas_frames(src, arch, tmp_path)
     assert len(frames) == 2  # K transpose + the attention kernel
     assert all(f == ("0", "0", "0") for f in frames), log
     assert "__syncthreads" in src and "__shared__" in src
@@ -427,7 +433,6 @@ def test_head_ranges_outside_the_operand_are_refused(params, message):
 @pytest.mark.parametrize("arch,dtype", [("sm_90", "float32"), ("sm_80", "float16")])
 def test_cuda_head_ranges_compile_without_spills(arch, dtype, tmp_path, monkeypatch):
     import shutil
-    import subprocess
 
     from tvm_fusion_ext.schedules.cuda.attention import attention_cuda
 
@@ -439,14 +444,8 @@ def test_cuda_head_ranges_compile_without_spills(arch, dtype, tmp_path, monkeypa
     target = _cuda_target(arch)
     sch = s_tir.Schedule(tvm.IRModule({"main": _func({"q": x, "k": x, "v": x}, params)}), seed=1)
     attention_cuda(sch, sch.get_sblock("attn_out"), target)
-    src = _cuda_source(tvm.compile(sch.mod, target=target))
-    cu = tmp_path / "k.cu"
-    cu.write_text(src)
-    res = subprocess.run(["nvcc", "--cubin", f"-arch={arch}", "-O3", "-w", "-Xptxas", "-v", "-o",
-                          str(tmp_path / "k.cubin"), str(cu)], capture_output=True, text=True, check=True)
-    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
-                        res.stdout + res.stderr)
-    assert frames and all(f == ("0", "0", "0") for f in frames), res.stdout + res.stderr
+    frames, log = _ptxas_frames(_cuda_source(tvm.compile(sch.mod, target=target)), arch, tmp_path)
+    assert frames and all(f == ("0", "0", "0") for f in frames), log
 
 
 def test_separated_head_ranges_compute_the_same_attention():

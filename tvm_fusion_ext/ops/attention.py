@@ -122,6 +122,21 @@ def _dims(t, layout: str):
     return (b, x1, x2, d) if layout == "BHSD" else (b, x2, x1, d)
 
 
+def head_axis(layout: str) -> int:
+    """The heads' axis of a 4-D operand in ``layout``."""
+    return 1 if layout == "BHSD" else 2
+
+
+def head_ranges(params: dict, extents: dict) -> dict:
+    """``{"q" | "k" | "v": (start, count)}``: the heads each operand contributes ("Head ranges" above), given the
+    operator's parameters and each operand's head extent (``{"q": 36, "k": 36, "v": 36}``)."""
+    starts = {n: int(params.get(f"{n}_head_start") or 0) for n in "qkv"}
+    heads, kv_heads = params.get("heads"), params.get("kv_heads")
+    h = int(heads) if heads is not None else extents["q"] - starts["q"]
+    hkv = int(kv_heads) if kv_heads is not None else extents["k"] - starts["k"]
+    return {"q": (starts["q"], h), "k": (starts["k"], hkv), "v": (starts["v"], hkv)}
+
+
 def _at(t, layout: str, b, h, s, d, head_start: int = 0):
     h = h + head_start if head_start else h
     return t[b, h, s, d] if layout == "BHSD" else t[b, s, h, d]
@@ -147,10 +162,12 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
                          f"k {list(k.shape)} {k_layout}")
     # Each operand may hold more heads than it contributes: Q, K and V read as head ranges of one projection
     # output (transform/attention_qkv_heads.py), so the split that would copy them apart never runs.
-    H = int(heads) if heads is not None else QH - int(q_head_start)
-    HKV = int(kv_heads) if kv_heads is not None else KH - int(k_head_start)
-    for name, start, count, extent in (("q", q_head_start, H, QH), ("k", k_head_start, HKV, KH),
-                                       ("v", v_head_start, HKV, VH)):
+    extents = {"q": QH, "k": KH, "v": VH}
+    ranges = head_ranges({"heads": heads, "kv_heads": kv_heads, "q_head_start": q_head_start,
+                          "k_head_start": k_head_start, "v_head_start": v_head_start}, extents)
+    H, HKV = ranges["q"][1], ranges["k"][1]
+    for name, (start, count) in ranges.items():
+        extent = extents[name]
         if start < 0 or count <= 0 or start + count > extent:
             raise ValueError(f"fused_attention: {name} heads [{start}, {start + count}) are not within its "
                              f"{extent} heads")

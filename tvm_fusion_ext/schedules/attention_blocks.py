@@ -74,18 +74,14 @@ def separate_head_ranges(call):
     as a whole ``[B, S, H, D]`` tensor."""
     from tvm import relax
 
-    from ..ops.attention import HEAD_RANGE_PARAMS
+    from ..ops.attention import HEAD_RANGE_PARAMS, head_axis, head_ranges
 
     params = call.params
     if not any(params.get(p) for p in HEAD_RANGE_PARAMS):
         return None
-    inputs = {}
-    for name, count in (("q", params.get("heads")), ("k", params.get("kv_heads")), ("v", params.get("kv_heads"))):
-        x, start = call.inputs[name], int(params.get(f"{name}_head_start", 0))
-        axis = 1 if params.get(f"{name}_layout", "BSHD") == "BHSD" else 2
-        extent = int(x.ty.shape[axis])
-        count = extent - start if count is None else int(count)
-        if start or count != extent:
-            inputs[name] = relax.op.strided_slice(x, axes=[axis], begin=[start], end=[start + count])
+    axes = {n: head_axis(params.get(f"{n}_layout", "BSHD")) for n in "qkv"}
+    extents = {n: int(call.inputs[n].ty.shape[axes[n]]) for n in "qkv"}
+    inputs = {n: relax.op.strided_slice(call.inputs[n], axes=[axes[n]], begin=[start], end=[start + count])
+              for n, (start, count) in head_ranges(params, extents).items() if start or count != extents[n]}
     kept = {k: v for k, v in params.items() if k not in HEAD_RANGE_PARAMS}
     return call.replace(inputs=inputs, params=kept)

@@ -67,12 +67,14 @@ def _contributed_heads(params: dict, inputs: Dict[str, Tuple[str, list]]) -> Dic
     """Attention's q/k/v with their head axis cut to the heads the kernel reads. A kernel reading heads [12, 24)
     of a 36-head tensor (one projection output read in place) has the loops, hence the knobs, of one reading a
     12-head tensor, so records tuned before heads were read in place still reach it."""
+    from ..ops.attention import head_axis, head_ranges
+
+    axes = {n: head_axis(params.get(f"{n}_layout", "BSHD")) for n in "qkv"}
+    extents = {n: inputs[n][1][axes[n]] for n in "qkv"}
     out = dict(inputs)
-    for name, count in (("q", params.get("heads")), ("k", params.get("kv_heads")), ("v", params.get("kv_heads"))):
-        if count is not None and name in out:
-            dtype, dims = out[name]
-            axis = 1 if params.get(f"{name}_layout", "BSHD") == "BHSD" else 2
-            out[name] = (dtype, [int(count) if i == axis else d for i, d in enumerate(dims)])
+    for name, (_, count) in head_ranges(params, extents).items():
+        dtype, dims = out[name]
+        out[name] = (dtype, [count if i == axes[name] else d for i, d in enumerate(dims)])
     return out
 
 

@@ -24,6 +24,7 @@ from typing import Dict, Optional
 from tvm import relax, tirx
 
 from ..ops import call_op
+from ..ops.attention import head_axis
 from .graph import FunctionGraph, op_name, shape_dims
 from .report import HEADS_IN_PLACE_KIND
 from .rule import Found, FusionRule, Match, Matcher, Variant, rule_pass
@@ -81,11 +82,6 @@ class HeadsOfOneSplit(Matcher):
         return Found({"inputs": inputs, "params": params, "pieces": pieces})
 
 
-def _heads(operand, layout: str) -> int:
-    """The operand's head count: its axis 2 in BSHD, 1 in BHSD (static by the operator's contract)."""
-    return int(shape_dims(operand)[1 if layout == "BHSD" else 2])
-
-
 def _view_error(name: str, operand, piece: dict) -> Optional[str]:
     heads, head_dim = shape_dims(operand)[-2:]  # static: the operator's contract
     if heads * head_dim != piece["width"]:  # a reshape that also regroups rows ([B, S, 384] → [B, 2S, 6, 32])
@@ -115,8 +111,9 @@ class AttentionHeadsInPlaceRule(FusionRule):
     def rewrite(self, m: Match, bb: relax.BlockBuilder) -> relax.Expr:
         inputs: Dict[str, relax.Expr] = {n: m.remap(e) for n, e in m["inputs"].items()}
         params = dict(m["params"])
-        params["heads"], params["kv_heads"] = (_heads(m["inputs"][n], params.get(f"{n}_layout", "BSHD"))
-                                               for n in ("q", "k"))
+        # the heads each operand holds now (static by the operator's contract), before any becomes a wider view
+        held = {n: int(shape_dims(m["inputs"][n])[head_axis(params.get(f"{n}_layout", "BSHD"))]) for n in "qk"}
+        params["heads"], params["kv_heads"] = held["q"], held["k"]
         views: Dict[tuple, relax.Expr] = {}
         for name, piece in m["pieces"].items():
             dims = shape_dims(m["inputs"][name])
