@@ -1,11 +1,12 @@
 """Twelve chained dense layers (MiniLM's FFN shapes, 384 → 1536 → 384, ×6), ours against ONNX Runtime's MatMuls.
 
-    python scripts/bench_dense_chain.py [--rows 8,16,48] [--rounds 15]
+    python scripts/bench_dense_chain.py [--rows 8,16,48] [--rounds 15] [--layers 12]
 
 Static rows, no bias or activation, two threads each, timed interleaved in one process (blocks of 10 calls, 15
 rounds, medians in ms). Two weight sets: ``cold``, twelve distinct matrices (28 MB, streamed from L3 on every
 call, as in a model), and ``hot``, one pair shared by all twelve layers (in L2 after the first call). The
 difference between the two columns is what streaming the weights costs each runtime at that many rows.
+``--layers 24``: 57 MB of distinct weights, more than this host's 32 MB L3: ``cold`` then streams from DRAM.
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ import time
 
 import numpy as np
 
-K, LAYERS = 384, 12
+K = 384
+LAYERS = 12  # --layers
 
 
-def _weights(rng, shared: bool):
+def _weights(rng, shared: bool, layers: int = LAYERS):
     pair = [(rng.standard_normal((K, 4 * K)) / np.sqrt(K)).astype("float32"),
             (rng.standard_normal((4 * K, K)) / np.sqrt(4 * K)).astype("float32")]
     if shared:
-        return [pair[i % 2] for i in range(LAYERS)]
+        return [pair[i % 2] for i in range(layers)]
     return [(rng.standard_normal(pair[i % 2].shape) / np.sqrt(pair[i % 2].shape[0])).astype("float32")
-            for i in range(LAYERS)]
+            for i in range(layers)]
 
 
 def _ours(weights, rows):
@@ -72,6 +74,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="8,16,48")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--layers", type=int, default=LAYERS, help="chained layers (even: FFN pairs)")
     args = ap.parse_args()
     from tvm_fusion_ext.deploy.threads import configure_cpu_threads
 
@@ -79,7 +82,8 @@ def main() -> None:
     import tvm
 
     rng = np.random.default_rng(0)
-    sets = {"cold": _weights(rng, shared=False), "hot": _weights(rng, shared=True)}
+    sets = {"cold": _weights(rng, shared=False, layers=args.layers),
+            "hot": _weights(rng, shared=True, layers=args.layers)}
     print("| rows | ours, cold | ORT, cold | ours, hot | ORT, hot | ours / ORT, cold | ours / ORT, hot |")
     print("|---|---|---|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):

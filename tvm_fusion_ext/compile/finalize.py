@@ -32,7 +32,12 @@ def finalize_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
 
 def finalize(mod: tvm.IRModule, target: tvm.target.Target):
     """``tvm.compile`` of a scheduled module: the executable (``relax.VirtualMachine(ex, dev)`` runs it)."""
-    return tvm.compile(mod, target, relax_pipeline=finalize_pipeline(target))
+    if TargetInfo.of(target).is_cuda:
+        return tvm.compile(mod, target, relax_pipeline=finalize_pipeline(target))
+    from .weight_prefetch import TIR_PIPELINE, InsertWeightPrefetch
+
+    return tvm.compile(InsertWeightPrefetch()(mod), target, relax_pipeline=finalize_pipeline(target),
+                       tir_pipeline=TIR_PIPELINE)
 
 
 def _ShapeFunctionsNoAlias() -> tvm.transform.Pass:  # noqa: N802

@@ -9,6 +9,15 @@ import tvm
 from tvm import s_tir
 
 
+#: loop annotation "BUFFER:AHEAD" on a GEMM's k-step loop: each step prefetches its row of the packed weight
+#: panel AHEAD panels on (compile/weight_prefetch.py inserts the prefetches)
+PREFETCH_KEY = "tfx.prefetch_weight"
+
+
+def prefetch_annotation(buffer_name: str, panels_ahead: int) -> str:
+    return f"{buffer_name}:{int(panels_ahead)}"
+
+
 def inline_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
     """Reverse-inline the elementwise chain after ``block`` (our epilogue, plus anything fused after it)."""
     while True:

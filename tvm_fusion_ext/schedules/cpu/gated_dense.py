@@ -33,7 +33,7 @@ from ...targets import TargetInfo
 from ..common import flatten_rows_map, op_params, static_extents_reason
 from ..rule import Knobs, TemplateRule
 from .dense import (KC_MAX, MR_MAX, UNROLL_STEPS, _decision, _extent, _row_independent_knobs, _wide, default_ip,
-                    default_kc, default_mr, panel_group, read_padded_rows_in_place, row_block_for)
+                    default_kc, default_mr, panel_group, prefetch_next_task, read_padded_rows_in_place, row_block_for)
 
 #: columns per panel: 2·nr accumulators per row, so mr=4 rows of 8 columns keep 8 AVX2 (4 AVX-512) registers
 #: of accumulators with room for the weight panel and the broadcast
@@ -102,6 +102,8 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
     k0, k1 = sch.split(a_k, sch.sample_perfect_tile(a_k, n=2, max_innermost_factor=max(KC_MAX, k_dec[-1]),
                                                     decision=k_dec))
     sch.reorder(k0, k1, a_rows, a_cols, a_half)
+    if params.get("w_layout") == "packed":  # this thread's next task: the next group of panels (symbolic) or panel
+        prefetch_next_task(sch, block, k1, group if row_block is not None else 1)
     sch.parallel(par)  # before decompose_reduction, which leaves a block the parallel check refuses
     lanes = sch.fuse(a_cols, a_half)  # gate and up of nr columns: one contiguous 2·nr panel row
     sch.unroll(a_rows)
