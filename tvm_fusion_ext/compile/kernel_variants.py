@@ -21,6 +21,7 @@ from tvm import tirx
 from ..ops.registry import inputs_of, make_prim_func, op_of
 from ..schedules.kernel_knobs import VARIANT_OF, kernel_signature
 from ..targets import TargetInfo
+from ..tir_nodes import substitute
 
 #: module of one unscheduled PrimFunc → scheduled module (the build's templates; records name static kernels,
 #: so none would match a variant)
@@ -116,5 +117,4 @@ def _rebind(variant: tirx.PrimFunc, func: tirx.PrimFunc) -> Optional[tirx.Stmt]:
     for vp, fp in zip(variant.params, func.params):
         if not tvm_ffi.structural_equal(vp.ty, fp.ty):
             return None
-    binding = {vp: fp for vp, fp in zip(variant.params, func.params)}
-    return tvm_ffi.structural_map(variant.body, (tirx.Var, lambda v: binding.get(v, v)))
+    return substitute(variant.body, {vp: fp for vp, fp in zip(variant.params, func.params)})

@@ -24,12 +24,15 @@ k loop instead (no call inside it) was slower than no prefetch at all.
 
 from __future__ import annotations
 
-from typing import Dict, List
+import math
+from typing import List
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..schedules.common import PREFETCH_KEY
+from ..tir_nodes import collect, substitute
 
 #: bytes per cache line on every x86-64 and Arm64 host we target
 LINE_BYTES = 64
@@ -37,31 +40,9 @@ LINE_BYTES = 64
 LOCALITY_L2 = 2
 
 
-def _collect(node, node_type) -> List:
-    import tvm_ffi
-
-    found = []
-
-    def visit(n):
-        found.append(n)
-        return n
-
-    tvm_ffi.structural_map(node, (node_type, visit))
-    return found
-
-
-def _substitute(expr, binding: Dict):
-    import tvm_ffi
-
-    def fn(node):
-        return binding.get(node, node)
-
-    return tvm_ffi.structural_map(expr, (tirx.Var, fn)) if binding else expr
-
-
 def _weight_load(realize, name: str):
     # 0.27's BufferLoad constructor builds an ``ir.TensorLoad``, whose buffer is ``source``
-    loads = [ld for ld in _collect(realize.block.body, tvm.ir.expr.TensorLoad) if str(ld.source.name) == name]
+    loads = [ld for ld in collect(realize.block.body, tvm.ir.expr.TensorLoad) if str(ld.source.name) == name]
     return loads[0] if loads else None
 
 
@@ -70,18 +51,18 @@ def _prefetches(loop: tirx.For) -> List[tirx.Stmt]:
     the vector lanes) at their first iteration. Empty when the annotated buffer is not read there as a packed
     weight: (panels, K, lanes...) with static lanes."""
     name, _, ahead = str(loop.annotations[PREFETCH_KEY]).rpartition(":")
-    for realize in _collect(loop.body, s_tir.SBlockRealize):
+    inner_at_first = {inner.loop_var: inner.min for inner in collect(loop.body, tirx.For)}
+    for realize in collect(loop.body, s_tir.SBlockRealize):
         load = _weight_load(realize, name)
         buf = load.source if load is not None else None
         if buf is None or len(buf.shape) < 3 or not all(isinstance(d, tirx.IntImm) for d in buf.shape[2:]):
             continue
-        binding = {iv.var: value for iv, value in zip(realize.block.iter_vars, realize.iter_values)}
-        binding.update({inner.loop_var: inner.min for inner in _collect(loop.body, tirx.For)})
-        panel, k, *first = (_substitute(_substitute(i, binding), binding) for i in load.indices)
+        block_vars = {iv.var: value for iv, value in zip(realize.block.iter_vars, realize.iter_values)}
+        panel, k, *first = (substitute(substitute(i, block_vars), inner_at_first) for i in load.indices)
         lanes = [int(d) for d in buf.shape[2:]]
         per_line = max(1, LINE_BYTES // (tvm.DataType(buf.dtype).bits // 8))
         out = []
-        for elem in range(0, _product(lanes), per_line):
+        for elem in range(0, math.prod(lanes), per_line):
             tail = []
             for extent in reversed(lanes):  # the row-major position of ``elem`` in the lanes
                 tail.insert(0, elem % extent)
@@ -90,13 +71,6 @@ def _prefetches(loop: tirx.For) -> List[tirx.Stmt]:
                 buf, [panel + int(ahead), k] + [f + t for f, t in zip(first, tail)])), 0, LOCALITY_L2, 1)))
         return out
     return []
-
-
-def _product(values) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
 
 
 def _rewrite(stmt):
@@ -115,13 +89,11 @@ STACK_TILE_BYTES = 4096
 
 def _stack_accumulators(func):
     # ``disable_lower_builtin`` on an allocation: LowerTVMBuiltin leaves it a stack alloca
-    import tvm_ffi
-
     def mark(alloc):
         buf = alloc.buffer
         if str(buf.scope()) != "local" or not all(isinstance(e, tirx.IntImm) for e in buf.shape):
             return alloc
-        if _product(int(e) for e in buf.shape) * tvm.DataType(buf.dtype).bits // 8 > STACK_TILE_BYTES:
+        if math.prod(int(e) for e in buf.shape) * tvm.DataType(buf.dtype).bits // 8 > STACK_TILE_BYTES:
             return alloc
         ann = dict(alloc.annotations) if alloc.annotations is not None else {}
         ann["disable_lower_builtin"] = tvm.tirx.IntImm("int32", 1)
@@ -159,8 +131,6 @@ def InsertWeightPrefetch() -> tvm.transform.Pass:  # noqa: N802
 
     @tvm.transform.module_pass(opt_level=0, name="tfx.InsertWeightPrefetch")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        import tvm_ffi
-
         out = None
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc):

@@ -55,6 +55,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import tvm
 
+from ..tir_nodes import collect, substitute
+
 FEATURE_NAMES = (
     "parallel_extent_log2", "parallel_balance", "tasks_per_core_log2",
     "vector_fraction", "vector_aligned_fraction", "vector_lanes_log2", "vector_contiguous",
@@ -171,7 +173,7 @@ class _Footprint:
             buf = region.source if hasattr(region, "source") else region.buffer
             dims = []
             for rng, size in zip(region.region, buf.shape):
-                lo = _substitute(rng.min, binding)
+                lo = substitute(rng.min, binding)
                 dims.append((lo, _const(rng.extent), _const(size)))
             key = (str(buf.name), tuple(str(d[0]) for d in dims))
             if key in seen:
@@ -202,20 +204,6 @@ class _Footprint:
                 per_buffer[name] = max(per_buffer.get(name, 0.0), elems * _bytes(buf))
             self.cache[level] = float(sum(per_buffer.values()))
         return self.cache[level]
-
-
-def _substitute(expr, binding):
-    return tvm.tirx.stmt_functor.substitute(expr, binding) if hasattr(tvm.tirx, "stmt_functor") else \
-        _ffi_substitute(expr, binding)
-
-
-def _ffi_substitute(expr, binding):
-    import tvm_ffi
-
-    def fn(node):
-        return binding.get(node, node) if isinstance(node, tvm.tirx.Var) else node
-
-    return tvm_ffi.structural_map(expr, (tvm.tirx.Var, fn)) if binding else expr
 
 
 def _const(expr) -> Optional[int]:
@@ -295,25 +283,7 @@ def _vector_loop(b: _Block):
 
 
 def _uses(expr, var) -> bool:
-    found = []
-
-    def visit(node):
-        if isinstance(node, tvm.tirx.Var) and node.same_as(var):
-            found.append(node)
-
-    tvm.tirx.stmt_functor.post_order_visit(expr, visit) if hasattr(tvm.tirx, "stmt_functor") else \
-        _visit_vars(expr, visit)
-    return bool(found)
-
-
-def _visit_vars(expr, visit) -> None:
-    import tvm_ffi
-
-    def fn(node):
-        visit(node)
-        return node
-
-    tvm_ffi.structural_map(expr, (tvm.tirx.Var, fn))
+    return any(v.same_as(var) for v in collect(expr, tvm.tirx.Var))
 
 
 def _contiguous_store(b: _Block, vec) -> bool:
@@ -326,11 +296,11 @@ def _contiguous_store(b: _Block, vec) -> bool:
         rngs = list(region.region)
         if not rngs:
             continue
-        idx = [_substitute(r.min, binding) for r in rngs]
+        idx = [substitute(r.min, binding) for r in rngs]
         if any(_uses(e, vec.loop_var) for e in idx[:-1]):
             return False
         last = idx[-1]
-        step = analyzer.simplify(_ffi_substitute(last, {vec.loop_var: vec.loop_var + 1}) - last)
+        step = analyzer.simplify(substitute(last, {vec.loop_var: vec.loop_var + 1}) - last)
         if not (isinstance(step, tvm.tirx.IntImm) and int(step.value) == 1):
             return False
     return True

@@ -286,14 +286,14 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         else:
             par, tile = j0, i0
             sch.reorder(j0, i0, k0, k1, i1, j1)
-        prefetch_next_task(sch, block, k1, group if packed_nr is not None else 0)
+        prefetch_next_task(sch, block, k1, group)
         epilogue = _write_back_real_rows(sch, block, tile, idx_dtype)
         # LoopPartition then separates the full row tiles from the last one: a predicate in the write-back
         # keeps LLVM from vectorising the epilogue (GELU costs ~40 flops per element)
         sch.annotate(i0, "pragma_loop_partition_hint", 1)
         return _finish(sch, block, par, i1, j1, k0, knobs, epilogue)
 
-    prefetch_next_task(sch, block, k1, 1 if packed_nr is not None else 0)
+    prefetch_next_task(sch, block, k1, 1)
     # The mr×nr accumulator tile lives under the row-tile loop; the write-back applies the epilogue from it.
     acc = sch.cache_write(block, 0, "local")
     inline_consumers(sch, acc)
@@ -308,7 +308,7 @@ def prefetch_next_task(sch: s_tir.Schedule, block, k_steps, panels_ahead: int) -
     """Each k step prefetches its row of the panel this thread's next task reads (``panels_ahead`` panels on), so
     that task does not wait on DRAM for its first row tile (compile/weight_prefetch.py). Packed weights only: a
     plain (K, N) weight's next columns are not the next bytes."""
-    if panels_ahead:
+    if op_params(sch).get("w_layout") == "packed":
         sch.annotate(k_steps, PREFETCH_KEY, prefetch_annotation(sch.get(block).reads[1].source.name, panels_ahead))
 
 

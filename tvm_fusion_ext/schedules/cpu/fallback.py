@@ -25,6 +25,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
 from ...targets import TargetInfo
+from ...tir_nodes import collect
 from ..rule import root_blocks
 from .dense import dense_cpu
 
@@ -140,17 +141,8 @@ SCALAR_ONLY_MATH = frozenset({"tirx.cosh", "tirx.sinh"})
 
 
 def _calls_scalar_only_math(sch: s_tir.Schedule, block) -> bool:
-    import tvm_ffi
-
-    found = []
-
-    def visit(call):  # 0.27 has no stmt_functor in Python: a structural map that changes nothing visits the calls
-        if isinstance(call.op, tvm.ir.Op) and call.op.name in SCALAR_ONLY_MATH:
-            found.append(call)
-        return call
-
-    tvm_ffi.structural_map(sch.get(block).body, (tvm.ir.expr.Call, visit))
-    return bool(found)
+    return any(isinstance(call.op, tvm.ir.Op) and call.op.name in SCALAR_ONLY_MATH
+               for call in collect(sch.get(block).body, tvm.ir.expr.Call))
 
 
 class Fallback(CPUScheduleRule):

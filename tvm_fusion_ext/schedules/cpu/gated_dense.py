@@ -102,8 +102,8 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
     k0, k1 = sch.split(a_k, sch.sample_perfect_tile(a_k, n=2, max_innermost_factor=max(KC_MAX, k_dec[-1]),
                                                     decision=k_dec))
     sch.reorder(k0, k1, a_rows, a_cols, a_half)
-    if params.get("w_layout") == "packed":  # this thread's next task: the next group of panels (symbolic) or panel
-        prefetch_next_task(sch, block, k1, group if row_block is not None else 1)
+    # this thread's next task: the next group of panels (symbolic rows) or the next panel
+    prefetch_next_task(sch, block, k1, group if row_block is not None else 1)
     sch.parallel(par)  # before decompose_reduction, which leaves a block the parallel check refuses
     lanes = sch.fuse(a_cols, a_half)  # gate and up of nr columns: one contiguous 2·nr panel row
     sch.unroll(a_rows)

@@ -50,23 +50,20 @@ def _attention_modules(heads: int, seq: int, head_dim: int):
 def tir_allocation_bytes(func) -> List[int]:
     """Bytes of every buffer a PrimFunc allocates once lowered to flat buffers (parameters are not counted)."""
     import tvm
-    import tvm_ffi
     from tvm import s_tir, tirx
+
+    from ...tir_nodes import collect
 
     passes = [s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
               s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.CompactBufferAllocation(),
               s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer()]
     lowered = tvm.ir.transform.Sequential(passes)(tvm.IRModule({"main": func}))["main"]
     sizes: List[int] = []
-
-    def visit(node):
+    for node in collect(lowered.body, tirx.AllocBuffer):
         buf = node.buffer
         dtype = tvm.DataType(str(buf.dtype))
         elems = int(np.prod([int(x) for x in buf.shape])) if len(buf.shape) else 1
         sizes.append(elems * dtype.bits * dtype.lanes // 8)
-        return node
-
-    tvm_ffi.structural_map(lowered.body, (tirx.AllocBuffer, visit))
     return sizes
 
 
