@@ -134,3 +134,45 @@ def tensor_shapes(mod: tvm.IRModule, func: str = "main") -> List[List[int]]:
     """Static shapes of every tensor bound in ``mod[func]`` (to prove e.g. no S×S tensor is left)."""
     shapes = (static_shape(binding.var) for binding in bindings(mod[func]))
     return [shape for shape in shapes if shape is not None]
+
+
+def attention_reference(q, k, v, mask, scale: float, causal: bool = False) -> np.ndarray:
+    """``softmax(scale · q kᵀ + mask [causal]) v`` in float64 for (B, S, H, D) operands (BSHD), the mask broadcast
+    against (B, H, S, T); causal as ``j <= i`` (queries and keys the same rows)."""
+    scores = np.einsum("bshd,bthd->bhst", q, k).astype("float64") * scale + mask
+    if causal:
+        seq = q.shape[1]
+        scores = np.where(np.tril(np.ones((seq, seq), bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return np.einsum("bhst,bthd->bshd", weights, v)
+
+
+def key_padding_inputs(batch: int, seq: int, heads: int, head_dim: int, seed: int) -> Tuple[np.ndarray, ...]:
+    """Random (B, S, H, D) q, k, v and a (B, 1, 1, S) mask hiding ~30 % of the keys with -inf (never the first)."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((batch, seq, heads, head_dim)).astype("float32") for _ in range(3))
+    mask = np.where(rng.random((batch, 1, 1, seq)) < 0.3, -np.inf, 0.0).astype("float32")
+    mask[..., 0] = 0.0
+    return q, k, v, mask
+
+
+def masked_attention_module(params: dict, heads: int, head_dim: int, seq=None, batch=None) -> tvm.IRModule:
+    """``main(q, k, v, mask)``: one ``fused_attention`` over (B, S, H, D) operands and a (B, 1, 1, S) mask; batch
+    and sequence symbolic unless given."""
+    from tvm import tirx
+
+    from .ops import call_op
+
+    batch = batch if batch is not None else tirx.Var("batch", "int64")
+    seq = seq if seq is not None else tirx.Var("seq", "int64")
+    args = [relax.Var(n, relax.TensorType([batch, seq, heads, head_dim], "float32")) for n in ("q", "k", "v")]
+    args.append(relax.Var("mask", relax.TensorType([batch, 1, 1, seq], "float32")))
+    inputs = dict(zip(("q", "k", "v", "mask"), args))
+    return build_module(args, lambda bb: call_op(bb, "fused_attention", inputs, params))
+
+
+def kernel_named(mod: tvm.IRModule, prefix: str):
+    """The first PrimFunc of ``mod`` whose name starts with ``prefix`` (``"fused_attention"``)."""
+    return next(f for gv, f in mod.functions_items()
+                if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint.startswith(prefix))

@@ -14,42 +14,19 @@ from tvm_fusion_ext.compile.schedule import ApplyTemplates, schedule
 from tvm_fusion_ext.ops import call_op
 from tvm_fusion_ext.ops.attention import SYMBOLIC_KEY_BLOCK
 from tvm_fusion_ext.targets import resolve_target
-from tvm_fusion_ext.testing import build_module
+from tvm_fusion_ext.testing import (attention_reference, build_module, kernel_named, key_padding_inputs,
+                                    masked_attention_module)
 
 TARGET = resolve_target("llvm")
 H, D = 2, 16
 
 
 def _module(params, seq=None):
-    batch = tirx.Var("batch", "int64")
-    seq = seq if seq is not None else tirx.Var("seq", "int64")
-    args = [relax.Var(n, relax.TensorType([batch, seq, H, D], "float32")) for n in ("q", "k", "v")]
-    args.append(relax.Var("mask", relax.TensorType([batch, 1, 1, seq], "float32")))
-    inputs = dict(zip(("q", "k", "v", "mask"), args))
-    return build_module(args, lambda bb: call_op(bb, "fused_attention", inputs, params))
-
-
-def _reference(q, k, v, mask, scale, causal):
-    scores = np.einsum("bshd,bthd->bhst", q, k).astype("float64") * scale + mask
-    if causal:
-        seq = q.shape[1]
-        scores = np.where(np.tril(np.ones((seq, seq), bool)), scores, -np.inf)
-    weights = np.exp(scores - scores.max(-1, keepdims=True))
-    weights /= weights.sum(-1, keepdims=True)
-    return np.einsum("bhst,bthd->bshd", weights, v)
+    return masked_attention_module(params, H, D, seq=seq)
 
 
 def _kernel(mod):
-    return next(f for gv, f in mod.functions_items()
-                if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("fused_attention"))
-
-
-def _inputs(batch, seq, seed):
-    rng = np.random.default_rng(seed)
-    q, k, v = (rng.standard_normal((batch, seq, H, D)).astype("float32") for _ in range(3))
-    mask = np.where(rng.random((batch, 1, 1, seq)) < 0.3, -np.inf, 0.0).astype("float32")
-    mask[..., 0] = 0.0
-    return q, k, v, mask
+    return kernel_named(mod, "fused_attention")
 
 
 @pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)])  # 20 s each
@@ -61,9 +38,9 @@ def test_every_branch_matches_numpy_on_both_sides_of_its_boundary(causal):
     vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
     for batch, seq in ((1, 1), (3, 1), (2, 5), (1, 8), (2, 9), (2, 31), (1, 32), (2, 33), (1, 64), (1, 65),
                        (2, 130)):
-        arrays = _inputs(batch, seq, seed=seq)
+        arrays = key_padding_inputs(batch, seq, H, D, seed=seq)
         got = vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
-        want = _reference(*arrays, 0.25, causal)
+        want = attention_reference(*arrays, 0.25, causal)
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=f"(batch, seq) = ({batch}, {seq})")
 
 
@@ -75,8 +52,9 @@ def test_the_kernel_branches_on_its_key_count():
     script = kernel.script()
     for keys in (8, 32, 64):
         assert f"if seq <= T.int64({keys}):" in script
-    # four copies of the flash loop: the 128-key kernel and its three variants
-    assert script.count('T.sblock("attn_online_update")') == 4
+    # six copies of the flash loop: the 128-key kernel in 16-, 32- and 64-row query tiles (compile/query_tiles.py)
+    # and the three short-key variants
+    assert script.count('T.sblock("attn_online_update")') == 6
 
 
 def test_the_shortest_variant_pads_queries_to_one_row_not_sixteen():
@@ -105,9 +83,9 @@ def test_static_queries_keep_their_tile_in_every_variant_and_match_numpy():
     vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
     for batch, seq in ((1, 1), (2, 8), (1, 9), (2, 40)):
         q = np.random.default_rng(seq).standard_normal((batch, 12, H, D)).astype("float32")
-        _, k, v, mask = _inputs(batch, seq, seed=seq)
+        _, k, v, mask = key_padding_inputs(batch, seq, H, D, seed=seq)
         got = vm["main"](*[tvm.runtime.tensor(a) for a in (q, k, v, mask)]).numpy()
-        np.testing.assert_allclose(got, _reference(q, k, v, mask, 0.25, False), rtol=2e-5, atol=2e-5,
+        np.testing.assert_allclose(got, attention_reference(q, k, v, mask, 0.25, False), rtol=2e-5, atol=2e-5,
                                    err_msg=f"(batch, keys) = ({batch}, {seq})")
 
 

@@ -5,7 +5,7 @@ symbolic sizes.
 A variant reads and writes exactly the kernel's buffers, so it becomes a branch of the kernel's PrimFunc: the
 Relax graph, the tuner's tasks and the records are unchanged. Only a template's schedule is worth a branch; a
 variant that no template schedules, or that the template fails on, is dropped with the reason (the kernel as
-built is always correct). Users: :mod:`.short_keys`, :mod:`.short_rows`.
+built is always correct). Users: :mod:`.short_keys`, :mod:`.short_rows`, :mod:`.query_tiles`.
 """
 
 from __future__ import annotations
@@ -84,18 +84,27 @@ def with_variants(func: tirx.PrimFunc, size: tirx.PrimExpr, variants: List[Tuple
     """``func`` running, for each ``(bound, label, params)`` in order, the operator rebuilt with ``params`` when
     ``size`` does not exceed ``bound``, else its own body; the bounds recorded in ``attr``. None (and the reason
     logged) when a variant cannot be made: then the kernel stays as built."""
-    cases: List[Tuple[int, tirx.Stmt]] = []
-    for bound, label, params in variants:
+    size = size if str(size.ty) == "int64" else size.astype("int64")
+    cases = [(size <= tirx.IntImm("int64", bound), label, params) for bound, label, params in variants]
+    return with_cases(func, cases, schedule_fn, attr, ",".join(str(bound) for bound, _, _ in variants), logger)
+
+
+def with_cases(func: tirx.PrimFunc, cases: List[Tuple[tirx.PrimExpr, str, dict]], schedule_fn: ScheduleFn,
+               attr: str, attr_value: str, logger: logging.Logger) -> Optional[tirx.PrimFunc]:
+    """``func`` running, for the first ``(condition, label, params)`` whose condition holds, the operator rebuilt
+    with ``params``, else its own body; ``attr_value`` recorded in ``attr``. None (and the reason logged) when a
+    variant cannot be made: then the kernel stays as built."""
+    bodies: List[Tuple[tirx.PrimExpr, tirx.Stmt]] = []
+    for condition, label, params in cases:
         body, why = scheduled_variant(func, params, schedule_fn)
         if body is None:
             logger.info("no run-time branches (%s) for a %s kernel: the %s variant %s", attr, op_of(func), label, why)
             return None
-        cases.append((bound, body))
-    size = size if str(size.ty) == "int64" else size.astype("int64")
+        bodies.append((condition, body))
     out = func.body
-    for bound, case in reversed(cases):
-        out = tirx.IfThenElse(size <= tirx.IntImm("int64", bound), case, out)
-    return func.with_body(out).with_attr(attr, ",".join(str(bound) for bound, _ in cases))
+    for condition, body in reversed(bodies):
+        out = tirx.IfThenElse(condition, body, out)
+    return func.with_body(out).with_attr(attr, attr_value)
 
 
 def plain_parameters(func: tirx.PrimFunc) -> bool:

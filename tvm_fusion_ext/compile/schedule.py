@@ -59,9 +59,11 @@ def schedule(mod: tvm.IRModule, target: TargetSpec = None, records: Optional[str
              knobs: Optional[dict] = None, kernel_knobs=None) -> tvm.IRModule:
     """Schedule a lowered module: ``records`` (a record directory) first, then templates (with ``knobs`` and
     the per-kernel ``kernel_knobs`` transferred from records), then the fallback; then bound causal attention's
-    key-block loops by their query tiles (whichever schedule made them), and give symbolic CPU attention and
-    dense kernels their short-request variants (:mod:`.short_keys`, :mod:`.short_rows`)."""
+    key-block loops by their query tiles (whichever schedule made them), and give symbolic CPU attention its
+    long-request query tiles (:mod:`.query_tiles`) and attention and dense kernels their short-request variants
+    (:mod:`.short_keys`, :mod:`.short_rows`)."""
     from .causal_skip import SkipMaskedKeyBlocks
+    from .query_tiles import DispatchQueryTiles
     from .short_keys import DispatchShortKeys
     from .short_rows import DispatchShortRows
 
@@ -79,4 +81,5 @@ def schedule(mod: tvm.IRModule, target: TargetSpec = None, records: Optional[str
 
     # a variant's kernel never has a record (records name static kernels): templates and transferred knobs
     variants = lambda m: templates(m, fallback=False)  # noqa: E731
-    return DispatchShortRows(target, variants)(DispatchShortKeys(target, variants)(templates(mod)))
+    scheduled = DispatchQueryTiles(target, variants)(templates(mod))
+    return DispatchShortRows(target, variants)(DispatchShortKeys(target, variants)(scheduled))
