@@ -73,17 +73,25 @@ def _padded(rows: tirx.PrimExpr, tile: int) -> tirx.PrimExpr:
     return (rows + tirx.IntImm("int64", tile - 1)) // tirx.IntImm("int64", tile) * tirx.IntImm("int64", tile)
 
 
-def conditions(func: tirx.PrimFunc, cores: int) -> dict:
-    """``{tile: condition}`` for the larger tiles, largest first: the run-time test that picks each."""
+def _request_dims(func: tirx.PrimFunc):
+    """(batch, query rows, query heads) of the kernel: the first two its own size expressions."""
     S, _, _ = key_geometry(func)
     params = params_of(func)
-    q_type = func.params[inputs_of(func).index("q")].ty  # 0.27: a parameter's type is its buffer
-    batch = q_type.shape[0]
-    heads = params.get("heads") or q_type.shape[head_axis(params.get("q_layout", "BSHD"))]
-    rows = S if str(S.ty) == "int64" else S.astype("int64")
-    batch = batch if str(batch.ty) == "int64" else batch.astype("int64")
+    q_shape = func.params[inputs_of(func).index("q")].ty.shape  # 0.27: a parameter's type is its buffer
+    heads = params.get("heads") or q_shape[head_axis(params.get("q_layout", "BSHD"))]
+    return q_shape[0], S, int(heads)
+
+
+def _int64(expr: tirx.PrimExpr) -> tirx.PrimExpr:
+    return expr if str(expr.ty) == "int64" else expr.astype("int64")
+
+
+def conditions(func: tirx.PrimFunc, cores: int) -> dict:
+    """``{tile: condition}`` for the larger tiles, largest first: the run-time test that picks each."""
+    batch, rows, heads = _request_dims(func)
+    batch, rows = _int64(batch), _int64(rows)
     cost = {t: _padded(rows, t) * tirx.IntImm("int64", c) for t, c in ROW_COST.items()}
-    tasks = {t: batch * tirx.IntImm("int64", int(heads)) * (_padded(rows, t) // tirx.IntImm("int64", t))
+    tasks = {t: batch * tirx.IntImm("int64", heads) * (_padded(rows, t) // tirx.IntImm("int64", t))
              for t in ROW_COST}
     enough = {t: tasks[t] >= tirx.IntImm("int64", MIN_TASKS_PER_CORE * cores) for t in ROW_COST}
     out = {}
@@ -103,9 +111,8 @@ def tile_for(func: tirx.PrimFunc, cores: int, batch: int, rows: int) -> int:
 
     from ..tir_nodes import substitute
 
-    q_shape = func.params[inputs_of(func).index("q")].ty.shape
-    S, _, _ = key_geometry(func)
-    values = {q_shape[0]: tirx.IntImm("int64", batch), S: tirx.IntImm("int64", rows)}
+    batch_dim, rows_dim, _ = _request_dims(func)
+    values = {batch_dim: tirx.IntImm("int64", batch), rows_dim: tirx.IntImm("int64", rows)}
     for tile, condition in conditions(func, cores).items():
         if int(sym.Analyzer().simplify(substitute(condition, values))):
             return tile
