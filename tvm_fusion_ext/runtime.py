@@ -7,7 +7,7 @@ from typing import Dict, List, Mapping, Optional
 import numpy as np
 import tvm
 
-from .deploy.io import call_checked, check_inputs, flatten_outputs
+from .deploy.io import call_checked, check_inputs, flatten_outputs, input_tensors
 from .targets import TargetInfo, device_of
 
 
@@ -72,7 +72,17 @@ class CompiledModel:
         return self._vm["main"](*tensors)
 
     def _to_device(self, arrays):
-        return [tvm.runtime.tensor(a, self.device) for a in arrays]
+        return input_tensors(arrays, self.device)
+
+    def new_vm(self):
+        """A VM of its own over the executable (:func:`~tvm_fusion_ext.deploy.profile.profile_kernels`)."""
+        from tvm import relax
+
+        return relax.VirtualMachine(self.executable, self.device)
+
+    def device_arguments(self, inputs: Mapping[str, np.ndarray]) -> list:
+        """``main``'s arguments: ``inputs`` checked and copied to the device."""
+        return self._to_device(self.check_inputs(inputs))
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
         tensors = self._to_device(self.check_inputs(inputs))

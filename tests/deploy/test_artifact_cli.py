@@ -61,6 +61,19 @@ def test_bench_an_artifact_against_ort_and_the_in_process_build(tiny_artifact, t
     assert r["fused"] == load(tiny_artifact).manifest["fusion"]["fused"]
     assert r["input_shapes"] == {"input_ids": [1, 32], "attention_mask": [1, 32]}
     assert "loaded" in printed and "tvm_fusion_ext in-process" in printed
+    assert r["kernels"] is None  # asked for with --kernels only
+
+
+def test_bench_an_artifact_kernel_by_kernel(tiny_artifact, tmp_path, capsys):
+    out_json = tmp_path / "k.json"
+    assert main(["bench", tiny_artifact, "--against", "ort", "--repeat", "2", "--kernels", "--json",
+                 str(out_json)]) == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out_json.read_text())
+    names = [k["name"] for k in r["kernels"]["kernels"]]
+    assert sum(k["calls"] for k in r["kernels"]["kernels"] if k["name"].startswith("fused_attention")) == \
+        r["fused"]["attention"]
+    assert names[0] in printed and "un-instrumented call" in printed
 
 
 def test_bench_without_the_onnx_source(symbolic_artifact, tmp_path, capsys):

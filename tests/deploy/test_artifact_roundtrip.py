@@ -173,3 +173,29 @@ def test_a_failed_write_leaves_no_partial_artifact(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         save_artifact(compiled, mod, str(tmp_path / "art"))
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("value", [
+    np.arange(48, dtype=np.int64).reshape(3, 16)[:, ::2],       # strided: the copy is contiguous
+    np.array([[True, False, True]]),
+    np.linspace(-1, 1, 7, dtype=np.float16),
+    np.array(3.5, np.float32),                                  # 0-d
+    np.zeros((0, 5), np.int32),                                 # no elements
+])
+def test_inputs_reach_the_model_as_private_aligned_copies(value):
+    """deploy.io.input_tensors: one copy per input, 64-byte aligned (TVM's kernels may assume it for vector loads),
+    never the caller's memory (a caller may reuse its array while the model runs)."""
+    import tvm
+
+    from tvm_fusion_ext.deploy.io import input_tensors
+
+    source = value.copy()
+    (tensor,) = input_tensors([source], tvm.cpu())
+    view = np.from_dlpack(tensor)
+    assert tensor.shape == value.shape and str(tensor.dtype) == str(value.dtype)
+    np.testing.assert_array_equal(tensor.numpy(), value)
+    if value.size:
+        assert view.ctypes.data % ALIGNMENT == 0
+        assert not np.shares_memory(view, source)
+        source[...] = 0 if value.dtype != bool else False
+        np.testing.assert_array_equal(tensor.numpy(), value)

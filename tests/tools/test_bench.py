@@ -24,7 +24,7 @@ def _one_line_error(capsys, *needles):
 
 def test_model_bench_writes_contract_json_and_png(tiny_encoder_path, tmp_path, capsys):
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
-    assert main(["bench", tiny_encoder_path, "--against", "ort,torch,tvm", "--repeat", "3",
+    assert main(["bench", tiny_encoder_path, "--against", "ort,torch,tvm", "--repeat", "3", "--kernels",
                  "--json", str(out_json), "--plot", str(out_png)]) == 0
     printed = capsys.readouterr().out
     r = json.loads(out_json.read_text())
@@ -47,6 +47,11 @@ def test_model_bench_writes_contract_json_and_png(tiny_encoder_path, tmp_path, c
     assert r["fused"] == json.loads(capsys.readouterr().out)["fused"]
     assert r["fused"]["attention"] >= 1
     assert out_png.read_bytes()[:8] == PNG_MAGIC
+    # --kernels: our build's call, kernel by kernel (deploy.profile_kernels); one launch per fused operator
+    kernels = {k["name"]: k for k in r["kernels"]["kernels"]}
+    assert sum(k["calls"] for n, k in kernels.items() if n.startswith("fused_dense")) == r["fused"]["dense"]
+    assert sum(k["calls"] for n, k in kernels.items() if n.startswith("fused_attention")) == r["fused"]["attention"]
+    assert r["kernels"]["runs"] == 3 and "where our call's time goes" in printed
 
 
 def test_workspace_of_a_known_primfunc():
@@ -104,6 +109,7 @@ def test_model_mode_errors(tiny_encoder_path, capsys, argv, needle):
 
 
 @pytest.mark.parametrize("argv", [["--attention-only", "--seq", "64,x"], ["--attention-only", "--seq", "0"],
+                                  ["--dense", "16x16x16", "--kernels"], ["--attention-only", "--kernels"],
                                   ["--seq", "128"], ["--lengths", "16"], ["--lengths", "9-3"],
                                   ["--lengths", "0-4"]])
 def test_argument_errors(capsys, argv):

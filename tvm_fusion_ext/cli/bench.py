@@ -36,6 +36,8 @@ def run_bench(args, out: Callable[[str], None] = print) -> dict:
     """What ``tvm-fusion bench`` does with its parsed arguments (validation first: bad flags fail fast)."""
     from ..tools.bench import bench_attention, bench_dense, bench_gated, bench_model
 
+    if args.kernels and (args.gated or args.dense or args.attention_only):
+        raise InputError("--kernels profiles a model or an artifact, not --gated, --dense or --attention-only")
     if args.gated:
         if args.model is not None or args.attention_only or args.plot or args.dense:
             raise InputError("--gated takes no model file, --attention-only, --dense or --plot")
@@ -79,7 +81,7 @@ def run_bench(args, out: Callable[[str], None] = print) -> dict:
         result = bench_model(args.model, logs=args.logs, against=against, seq=seq, batch=args.batch,
                              target=args.target, repeat=args.repeat or 20, torch_model=args.torch, spin=args.spin,
                              out=out, lengths=parse_lengths(args.lengths), seed=args.seed,
-                             remove_padding=args.remove_padding, feeds=feeds)
+                             remove_padding=args.remove_padding, feeds=feeds, kernels=args.kernels)
     return _finish(args, result, out)
 
 
@@ -94,7 +96,7 @@ def _bench_artifact(args, seq, out, feeds=None):
     return bench_artifact(args.model, onnx=args.onnx, against=parse_against(args.against, ARTIFACT_RUNTIMES,
                                                                                   DEFAULT_ARTIFACT_RUNTIMES),
                           seq=seq, batch=args.batch, repeat=args.repeat or 20, spin=args.spin,
-                          torch_model=args.torch, out=out, feeds=feeds)
+                          torch_model=args.torch, out=out, feeds=feeds, kernels=args.kernels)
 
 
 def _finish(args, result, out):
@@ -141,6 +143,9 @@ def add_parser(sub) -> None:
     p.add_argument("--spin", action="store_true",
                    help="let ORT, torch and TVM worker threads busy-wait between parallel regions (their defaults: "
                         "fastest on an idle machine, much slower on a shared one; off by default, for all alike)")
+    p.add_argument("--kernels", action="store_true",
+                   help="model or artifact: also time each compiled kernel of our call inside the VM and print where "
+                        "the call's time goes (the JSON's 'kernels')")
     p.add_argument("--json", help="write all results to this JSON file")
     p.add_argument("--plot", help="write a bar chart (PNG) to this file")
     p.add_argument("--attention-only", action="store_true",

@@ -10,9 +10,11 @@ Everything here imports ``tvm.runtime`` and numpy only, so it works where TVM ru
 ``weights``   the weights file: 64-byte aligned raw tensors, memory-mapped on load
 ``io``        inputs checked against their specs (symbolic dims and bounds), outputs flattened
 ``threads``   sizing TVM's CPU thread pool
+``profile``   :func:`profile_kernels`: each kernel's share of a call, timed inside the VM where it is deployed
 ============  ===============================================================================================
 """
 
 from .loader import DeployedModel, load
+from .profile import KernelProfile, profile_kernels
 
-__all__ = ["DeployedModel", "load"]
+__all__ = ["DeployedModel", "KernelProfile", "load", "profile_kernels"]

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import CorruptArtifactError
 from . import host
-from .io import call_checked, check_inputs, flatten_outputs
+from .io import call_checked, check_inputs, flatten_outputs, input_tensors
 from .manifest import (LIBRARY_FILE, WEIGHTS_FILE, check_digest, check_file, check_runtime_versions, read_manifest,
                        sha256_of_buffer)
 from .threads import configure_cpu_threads
@@ -59,30 +59,37 @@ class DeployedModel:
         return check_inputs(self.input_specs, inputs, self.path, self.dim_bounds, self.dim_reasons)
 
     # -- running --------------------------------------------------------------------------------------
+    def new_vm(self):
+        """A VM of its own over the loaded library (:func:`~tvm_fusion_ext.deploy.profile.profile_kernels`
+        instruments one)."""
+        from tvm.runtime.vm import VirtualMachine
+
+        with self._lock:  # creating VMs from one library concurrently is not documented as safe
+            return VirtualMachine(self._library, self.device)
+
     def _main(self):
         main = getattr(self._local, "main", None)
         if main is None:
-            from tvm.runtime.vm import VirtualMachine
-
-            with self._lock:  # creating VMs from one library concurrently is not documented as safe
-                vm = VirtualMachine(self._library, self.device)
+            vm = self.new_vm()
             self._local.vm, self._local.main = vm, vm["main"]
             main = self._local.main
         return main
 
     def _to_device(self, arrays):
-        import tvm
-
-        return [tvm.runtime.tensor(a, self.device) for a in arrays]
+        return input_tensors(arrays, self.device)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
         tensors = self._to_device(self.check_inputs(inputs))
         result = call_checked(lambda: self._main()(*tensors, *self._weights), self.input_specs, inputs, self.path)
         return dict(zip(self.output_names, flatten_outputs(result)))
 
+    def device_arguments(self, inputs: Mapping[str, np.ndarray]) -> list:
+        """``main``'s arguments: ``inputs`` checked and copied to the device, then the weights."""
+        return self._to_device(self.check_inputs(inputs)) + list(self._weights)
+
     def bind(self, inputs: Mapping[str, np.ndarray]):
         """A zero-argument call running the model on ``inputs`` already on the device (for timing)."""
-        tensors = self._to_device(self.check_inputs(inputs)) + list(self._weights)
+        tensors = self.device_arguments(inputs)
         main = self._main()
 
         def call():

@@ -54,11 +54,17 @@ def views(mapping: np.ndarray, index: Sequence[dict]) -> List[np.ndarray]:
     return out
 
 
+def on_cpu(device) -> bool:
+    import tvm
+
+    return device.dlpack_device_type() == tvm.cpu().dlpack_device_type()
+
+
 def to_device(arrays: Sequence[np.ndarray], device) -> list:
     """TVM tensors for ``arrays`` on ``device``: zero-copy views on CPU, copies elsewhere."""
     import tvm
 
-    if device.dlpack_device_type() == tvm.cpu().dlpack_device_type():
+    if on_cpu(device):
         try:
             return [tvm.runtime.from_dlpack(a) for a in arrays]
         except (TypeError, ValueError, BufferError, RuntimeError):  # an exotic numpy: copy instead

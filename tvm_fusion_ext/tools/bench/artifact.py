@@ -19,7 +19,7 @@ from ...errors import InputError
 from ..timing import time_block
 from .model import DEFAULT_BATCH, DEFAULT_SEQ, _torch_row, hf_export_info, max_abs_diff
 from .peers import environment, ort_session, set_thread_spinning
-from .report import ORT, OURS, Row, format_table
+from .report import ORT, OURS, Row, format_table, kernel_profile
 
 INPROC = "tvm_fusion_ext in-process"
 STATIC = "tvm_fusion_ext static"
@@ -101,9 +101,10 @@ def inputs_from_specs(specs: Dict[str, tuple], shapes: Dict[str, List[int]], see
 def bench_artifact(path: str, onnx: Optional[str] = None, against: Sequence[str] = DEFAULT_ARTIFACT_RUNTIMES,
                    seq: Optional[int] = None, batch: Optional[int] = None, repeat: int = 20, spin: bool = False,
                    torch_model: Optional[str] = None, out: Callable[[str], None] = print,
-                   feeds: Optional[Dict[str, np.ndarray]] = None) -> dict:
+                   feeds: Optional[Dict[str, np.ndarray]] = None, kernels: bool = False) -> dict:
     """Load, check and time the artifact ``path`` against ``against``; returns the JSON-able result.
-    ``feeds``: the inputs to time on, by ONNX name (``--inputs``), instead of generated ones."""
+    ``feeds``: the inputs to time on, by ONNX name (``--inputs``), instead of generated ones. ``kernels``: also time
+    each kernel of the artifact's call (:func:`~tvm_fusion_ext.deploy.profile_kernels`; the JSON's ``kernels``)."""
     spinning = set_thread_spinning(spin)  # before the load configures TVM's pool
     import tvm.runtime.vm  # noqa: F401  (importing TVM is a process's one-time cost, not the artifact's)
 
@@ -165,6 +166,7 @@ def bench_artifact(path: str, onnx: Optional[str] = None, against: Sequence[str]
     ort_row = next((r for r in rows if r.name == ORT and r.timing is not None), None)
     ort_median = ort_row.timing.median if ort_row is not None else None
     out(format_table(rows))
+    profile = kernel_profile(model, feeds, repeat, out) if kernels else None
     fusion = manifest.get("fusion") or {}
     first = next(iter(shapes.values()), [])
     return {
@@ -186,6 +188,7 @@ def bench_artifact(path: str, onnx: Optional[str] = None, against: Sequence[str]
         "runtimes": [r.to_dict(ort_median) for r in rows],
         "threading": spinning,
         "environment": environment(),
+        "kernels": profile,
     }
 
 

@@ -26,7 +26,7 @@ from ...models import HF_EXPORT_KEY
 from ..timing import time_block
 from .lengths import MASK_INPUT, apply_lengths, draw_lengths, valid_positions
 from .peers import check_target, environment, ort_session, set_thread_spinning, stock_tvm, threads_for, torch_runner
-from .report import ORT, OURS, OURS_PADDED, RUNTIMES, STOCK, TORCH, Row, format_table
+from .report import ORT, OURS, OURS_PADDED, RUNTIMES, STOCK, TORCH, Row, format_table, kernel_profile
 
 DEFAULT_SEQ, DEFAULT_BATCH = 128, 1
 
@@ -94,7 +94,7 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
                 torch_model: Optional[str] = None, stock_repeat: int = 3, stock_seconds: float = 10.0,
                 label: Optional[str] = None, spin: bool = False, out: Callable[[str], None] = print,
                 lengths: Optional[Tuple[int, int]] = None, seed: int = 0, remove_padding: bool = False,
-                feeds: Optional[Dict[str, np.ndarray]] = None) -> dict:
+                feeds: Optional[Dict[str, np.ndarray]] = None, kernels: bool = False) -> dict:
     """Build, check and time ``path`` against the runtimes in ``against``; returns the JSON-able result.
 
     ``lengths=(MIN, MAX)``: a variable-length batch (:mod:`.lengths`), padded to the longest drawn length (or to
@@ -104,7 +104,8 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
     ONNX Runtime's outputs are the reference for every ``max_abs_diff`` (computed even when ORT is not timed).
     ``torch_model`` (``minilm``/``bert-base``) names the transformers model the file was exported from when the
     file does not say so itself. ``spin``: see :func:`set_thread_spinning`. ``feeds``: the inputs to time on, by
-    ONNX name (``--inputs``; a KV-cache decoder's past tensors), built for exactly their shapes.
+    ONNX name (``--inputs``; a KV-cache decoder's past tensors), built for exactly their shapes. ``kernels``: also
+    time each kernel of our call (:func:`~tvm_fusion_ext.deploy.profile_kernels`; the JSON's ``kernels``).
     """
     import tempfile
 
@@ -127,7 +128,8 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
         first = next(iter(shapes.values()), [])
         return _bench_loaded(path, shapes, first[0] if first else None, first[1] if len(first) > 1 else None, tgt,
                              threads, logs, against, repeat, info, stock_repeat, stock_seconds,
-                             label or os.path.basename(path), spinning, out, None, seed, remove_padding, feeds)
+                             label or os.path.basename(path), spinning, out, None, seed, remove_padding, feeds,
+                             kernels=kernels)
     with tempfile.TemporaryDirectory(prefix="tfx-bench-") as tmp:
         static = _static_dims(path)
         first = next(iter(static.values()), [])
@@ -152,7 +154,7 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
         shapes, n_batch, n_seq = _resolve_shapes(path, seq, batch)
         return _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, repeat, info,
                              stock_repeat, stock_seconds, label or os.path.basename(path), spinning, out,
-                             drawn, seed, remove_padding)
+                             drawn, seed, remove_padding, kernels=kernels)
 
 
 def _shapes_of(path: str, feeds: Dict[str, np.ndarray]) -> Dict[str, List[int]]:
@@ -174,7 +176,7 @@ def _shapes_of(path: str, feeds: Dict[str, np.ndarray]) -> Dict[str, List[int]]:
 
 def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, repeat, info, stock_repeat,
                   stock_seconds, label, spinning, out, drawn=None, seed=0, remove_padding=False,
-                  given=None) -> dict:
+                  given=None, kernels=False) -> dict:
     from ...frontend import load_onnx
     from ...models import sample_inputs
     from ...runtime import CompiledModel
@@ -236,6 +238,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
     ort_median = ort_row.timing.median if ort_row is not None else None
     out(format_table(rows))
     out("fused: " + (", ".join(f"{k} {v}" for k, v in report.fused.items()) or "nothing"))
+    profile = kernel_profile(ours, feeds, repeat, out) if kernels else None
     return {
         "mode": "model",
         "model": label,
@@ -260,6 +263,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
         "runtimes": [r.to_dict(ort_median) for r in rows],
         "threading": spinning,
         "environment": environment(),
+        "kernels": profile,
     }
 
 

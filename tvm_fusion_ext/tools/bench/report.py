@@ -131,3 +131,13 @@ def plot(path: str, result: dict) -> None:
     atomic_write(path, lambda f: fig.savefig(f, format="png"), binary=True)
     plt.close(fig)
 
+
+def kernel_profile(model, feeds, runs: int, out) -> dict:
+    """``--kernels``: each kernel of ``model``'s call on ``feeds`` timed inside the VM, printed as a table; the
+    JSON-able profile (:func:`~tvm_fusion_ext.deploy.profile_kernels`)."""
+    from ...deploy.profile import profile_kernels
+
+    profile = profile_kernels(model, feeds, runs=runs)
+    out("where our call's time goes (each kernel timed inside the VM):")
+    out(profile.table())
+    return profile.to_dict()
