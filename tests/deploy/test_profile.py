@@ -68,6 +68,23 @@ def test_a_model_built_in_process_profiles_alike(tiny_onnx):
     assert sum(k.gflops or 0 for k in profile.kernels) == pytest.approx(_encoder_dense_gflop(), rel=1e-12)
 
 
+@pytest.mark.parametrize("n", [1, 37])
+def test_a_symbolic_unfused_artifact_profiles_at_any_length(symbolic_artifact, n):
+    """No fused operator, two outputs, a run-time dim: every launch is still counted once per call, and the profile
+    leaves the model's results alone (its own VM; the same inputs give the same outputs after it)."""
+    from _artifacts import symbolic_feeds
+
+    model = load(symbolic_artifact[0])
+    feeds = symbolic_feeds(n)
+    before = model.run(feeds)
+    profile = profile_kernels(model, feeds, runs=2)
+    compiled = [k for k in profile.kernels if k.name != VM_BOOKKEEPING]
+    assert compiled and all(k.calls >= 1 and k.ms > 0 and k.gflops is None for k in compiled)
+    after = model.run(feeds)
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name])
+
+
 def test_profile_refuses_bad_inputs_before_running(tiny_artifact):
     from tvm_fusion_ext.errors import InputError
 
