@@ -91,6 +91,9 @@ def test_profile_refuses_bad_inputs_before_running(tiny_artifact):
     model = load(tiny_artifact)
     with pytest.raises(InputError, match="missing input"):
         profile_kernels(model, {"input_ids": np.zeros((1, 32), "int64")})
+    with pytest.raises(InputError, match="the model was built for"):
+        profile_kernels(model, {k: np.concatenate([v, v], axis=1) for k, v in
+                                sample_inputs(model.manifest["source"]["path"]).items()})
     with pytest.raises(ValueError, match="runs must be positive"):
         profile_kernels(model, sample_inputs(model.manifest["source"]["path"]), runs=0)
 

@@ -101,6 +101,7 @@ def profile_kernels(model, inputs: Mapping[str, np.ndarray], runs: int = 10, war
     (anything with ``new_vm()`` and ``device_arguments(inputs)``)."""
     if runs <= 0:
         raise ValueError(f"profile_kernels: runs must be positive, got {runs}")
+    model.run(inputs)  # inputs the model itself refuses (shapes that do not fit together) fail here, in one line
     args = model.device_arguments(inputs)
     plain, profiled = model.new_vm()["main"], model.new_vm()
     device = model.device
