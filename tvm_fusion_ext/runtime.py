@@ -71,9 +71,6 @@ class CompiledModel:
     def _call(self, tensors):
         return self._vm["main"](*tensors)
 
-    def _to_device(self, arrays):
-        return input_tensors(arrays, self.device)
-
     def new_vm(self):
         """A VM of its own over the executable (:func:`~tvm_fusion_ext.deploy.profile.profile_kernels`)."""
         from tvm import relax
@@ -82,16 +79,16 @@ class CompiledModel:
 
     def device_arguments(self, inputs: Mapping[str, np.ndarray]) -> list:
         """``main``'s arguments: ``inputs`` checked and copied to the device."""
-        return self._to_device(self.check_inputs(inputs))
+        return input_tensors(self.check_inputs(inputs), self.device)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        tensors = self._to_device(self.check_inputs(inputs))
+        tensors = self.device_arguments(inputs)
         result = call_checked(lambda: self._call(tensors), self.input_specs, inputs, self.label)
         return dict(zip(self.output_names, flatten_outputs(result)))
 
     def bind(self, inputs: Mapping[str, np.ndarray]):
         """A zero-argument call running the model on ``inputs`` already on the device (for timing)."""
-        tensors = self._to_device(self.check_inputs(inputs))
+        tensors = self.device_arguments(inputs)
 
         def call():
             self._call(tensors)

@@ -75,17 +75,14 @@ class DeployedModel:
             main = self._local.main
         return main
 
-    def _to_device(self, arrays):
-        return input_tensors(arrays, self.device)
-
-    def run(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        tensors = self._to_device(self.check_inputs(inputs))
-        result = call_checked(lambda: self._main()(*tensors, *self._weights), self.input_specs, inputs, self.path)
-        return dict(zip(self.output_names, flatten_outputs(result)))
-
     def device_arguments(self, inputs: Mapping[str, np.ndarray]) -> list:
         """``main``'s arguments: ``inputs`` checked and copied to the device, then the weights."""
-        return self._to_device(self.check_inputs(inputs)) + list(self._weights)
+        return input_tensors(self.check_inputs(inputs), self.device) + list(self._weights)
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        args = self.device_arguments(inputs)
+        result = call_checked(lambda: self._main()(*args), self.input_specs, inputs, self.path)
+        return dict(zip(self.output_names, flatten_outputs(result)))
 
     def bind(self, inputs: Mapping[str, np.ndarray]):
         """A zero-argument call running the model on ``inputs`` already on the device (for timing)."""

@@ -147,7 +147,7 @@ def profile_kernels(model, inputs: Mapping[str, np.ndarray], runs: int = 10, war
         main(*args)
         device.sync()
         profiled_ms.append((time.perf_counter() - t) * 1e3)
-    names = sorted(calls, key=lambda n: (n == VM_BOOKKEEPING, -np.median([r.get(n, 0.0) for r in per_run])))
-    kernels = [KernelTime(n, calls[n], float(np.median([r.get(n, 0.0) for r in per_run])) * 1e3, work.get(n))
-               for n in names]
+    ms = {n: float(np.median([r.get(n, 0.0) for r in per_run])) * 1e3 for n in calls}
+    names = sorted(calls, key=lambda n: (n == VM_BOOKKEEPING, -ms[n]))
+    kernels = [KernelTime(n, calls[n], ms[n], work.get(n)) for n in names]
     return KernelProfile(kernels, float(np.median(plain_ms)), float(np.median(profiled_ms)), runs)
