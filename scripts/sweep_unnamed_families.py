@@ -1,5 +1,5 @@
 """Export Hugging Face families that no test covers (tiny random weights), build each with the package, and
-compare with torch at the valid positions: the sweep behind README "More families" and "Opset-23 exports".
+compare with torch at the valid positions: the sweep behind docs/coverage.md, "More families" and "Opset-23 exports".
 Prints one line per case: ``ok`` with the largest difference and the fusion counts, ``refused`` with our one-line
 error, ``export-failed`` when torch cannot export it, ``export-differs`` when the exported file itself is unlike
 torch at a shape (ONNX Runtime running it disagrees with torch there and agrees with us; ``max |diff|`` then covers

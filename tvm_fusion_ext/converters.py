@@ -1,7 +1,7 @@
 """Where TVM 0.27's ONNX importer converts an op wrongly or not at all: fixed converters, and refusals.
 
 Found by running every single-operator case of ONNX's backend tests through ``tvm-fusion run``
-(``tests/robustness/node_sweep.py``; README "Operator coverage"). Two kinds of remedy, never a patch to TVM:
+(``tests/robustness/node_sweep.py``; docs/coverage.md, "Operator coverage"). Two kinds of remedy, never a patch to TVM:
 
 * :func:`fixed_converters`: subclasses of TVM's converters that convert an op correctly where the stock one
   computes something else (IsInf's ``detect_*``, BitShift past the type's width, floating-point Mod with

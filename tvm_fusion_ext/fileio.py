@@ -27,3 +27,11 @@ def atomic_write(path: str, write: Callable, binary: bool = False) -> None:
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
     atomic_write(path, lambda f: f.write(data), binary=True)
+
+
+def human_size(n: int) -> str:
+    """A byte count as people read it: ``90.3 MiB``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

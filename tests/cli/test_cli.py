@@ -17,6 +17,25 @@ def _cli(*args):
                           timeout=600)
 
 
+def test_version_names_the_package_tvm_and_whether_it_compiles():
+    import tvm
+    import tvm_ffi
+
+    import tvm_fusion_ext
+
+    full = _cli("--version")
+    assert full.returncode == 0 and full.stderr == ""
+    line = full.stdout.strip()
+    assert "\n" not in line and line.startswith(f"tvm-fusion {tvm_fusion_ext.__version__} ")
+    assert f"TVM {tvm.__version__}, with its compiler" in line and f"tvm-ffi {tvm_ffi.__version__}" in line
+    # a runtime-only TVM (how artifacts deploy) says so: it can run artifacts and compile nothing
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    runtime = subprocess.run([sys.executable, "-m", "tvm_fusion_ext.cli", "--version"], capture_output=True,
+                             text=True, timeout=600, env=env)
+    assert runtime.returncode == 0, runtime.stderr
+    assert "runtime only" in runtime.stdout and "with its compiler" not in runtime.stdout
+
+
 def test_fuse_json_contract(tiny_encoder_path, capsys):
     assert main(["fuse", tiny_encoder_path, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

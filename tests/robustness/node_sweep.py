@@ -13,7 +13,7 @@ against the case that was running. Outcomes:
 
 The onnx wheel no longer ships the node data; when it is absent the cases are generated with onnx's own case
 generators (``onnx.backend.test.case.node``, the code that wrote those files) into a cache directory, in the same
-layout. Run as a script for the full sweep and its table (README "Operator coverage")::
+layout. Run as a script for the full sweep and its table (docs/coverage.md, "Operator coverage")::
 
     python tests/robustness/node_sweep.py --workers 2 --json node_sweep.json
 """

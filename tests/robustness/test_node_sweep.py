@@ -7,7 +7,7 @@ sweep (about 1,900 cases) is opt-in::
 
     TFX_NODE_SWEEP=full python -m pytest -q tests/robustness/test_node_sweep.py -m slow
 
-or, with the table for README "Operator coverage", ``python tests/robustness/node_sweep.py --workers 2``.
+or, with the table for docs/coverage.md, "Operator coverage", ``python tests/robustness/node_sweep.py --workers 2``.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+from ..fileio import human_size
 from .common import add_model_args, add_remove_padding_arg, max_shapes_arg, shapes_arg
 
 
@@ -27,7 +28,7 @@ def describe(manifest: dict, out: str, seconds: float) -> str:
     files = dict(manifest["files"])
     files["manifest.json"] = {"bytes": os.path.getsize(os.path.join(out, "manifest.json"))}
     for name, entry in sorted(files.items()):
-        lines.append(f"  {name:<14} {_size(entry['bytes']):>10}")
+        lines.append(f"  {name:<14} {human_size(entry['bytes']):>10}")
     dims = manifest.get("dims") or {}
     for spec in manifest["inputs"]:
         lines.append(f"  input  {spec['name']}: {spec['dtype']}[{', '.join(map(str, spec['shape']))}]")
@@ -52,13 +53,6 @@ def describe(manifest: dict, out: str, seconds: float) -> str:
     checked = manifest["target"]["cpu"]["checked_features"]
     lines.append(f"  needs CPU features: {', '.join(checked) if checked else 'none beyond the architecture'}")
     return "\n".join(lines)
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def add_parser(sub) -> None:

@@ -6,6 +6,7 @@ Everything here imports ``tvm.runtime`` and numpy only, so it works where TVM ru
 ============  ===============================================================================================
 ``loader``    :func:`load` an artifact directory → :class:`DeployedModel` (``run(inputs)`` by ONNX name)
 ``manifest``  the artifact format: layout, versions, checksums, the checks before anything is loaded
+``describe``  :func:`describe` an artifact and every reason this machine could not load it, without loading it
 ``host``      whether this machine can run a library: CPU architecture and features, GPU
 ``weights``   the weights file: 64-byte aligned raw tensors, memory-mapped on load
 ``io``        inputs checked against their specs (symbolic dims and bounds), outputs flattened
@@ -14,7 +15,8 @@ Everything here imports ``tvm.runtime`` and numpy only, so it works where TVM ru
 ============  ===============================================================================================
 """
 
+from .describe import describe
 from .loader import DeployedModel, load
 from .profile import KernelProfile, profile_kernels
 
-__all__ = ["DeployedModel", "KernelProfile", "load", "profile_kernels"]
+__all__ = ["DeployedModel", "KernelProfile", "describe", "load", "profile_kernels"]

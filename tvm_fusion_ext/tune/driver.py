@@ -371,7 +371,7 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
     auto = opts.cost_model == "auto"
     if auto:
         # the replay's winner hands a kernel over from the ranker to XGBModel, both pre-trained on other models'
-        # records; without such records the ranker alone (README, "Replay")
+        # records; without such records the ranker alone (docs/tuning.md, "Replay")
         opts = dataclasses.replace(opts, cost_model="handover" if opts.warm_start else "rank")
     target = resolve_target(target)
     from .warm_start import record_dirs
