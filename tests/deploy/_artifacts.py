@@ -46,6 +46,16 @@ def symbolic_feeds(n: int, seed: int = 0):
 
 
 
+def flip_a_byte(path, name, mask: int = 0x01):
+    """Flip bits of the byte in the middle of the artifact file ``name`` (same size, other content)."""
+    file = os.path.join(path, name)
+    with open(file, "r+b") as f:
+        f.seek(os.path.getsize(file) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ mask]))
+
+
 def reseal(path, edit):
     """Apply ``edit(manifest)`` to the artifact's manifest and recompute its checksum (as a writer would)."""
     from tvm_fusion_ext.deploy.manifest import MANIFEST_FILE, seal

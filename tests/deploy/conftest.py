@@ -63,3 +63,15 @@ def copy_artifact(tmp_path):
         return str(dst)
 
     return copy
+
+
+@pytest.fixture
+def no_library_loads(monkeypatch):
+    """Fails the test if anything calls ``tvm.runtime.load_module``: a refusal (or a description) must come
+    without loading the library."""
+    import tvm
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the library was loaded")
+
+    monkeypatch.setattr(tvm.runtime, "load_module", forbidden)

@@ -9,32 +9,13 @@ import subprocess
 import sys
 
 import pytest
-from _artifacts import SYMBOLIC_BOUND, reseal
+from _artifacts import SYMBOLIC_BOUND, flip_a_byte, reseal
 
 from tvm_fusion_ext.cli import main
 from tvm_fusion_ext.deploy import load
 from tvm_fusion_ext.deploy.describe import describe, format_description
 from tvm_fusion_ext.deploy.manifest import LIBRARY_FILE, WEIGHTS_FILE
 from tvm_fusion_ext.errors import ArtifactError
-
-
-@pytest.fixture
-def no_library_loads(monkeypatch):
-    import tvm
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("describe loaded the library")
-
-    monkeypatch.setattr(tvm.runtime, "load_module", forbidden)
-
-
-def _flip_a_byte(path, name):
-    file = os.path.join(path, name)
-    with open(file, "r+b") as f:
-        f.seek(os.path.getsize(file) // 2)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 def test_describes_inputs_bounds_and_target_of_a_loadable_artifact(symbolic_artifact, no_library_loads):
@@ -76,7 +57,7 @@ def test_every_reason_is_listed_and_the_cli_exits_2_with_the_first(symbolic_arti
 
 def test_no_verify_checks_sizes_only(symbolic_artifact, copy_artifact, no_library_loads):
     path = copy_artifact(symbolic_artifact[0])
-    _flip_a_byte(path, LIBRARY_FILE)
+    flip_a_byte(path, LIBRARY_FILE)
     assert describe(path, verify=False)["here"]["loadable"]
     problems = describe(path)["here"]["problems"]
     assert len(problems) == 1 and "sha256 mismatch" in problems[0] and LIBRARY_FILE in problems[0]

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from _artifacts import SYMBOLIC_BOUND, reseal, symbolic_feeds, symbolic_module
+from _artifacts import SYMBOLIC_BOUND, flip_a_byte, reseal, symbolic_feeds, symbolic_module
 
 from tvm_fusion_ext.deploy import host, load
 from tvm_fusion_ext.deploy.manifest import LIBRARY_FILE, MANIFEST_FILE, WEIGHTS_FILE
@@ -22,17 +22,6 @@ def _refused(path, kind, *needles, **kwargs):
     for needle in needles:
         assert needle in message, message
     return message
-
-
-@pytest.fixture
-def no_library_loads(monkeypatch):
-    """Fails the test if anything calls ``tvm.runtime.load_module``: a refusal must come before it."""
-    import tvm
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("the library was loaded before the refusal")
-
-    monkeypatch.setattr(tvm.runtime, "load_module", forbidden)
 
 
 # ----------------------------------------------------------------------------------------------- damaged files
@@ -55,12 +44,7 @@ def test_truncated_library(symbolic_artifact, copy_artifact, no_library_loads):
 @pytest.mark.parametrize("name", [LIBRARY_FILE, WEIGHTS_FILE])
 def test_flipped_byte(name, symbolic_artifact, copy_artifact, no_library_loads):
     path = copy_artifact(symbolic_artifact[0])
-    file = os.path.join(path, name)
-    with open(file, "r+b") as f:
-        f.seek(os.path.getsize(file) // 2)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0x01]))
+    flip_a_byte(path, name)
     _refused(path, CorruptArtifactError, name, "sha256 mismatch")
 
 
