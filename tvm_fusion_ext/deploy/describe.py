@@ -42,7 +42,7 @@ def describe(path: str, verify: bool = True) -> dict:
     attempt(check_runtime_versions, path, manifest, tvm.__version__, tvm_ffi.__version__)
     attempt(host.check_cpu, path, target.get("cpu") or {})
     if target.get("family") == "cuda":
-        attempt(_check_gpu_here, path, target.get("arch"))
+        attempt(host.cuda_device, path, target.get("arch"))
     files = [LIBRARY_FILE] + ([WEIGHTS_FILE] if manifest.get("weights") else [])
     for name in files:
         attempt(check_file, path, manifest, name, verify)
@@ -67,13 +67,6 @@ def describe(path: str, verify: bool = True) -> dict:
         "here": {"loadable": not problems, "problems": problems, "sha256_checked": bool(verify),
                  "tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__, "machine": host.machine_arch()},
     }
-
-
-def _check_gpu_here(path: str, arch) -> None:
-    import tvm
-
-    host.load_cuda_runtime()
-    host.check_gpu(path, arch, tvm.cuda(0))
 
 
 def format_description(info: dict) -> str:

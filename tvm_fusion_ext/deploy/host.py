@@ -162,3 +162,14 @@ def check_gpu(path: str, arch: Optional[str], device) -> None:
         if have < need:
             raise IncompatibleArtifactError(f"{path}: compiled for CUDA {arch}, this GPU is sm_{have}: recompile "
                                             f"with --target cuda:sm_{have}")
+
+
+def cuda_device(path: str, arch: Optional[str], device_id: int = 0):
+    """The CUDA device a library compiled for ``arch`` runs on here, once TVM's CUDA runtime is loaded and the
+    device checked (:func:`check_gpu`)."""
+    import tvm
+
+    load_cuda_runtime()
+    device = tvm.cuda(device_id)
+    check_gpu(path, arch, device)
+    return device

@@ -114,11 +114,7 @@ def load(path: str, num_threads: Optional[int] = None, device_id: int = 0, verif
     if check_cpu:
         host.check_cpu(path, target["cpu"])
     is_cuda = target["family"] == "cuda"
-    if is_cuda:
-        host.load_cuda_runtime()
-    device = tvm.cuda(device_id) if is_cuda else tvm.cpu(0)
-    if is_cuda:
-        host.check_gpu(path, target.get("arch"), device)
+    device = host.cuda_device(path, target.get("arch"), device_id) if is_cuda else tvm.cpu(0)
 
     library_file = check_file(path, manifest, LIBRARY_FILE, verify=verify)
     weights = _load_weights(path, manifest, device, verify)
