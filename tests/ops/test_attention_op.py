@@ -256,6 +256,16 @@ def test_workspace_grows_linearly():
     assert large <= 4.2 * small  # 4x the sequence: 4x the K copy, the per-tile buffers stay; S×T would be 16x
 
 
+def test_key_copy_reads_whole_rows_of_k():
+    """The key-block copy of K walks the keys and reads each key's head dims as one vector. Vectorised over the
+    keys it gathered 16 clamped elements a row apart per vector, which LLVM scalarises."""
+    sch = s_tir.Schedule(_flash_mod(96, 96, H=2, D=64, causal=False))
+    loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("attn_kt"))]
+    assert loops[-1].kind == tvm.tirx.ForKind.VECTORIZED
+    assert int(loops[-1].extent) == 64  # the head dim ...
+    assert int(loops[-2].extent) == 128  # ... under the keys of a block (96 keys: one 128-key block)
+
+
 def test_knob_that_does_not_tile_is_rejected():
     q = np.zeros((1, 8, 2, 64), "float32")
     params = {"scale": 1.0, "causal": False, "q_layout": "BSHD", "k_layout": "BSHD", "v_layout": "BSHD",

@@ -123,6 +123,18 @@ def _write_back_real_rows(sch, rows_block, task) -> None:
     sch.vectorize(sch.get_loops(out)[-1])
 
 
+def _transpose_reading_rows(sch, kd, kjj) -> None:
+    """K's copy into key-contiguous blocks: one key at a time, its head dims read as one vector.
+
+    Vectorised over the keys instead, each vector gathers 16 keys a row apart through clamped 64-bit
+    indices (the padding keys read the last one), which LLVM scalarises into extract/insert sequences:
+    ~9 % of the kernel at (8, 128) in MiniLM's form. Reading whole rows and scattering the stores ran the
+    kernel 0.92–0.97× at (1, 128), (1, 384), (8, 128), the same at 16 and 48 keys (docs/deploy.md,
+    "Session 34")."""
+    sch.reorder(kjj, kd)
+    sch.vectorize(kd)
+
+
 def attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = None) -> None:
     st = kernel_stages(sch, block)
     inline_low_precision_stages(sch, st)
@@ -166,7 +178,7 @@ def attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = No
     kb_, kh, kjb, kd, kjj = sch.get_loops(kt)
     kt_task = sch.fuse(kb_, kh, kjb)
     sch.parallel(kt_task)
-    sch.vectorize(kjj)
+    _transpose_reading_rows(sch, kd, kjj)
 
     if "attn_rows" == sch.get(block).name_hint:  # symbolic rows: write the real rows of each tile out
         _write_back_real_rows(sch, block, task)
