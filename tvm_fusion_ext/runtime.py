@@ -7,7 +7,7 @@ from typing import Dict, List, Mapping, Optional
 import numpy as np
 import tvm
 
-from .deploy.io import call_checked, check_inputs, flatten_outputs, input_tensors
+from .deploy.io import InputBuffers, call_checked, check_inputs, flatten_outputs, input_tensors
 from .targets import TargetInfo, device_of
 
 
@@ -37,6 +37,7 @@ class CompiledModel:
         if info.is_cpu:
             configure_cpu_threads(info.cores)
         self._vm = relax.VirtualMachine(executable, self.device)
+        self._input_buffers = InputBuffers(list(self.input_specs), self.device, self.check_inputs)
 
     @classmethod
     def from_module(cls, mod: tvm.IRModule, target=None, logs: Optional[str] = None, fuse: bool = True,
@@ -82,7 +83,7 @@ class CompiledModel:
         return input_tensors(self.check_inputs(inputs), self.device)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        tensors = self.device_arguments(inputs)
+        tensors = self._input_buffers.tensors(inputs)
         result = call_checked(lambda: self._call(tensors), self.input_specs, inputs, self.label)
         return dict(zip(self.output_names, flatten_outputs(result)))
 

@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -66,7 +67,8 @@ def test_load_and_run_with_the_runtime_only(tiny_artifact, tiny_onnx, tmp_path):
         np.testing.assert_array_equal(got["last_hidden_state"], load(tiny_artifact).run(feeds)["last_hidden_state"])
 
 
-def test_cli_run_on_an_artifact_with_the_runtime_only(symbolic_artifact, tmp_path):
+@pytest.mark.parametrize("weight_pages", ["auto", "huge"])  # this small artifact's auto is the file mapping
+def test_cli_run_on_an_artifact_with_the_runtime_only(symbolic_artifact, tmp_path, weight_pages):
     from _artifacts import symbolic_feeds, symbolic_reference
 
     path, w = symbolic_artifact
@@ -74,7 +76,8 @@ def test_cli_run_on_an_artifact_with_the_runtime_only(symbolic_artifact, tmp_pat
     out = tmp_path / "y.npz"
     r = subprocess.run([sys.executable, "-m", "tvm_fusion_ext.cli", "run", path, "--inputs",
                         _inputs(tmp_path, feeds), "--output", str(out)],
-                       capture_output=True, text=True, env=_runtime_only_env(), timeout=300)
+                       capture_output=True, text=True, env=dict(_runtime_only_env(), TFX_WEIGHT_PAGES=weight_pages),
+                       timeout=300)
     assert r.returncode == 0, r.stderr
     assert "relu_out: shape [9, 32] dtype float32" in r.stdout
     with np.load(out) as got:

@@ -60,10 +60,16 @@ def input_tensors(arrays: Sequence[np.ndarray], device) -> list:
     that its tensor wraps (DLPack, no second copy). MiniLM's three inputs take ~13 µs this way against ~46 through
     ``tvm.runtime.tensor``, which allocates and copies through the runtime (2-core Zen 4): small beside a call, but
     paid on every request. The copy is private, so a caller's array is never read while the model runs."""
-    from .weights import ALIGNMENT, on_cpu, to_device
+    from .weights import on_cpu, to_device
 
     if not on_cpu(device):
         return to_device(arrays, device)
+    return to_device(_aligned_copies(arrays), device)
+
+
+def _aligned_copies(arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
+    from .weights import ALIGNMENT
+
     copies = []
     for a in arrays:
         buf = np.empty(a.nbytes + ALIGNMENT, np.uint8)
@@ -71,7 +77,66 @@ def input_tensors(arrays: Sequence[np.ndarray], device) -> list:
         copy = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
         np.copyto(copy, a)
         copies.append(copy)
-    return to_device(copies, device)
+    return copies
+
+
+class InputBuffers:
+    """The VM's input tensors for each calling thread, kept while its calls bring the same input names, shapes and
+    dtypes (a server's steady state), and refilled in place.
+
+    Checking inputs and making tensors for them is a few tens of µs of Python, but it runs right after a call that
+    streamed the model's weights through every cache, and measured ~0.25 ms at MiniLM's (1, 16) (one process, calls
+    interleaved: ``run`` 2.67 ms against 2.42 for the bare VM call; reused buffers 2.53). A call whose inputs match
+    the thread's last checked call in names, order, shapes and dtypes (numpy arrays only) skips the checks, which
+    those properties decide, and copies each input into the buffer its tensor wraps; anything else takes the full
+    path and becomes the thread's buffers. CPU only (elsewhere a tensor is a device copy, not a view). The copies
+    stay private: a caller's array is never read while the model runs, and outputs are copied out (never views of
+    these buffers)."""
+
+    def __init__(self, names: Sequence[str], device, check):
+        import threading
+
+        from .weights import on_cpu
+
+        self._names = list(names)  # the inputs in parameter order: the order ``check`` returns them in
+        self._device = device
+        self._check = check  # inputs -> checked arrays in parameter order (InputError otherwise)
+        self._reuse = on_cpu(device)
+        self._local = threading.local()
+
+    def tensors(self, inputs: Mapping[str, np.ndarray]) -> list:
+        signature = _signature(inputs) if self._reuse else None
+        held = getattr(self._local, "held", None)
+        if signature is not None and held is not None and held[0] == signature:
+            _, copies, tensors = held
+            for copy, name in zip(copies, self._names):
+                np.copyto(copy, inputs[name])
+            return tensors
+        arrays = self._check(inputs)
+        if not self._reuse:
+            return input_tensors(arrays, self._device)
+        import tvm
+
+        from .weights import to_device
+
+        copies = _aligned_copies(arrays)
+        try:
+            tensors = [tvm.runtime.from_dlpack(c) for c in copies]  # views: a refill reaches the VM
+        except (TypeError, ValueError, BufferError, RuntimeError):  # an exotic numpy: copies, not kept
+            return to_device(copies, self._device)
+        if signature is not None:
+            self._local.held = (signature, copies, tensors)
+        return tensors
+
+
+def _signature(inputs: Mapping[str, np.ndarray]):
+    """What decides whether inputs pass the checks: names in order, shapes, dtypes; None unless all are arrays."""
+    out = []
+    for name, a in inputs.items():
+        if type(a) is not np.ndarray:
+            return None
+        out.append((name, a.shape, a.dtype))
+    return tuple(out)
 
 
 _SHAPE_CHECK = re.compile(r"\((\d+) vs\. (\d+)\).*?ErrorContext\(\w+, ty=R\.Tensor\(\((.*?)\), dtype.*?shape\[(\d+)\] "
@@ -154,10 +219,22 @@ def call_checked(call, specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray]
 
 
 def flatten_outputs(result) -> List[np.ndarray]:
-    """The VM's result (a tensor or nested tuples of them) as a flat list of numpy arrays, in output order."""
+    """The VM's result (a tensor or nested tuples of them) as a flat list of numpy arrays (copies), in output
+    order."""
     if hasattr(result, "numpy"):
-        return [result.numpy()]
+        return [_copy_out(result)]
     out = []
     for r in result:
         out.extend(flatten_outputs(r))
     return out
+
+
+def _copy_out(tensor) -> np.ndarray:
+    """A numpy copy of a host tensor, made by numpy from a DLPack view: ~0.1 ms less than ``Tensor.numpy()`` right
+    after a call has flushed the caches (MiniLM at (1, 16) and (1, 128), one process, interleaved), whose Python
+    side queries shape and dtype through the FFI first. Device tensors and dtypes numpy has no DLPack form for
+    (bfloat16) take ``numpy()``."""
+    try:
+        return np.from_dlpack(tensor).copy()
+    except (TypeError, ValueError, BufferError, RuntimeError, AttributeError):
+        return tensor.numpy()

@@ -16,11 +16,12 @@ import numpy as np
 
 from ..errors import CorruptArtifactError
 from . import host
-from .io import call_checked, check_inputs, flatten_outputs, input_tensors
+from .io import InputBuffers, call_checked, check_inputs, flatten_outputs, input_tensors
 from .manifest import (LIBRARY_FILE, WEIGHTS_FILE, check_digest, check_file, check_runtime_versions, read_manifest,
                        sha256_of_buffer)
 from .threads import configure_cpu_threads
-from .weights import map_weights, to_device, views
+from .weights import (WEIGHT_PAGES, map_weights, on_cpu, read_into_huge_pages, to_device, views,
+                      weight_pages_for)
 
 
 class DeployedModel:
@@ -29,10 +30,13 @@ class DeployedModel:
     Safe to call from several threads at once: TVM's Relax VM is not re-entrant, so each calling thread gets its
     own VM over the one loaded library and the one set of weight tensors (a VM costs microseconds)."""
 
-    def __init__(self, path: str, manifest: dict, library, weights: list, device):
+    def __init__(self, path: str, manifest: dict, library, weights: list, device, weight_pages: str = "file"):
         self.path = path
         self.manifest = manifest
         self.device = device
+        #: what holds the weights: ``"huge"`` (memory on 2 MiB pages), ``"file"`` (the weights file mapped),
+        #: ``"device"`` (copied to the GPU) or ``"none"`` (the model has no weights file)
+        self.weight_pages = weight_pages
         #: ``{onnx input name: (shape, dtype)}``; a dim is an int or the name of a symbolic dim
         self.input_specs: Dict[str, Tuple[tuple, str]] = {
             i["name"]: (tuple(i["shape"]), i["dtype"]) for i in manifest["inputs"]}
@@ -50,6 +54,7 @@ class DeployedModel:
         self._weights = weights
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._inputs = InputBuffers(list(self.input_specs), device, self.check_inputs)
 
     def __repr__(self) -> str:
         return f"DeployedModel({self.path!r}, target {self.manifest['target']['string']!r})"
@@ -80,7 +85,7 @@ class DeployedModel:
         return input_tensors(self.check_inputs(inputs), self.device) + list(self._weights)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        args = self.device_arguments(inputs)
+        args = self._inputs.tensors(inputs) + list(self._weights)
         result = call_checked(lambda: self._main()(*args), self.input_specs, inputs, self.path)
         return dict(zip(self.output_names, flatten_outputs(result)))
 
@@ -97,16 +102,22 @@ class DeployedModel:
 
 
 def load(path: str, num_threads: Optional[int] = None, device_id: int = 0, verify: bool = True,
-         check_cpu: bool = True) -> DeployedModel:
+         check_cpu: bool = True, weight_pages: str = "auto") -> DeployedModel:
     """Load the artifact directory ``path`` (see :mod:`.manifest` for its layout).
 
     ``num_threads``: TVM's CPU thread pool size (default: every core this process may use). ``verify=False``
     skips the sha256 of the library and weights (sizes are still checked): for very large models whose
     files are trusted. ``check_cpu=False`` skips the CPU-feature check where ``/proc/cpuinfo`` is unreadable.
+    ``weight_pages`` (CPU): ``"huge"`` reads the weights into memory on 2 MiB pages, ``"file"`` maps the weights
+    file, ``"auto"`` (default) takes ``TFX_WEIGHT_PAGES`` if set, else huge pages where the kernel offers them
+    and the weights are over one such page and under half the available memory (:mod:`.weights`); what was
+    used is :attr:`DeployedModel.weight_pages`.
     Raises :class:`~tvm_fusion_ext.errors.ArtifactError` (one line) for anything that stops the load."""
     import tvm
     import tvm_ffi
 
+    if weight_pages not in WEIGHT_PAGES:
+        raise ValueError(f"weight_pages must be one of {', '.join(WEIGHT_PAGES)}, got {weight_pages!r}")
     path = os.fspath(path)
     manifest = read_manifest(path)
     check_runtime_versions(path, manifest, tvm.__version__, tvm_ffi.__version__)
@@ -117,29 +128,36 @@ def load(path: str, num_threads: Optional[int] = None, device_id: int = 0, verif
     device = host.cuda_device(path, target.get("arch"), device_id) if is_cuda else tvm.cpu(0)
 
     library_file = check_file(path, manifest, LIBRARY_FILE, verify=verify)
-    weights = _load_weights(path, manifest, device, verify)
+    weights, held = _load_weights(path, manifest, device, verify, weight_pages)
     if not is_cuda:
         configure_cpu_threads(num_threads)
     try:
         library = tvm.runtime.load_module(library_file)
     except Exception as err:  # noqa: BLE001  (the checksum passed: a broken toolchain or missing system library)
         raise CorruptArtifactError(f"{path}: cannot load {LIBRARY_FILE}: {_first_line(err)}") from None
-    return DeployedModel(path, manifest, library, weights, device)
+    return DeployedModel(path, manifest, library, weights, device, weight_pages=held)
 
 
-def _load_weights(path: str, manifest: dict, device, verify: bool) -> list:
+def _load_weights(path: str, manifest: dict, device, verify: bool, pages: str) -> Tuple[list, str]:
+    """The weight tensors, and what holds them (:attr:`DeployedModel.weight_pages`)."""
     index = manifest.get("weights") or []
     if not index:
-        return []
+        return [], "none"
     file = check_file(path, manifest, WEIGHTS_FILE, verify=False)
-    mapping = map_weights(file)
-    if verify:  # what is checked is the mapping the kernels will read, not a second read of the file
+    held = weight_pages_for(pages, os.path.getsize(file)) if on_cpu(device) else "file"
+    try:
+        mapping = read_into_huge_pages(file) if held == "huge" else map_weights(file)
+    except (OSError, ValueError) as err:
+        raise CorruptArtifactError(f"{path}: cannot read {WEIGHTS_FILE}: {_first_line(err)}") from None
+    if verify:  # what is checked is the buffer the kernels will read, not a second read of the file
         check_digest(path, manifest, WEIGHTS_FILE, sha256_of_buffer(mapping))
     try:
         arrays = views(mapping, index)
     except ValueError as err:
         raise CorruptArtifactError(f"{path}: {WEIGHTS_FILE}: {err}") from None
-    return to_device(arrays, device)
+    if not on_cpu(device):
+        held = "device"
+    return to_device(arrays, device), held
 
 
 def _first_line(err: BaseException) -> str:

@@ -115,7 +115,8 @@ def bench_artifact(path: str, onnx: Optional[str] = None, against: Sequence[str]
     load_s = time.perf_counter() - t0
     manifest = model.manifest
     threads = _threads()
-    out(f"loaded {path} in {load_s * 1e3:.1f} ms ({manifest['target']['string']})")
+    held = {"huge": "; weights on 2 MiB pages", "file": "; weights file mapped"}.get(model.weight_pages, "")
+    out(f"loaded {path} in {load_s * 1e3:.1f} ms ({manifest['target']['string']}{held})")
     onnx_path, onnx_note = source_onnx(manifest, onnx)
     if feeds is not None:
         model.check_inputs(feeds)  # names, dtypes, shapes and bounds, in one line, before any runtime sees them
@@ -185,6 +186,7 @@ def bench_artifact(path: str, onnx: Optional[str] = None, against: Sequence[str]
         "ratio_vs_ort": rows[0].timing.median / ort_median if ort_median else None,
         "max_abs_diff_vs_ort": rows[0].max_abs_diff,
         "load_seconds": load_s,
+        "weight_pages": model.weight_pages,
         "runtimes": [r.to_dict(ort_median) for r in rows],
         "threading": spinning,
         "environment": environment(),
