@@ -2,8 +2,8 @@
 
 An artifact keeps its weights beside the compiled library, not inside it (``tvm-fusion compile``): a library
 with MiniLM's 90 MB of constants took 0.36–0.52 s to load (TVM deserialises and copies every constant),
-where the lifted library plus a memory-mapped weights file loads in milliseconds, keeps one copy of the
-weights in memory instead of two, and has no size limit from the shared object. Lifting happens after
+where the lifted library plus its weights file loads in tens of milliseconds (deploy/weights.py), keeps one
+copy of the weights in memory instead of two, and has no size limit from the shared object. Lifting happens after
 scheduling, so what is lifted is the weights as the kernels read them: pre-packed panels and concatenated
 QKV projections, not the ONNX initializers.
 """

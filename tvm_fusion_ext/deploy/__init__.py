@@ -8,8 +8,8 @@ Everything here imports ``tvm.runtime`` and numpy only, so it works where TVM ru
 ``manifest``  the artifact format: layout, versions, checksums, the checks before anything is loaded
 ``describe``  :func:`describe` an artifact and every reason this machine could not load it, without loading it
 ``host``      whether this machine can run a library: CPU architecture and features, GPU
-``weights``   the weights file: 64-byte aligned raw tensors, memory-mapped on load
-``io``        inputs checked against their specs (symbolic dims and bounds), outputs flattened
+``weights``   the weights file: 64-byte aligned raw tensors, read onto 2 MiB pages or memory-mapped on load
+``io``        inputs checked against their specs (symbolic dims and bounds), per-thread input buffers, outputs
 ``threads``   sizing TVM's CPU thread pool
 ``profile``   :func:`profile_kernels`: each kernel's share of a call, timed inside the VM where it is deployed
 ============  ===============================================================================================

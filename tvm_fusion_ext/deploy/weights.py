@@ -110,7 +110,10 @@ def read_into_huge_pages(file: str) -> np.ndarray:
     anonymous = mmap.mmap(-1, span + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     whole = np.frombuffer(anonymous, dtype=np.uint8)
     start = -whole.ctypes.data % HUGE_PAGE
-    anonymous.madvise(mmap.MADV_HUGEPAGE, start, span)
+    try:
+        anonymous.madvise(mmap.MADV_HUGEPAGE, start, span)
+    except OSError:  # THP switched off since the check: the same buffer on small pages
+        pass
     buffer = whole[start:start + size]
     with open(file, "rb") as f:
         read = f.readinto(memoryview(buffer))
