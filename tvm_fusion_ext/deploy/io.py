@@ -6,6 +6,7 @@ numpy (and ``tvm.runtime`` to make tensors)."""
 from __future__ import annotations
 
 import re
+import threading
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -94,8 +95,6 @@ class InputBuffers:
     these buffers)."""
 
     def __init__(self, names: Sequence[str], device, check):
-        import threading
-
         from .weights import on_cpu
 
         self._names = list(names)  # the inputs in parameter order: the order ``check`` returns them in
@@ -115,14 +114,11 @@ class InputBuffers:
         arrays = self._check(inputs)
         if not self._reuse:
             return input_tensors(arrays, self._device)
-        import tvm
-
-        from .weights import to_device
+        from .weights import cpu_views, to_device
 
         copies = _aligned_copies(arrays)
-        try:
-            tensors = [tvm.runtime.from_dlpack(c) for c in copies]  # views: a refill reaches the VM
-        except (TypeError, ValueError, BufferError, RuntimeError):  # an exotic numpy: copies, not kept
+        tensors = cpu_views(copies)  # views: a refill reaches the VM
+        if tensors is None:  # copies made by the runtime cannot be refilled: not kept
             return to_device(copies, self._device)
         if signature is not None:
             self._local.held = (signature, copies, tensors)
@@ -236,5 +232,5 @@ def _copy_out(tensor) -> np.ndarray:
     (bfloat16) take ``numpy()``."""
     try:
         return np.from_dlpack(tensor).copy()
-    except (TypeError, ValueError, BufferError, RuntimeError, AttributeError):
+    except (TypeError, ValueError, BufferError, RuntimeError):
         return tensor.numpy()

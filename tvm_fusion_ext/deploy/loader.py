@@ -20,7 +20,7 @@ from .io import InputBuffers, call_checked, check_inputs, flatten_outputs, input
 from .manifest import (LIBRARY_FILE, WEIGHTS_FILE, check_digest, check_file, check_runtime_versions, read_manifest,
                        sha256_of_buffer)
 from .threads import configure_cpu_threads
-from .weights import (WEIGHT_PAGES, map_weights, on_cpu, read_into_huge_pages, to_device, views,
+from .weights import (check_weight_pages, map_weights, on_cpu, read_into_huge_pages, to_device, views,
                       weight_pages_for)
 
 
@@ -116,8 +116,7 @@ def load(path: str, num_threads: Optional[int] = None, device_id: int = 0, verif
     import tvm
     import tvm_ffi
 
-    if weight_pages not in WEIGHT_PAGES:
-        raise ValueError(f"weight_pages must be one of {', '.join(WEIGHT_PAGES)}, got {weight_pages!r}")
+    check_weight_pages(weight_pages)
     path = os.fspath(path)
     manifest = read_manifest(path)
     check_runtime_versions(path, manifest, tvm.__version__, tvm_ffi.__version__)
@@ -144,7 +143,7 @@ def _load_weights(path: str, manifest: dict, device, verify: bool, pages: str) -
     if not index:
         return [], "none"
     file = check_file(path, manifest, WEIGHTS_FILE, verify=False)
-    held = weight_pages_for(pages, os.path.getsize(file)) if on_cpu(device) else "file"
+    held = weight_pages_for(pages, os.path.getsize(file)) if on_cpu(device) else "device"
     try:
         mapping = read_into_huge_pages(file) if held == "huge" else map_weights(file)
     except (OSError, ValueError) as err:
@@ -155,8 +154,6 @@ def _load_weights(path: str, manifest: dict, device, verify: bool, pages: str) -
         arrays = views(mapping, index)
     except ValueError as err:
         raise CorruptArtifactError(f"{path}: {WEIGHTS_FILE}: {err}") from None
-    if not on_cpu(device):
-        held = "device"
     return to_device(arrays, device), held
 
 

@@ -79,17 +79,21 @@ def _available_memory() -> Optional[int]:
     return None
 
 
+def check_weight_pages(value: str, name: str = "weight_pages") -> str:
+    """``value`` if it is one of :data:`WEIGHT_PAGES`, else a ValueError naming ``name``."""
+    if value not in WEIGHT_PAGES:
+        raise ValueError(f"{name} must be one of {', '.join(WEIGHT_PAGES)}, got {value!r}")
+    return value
+
+
 def weight_pages_for(requested: str, nbytes: int) -> str:
     """``"huge"`` or ``"file"``: what backs ``nbytes`` of CPU weights under the policy ``requested`` (one of
     :data:`WEIGHT_PAGES`; ``"auto"`` defers to ``TFX_WEIGHT_PAGES``, then decides). ``"huge"`` needs transparent
     huge pages; ``"auto"`` also keeps the file mapping for weights under one huge page (nothing to gain) or
     over half the available memory (a second copy beside the page cache; the file mapping pages lazily)."""
-    if requested not in WEIGHT_PAGES:
-        raise ValueError(f"weight_pages must be one of {', '.join(WEIGHT_PAGES)}, got {requested!r}")
+    check_weight_pages(requested)
     if requested == "auto":
-        requested = os.environ.get(WEIGHT_PAGES_ENV) or "auto"
-        if requested not in WEIGHT_PAGES:
-            raise ValueError(f"{WEIGHT_PAGES_ENV} must be one of {', '.join(WEIGHT_PAGES)}, got {requested!r}")
+        requested = check_weight_pages(os.environ.get(WEIGHT_PAGES_ENV) or "auto", WEIGHT_PAGES_ENV)
     if requested == "file" or not huge_pages_available():
         return "file"
     if requested == "auto":
@@ -144,13 +148,21 @@ def on_cpu(device) -> bool:
     return device.dlpack_device_type() == tvm.cpu().dlpack_device_type()
 
 
+def cpu_views(arrays: Sequence[np.ndarray]) -> Optional[list]:
+    """Zero-copy TVM tensors over host ``arrays`` (DLPack), or None where this numpy cannot export them."""
+    import tvm
+
+    try:
+        return [tvm.runtime.from_dlpack(a) for a in arrays]
+    except (TypeError, ValueError, BufferError, RuntimeError):  # an exotic numpy
+        return None
+
+
 def to_device(arrays: Sequence[np.ndarray], device) -> list:
     """TVM tensors for ``arrays`` on ``device``: zero-copy views on CPU, copies elsewhere."""
     import tvm
 
-    if on_cpu(device):
-        try:
-            return [tvm.runtime.from_dlpack(a) for a in arrays]
-        except (TypeError, ValueError, BufferError, RuntimeError):  # an exotic numpy: copy instead
-            pass
+    tensors = cpu_views(arrays) if on_cpu(device) else None
+    if tensors is not None:
+        return tensors
     return [tvm.runtime.tensor(np.ascontiguousarray(a), device) for a in arrays]
