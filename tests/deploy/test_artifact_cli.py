@@ -61,7 +61,7 @@ def test_bench_an_artifact_against_ort_and_the_in_process_build(tiny_artifact, t
     assert r["fused"] == load(tiny_artifact).manifest["fusion"]["fused"]
     assert r["input_shapes"] == {"input_ids": [1, 32], "attention_mask": [1, 32]}
     assert "loaded" in printed and "tvm_fusion_ext in-process" in printed
-    assert r["kernels"] is None  # asked for with --kernels only
+    assert r["kernels"] is None and r["ort_kernels"] is None  # asked for with --kernels only
 
 
 def test_bench_an_artifact_kernel_by_kernel(tiny_artifact, tmp_path, capsys):
@@ -74,6 +74,7 @@ def test_bench_an_artifact_kernel_by_kernel(tiny_artifact, tmp_path, capsys):
     assert sum(k["calls"] for k in r["kernels"]["kernels"] if k["name"].startswith("fused_attention")) == \
         r["fused"]["attention"]
     assert names[0] in printed and "un-instrumented call" in printed
+    assert r["ort_kernels"]["runs"] == 2 and r["ort_kernels"]["ops"][0]["op"] in printed
 
 
 def test_bench_without_the_onnx_source(symbolic_artifact, tmp_path, capsys):

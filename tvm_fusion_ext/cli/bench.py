@@ -145,7 +145,8 @@ def add_parser(sub) -> None:
                         "fastest on an idle machine, much slower on a shared one; off by default, for all alike)")
     p.add_argument("--kernels", action="store_true",
                    help="model or artifact: also time each compiled kernel of our call inside the VM and print where "
-                        "the call's time goes (the JSON's 'kernels')")
+                        "the call's time goes (the JSON's 'kernels'); with ONNX Runtime in --against, its call "
+                        "split per operator type by its own profiler too (the JSON's 'ort_kernels')")
     p.add_argument("--json", help="write all results to this JSON file")
     p.add_argument("--plot", help="write a bar chart (PNG) to this file")
     p.add_argument("--attention-only", action="store_true",

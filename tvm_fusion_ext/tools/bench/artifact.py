@@ -19,7 +19,7 @@ from ...errors import InputError
 from ..timing import time_block
 from .model import DEFAULT_BATCH, DEFAULT_SEQ, _torch_row, hf_export_info, max_abs_diff
 from .peers import environment, ort_session, set_thread_spinning
-from .report import ORT, OURS, Row, format_table, kernel_profile
+from .report import ORT, OURS, Row, format_table, kernel_profile, ort_kernel_profile
 
 INPROC = "tvm_fusion_ext in-process"
 STATIC = "tvm_fusion_ext static"
@@ -168,6 +168,8 @@ def bench_artifact(path: str, onnx: Optional[str] = None, against: Sequence[str]
     ort_median = ort_row.timing.median if ort_row is not None else None
     out(format_table(rows))
     profile = kernel_profile(model, feeds, repeat, out) if kernels else None
+    ort_profile = (ort_kernel_profile(onnx_path, ort_feeds, threads, spinning["thread_spinning"], repeat, out)
+                   if kernels and "ort" in against and sess is not None else None)
     fusion = manifest.get("fusion") or {}
     first = next(iter(shapes.values()), [])
     return {
@@ -191,6 +193,7 @@ def bench_artifact(path: str, onnx: Optional[str] = None, against: Sequence[str]
         "threading": spinning,
         "environment": environment(),
         "kernels": profile,
+        "ort_kernels": ort_profile,
     }
 
 

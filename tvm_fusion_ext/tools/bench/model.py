@@ -26,7 +26,8 @@ from ...models import HF_EXPORT_KEY
 from ..timing import time_block
 from .lengths import MASK_INPUT, apply_lengths, draw_lengths, valid_positions
 from .peers import check_target, environment, ort_session, set_thread_spinning, stock_tvm, threads_for, torch_runner
-from .report import ORT, OURS, OURS_PADDED, RUNTIMES, STOCK, TORCH, Row, format_table, kernel_profile
+from .report import (ORT, OURS, OURS_PADDED, RUNTIMES, STOCK, TORCH, Row, format_table, kernel_profile,
+                     ort_kernel_profile)
 
 DEFAULT_SEQ, DEFAULT_BATCH = 128, 1
 
@@ -239,6 +240,8 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
     out(format_table(rows))
     out("fused: " + (", ".join(f"{k} {v}" for k, v in report.fused.items()) or "nothing"))
     profile = kernel_profile(ours, feeds, repeat, out) if kernels else None
+    ort_profile = (ort_kernel_profile(path, ort_feeds, threads, spinning["thread_spinning"], repeat, out)
+                   if kernels and "ort" in against and sess is not None else None)
     return {
         "mode": "model",
         "model": label,
@@ -264,6 +267,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
         "threading": spinning,
         "environment": environment(),
         "kernels": profile,
+        "ort_kernels": ort_profile,
     }
 
 

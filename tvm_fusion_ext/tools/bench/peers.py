@@ -80,10 +80,14 @@ def stock_tvm(mod, like):
     return CompiledModel(ex, like.target, like.input_specs, like.output_names, "stock")
 
 
-def ort_session(path: str, threads: Optional[int], spin: bool = True):
+def ort_session(path: str, threads: Optional[int], spin: bool = True, profile_prefix: Optional[str] = None):
+    """ORT's CPU session as the benchmark runs it; ``profile_prefix``: with its profiler on, the file there."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    if profile_prefix is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile_prefix
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
         opts.intra_op_num_threads = threads
