@@ -33,6 +33,12 @@ def test_notebooks_exist():
 def test_committed_without_outputs(path):
     import nbformat
 
+    # nbformat >= 4.5 requires a unique id per cell; today's nbformat adds missing ones when it reads (with a
+    # warning), a future one refuses the file: checked on the file as committed
+    raw = json.loads(path.read_text())
+    ids = [cell.get("id") for cell in raw["cells"]]
+    assert None not in ids, f"{path.name} cell {ids.index(None)} has no id (nbformat.validator.normalize adds one)"
+    assert len(set(ids)) == len(ids), f"{path.name} has repeated cell ids"
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     for i, cell in enumerate(nb.cells):
