@@ -15,8 +15,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tvm_fusion_ext"
 #: lowest first; a module belongs to the longest prefix listed
 LAYERS = [
     ("errors", "fileio", "targets", "tir_nodes", "deploy"),
-    ("frontend", "converters", "onnx_attention", "onnx_rotary", "onnx_slice", "onnx_reshape", "onnx_pad", "onnx_dft", "onnx_if", "dims", "symbolic_values", "ops",
-     "records", "ort_contrib"),
+    ("frontend", "ops", "records"),
     ("transform", "schedules"),
     ("compile",),
     ("runtime", "tune"),

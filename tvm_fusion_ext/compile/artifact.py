@@ -157,7 +157,7 @@ def _io_specs(mod: tvm.IRModule):
                 "shape": _dims(ty.shape) if getattr(ty, "shape", None) is not None else None}
                for name, ty in zip(output_names(mod), fields)]
     names = sorted({d for i in inputs for d in i["shape"] if isinstance(d, str) and d.isidentifier()})
-    from ..dims import bound_reasons, shape_bounds
+    from ..frontend.dims import bound_reasons, shape_bounds
 
     bounds, reasons = shape_bounds(mod), bound_reasons(mod)
     dims = {}

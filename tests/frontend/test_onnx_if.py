@@ -11,7 +11,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 from tvm_fusion_ext.frontend import load_onnx
-from tvm_fusion_ext.onnx_if import fold_static_ifs
+from tvm_fusion_ext.frontend.converters.control_flow import fold_static_ifs
 from tvm_fusion_ext.runtime import CompiledModel
 
 

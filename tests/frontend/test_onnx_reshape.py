@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from tvm_fusion_ext.dims import bound_reasons, shape_bounds
+from tvm_fusion_ext.frontend.dims import bound_reasons, shape_bounds
 from tvm_fusion_ext.errors import InputError, ModelLoadError
 from tvm_fusion_ext.frontend import load_onnx
 from tvm_fusion_ext.runtime import CompiledModel

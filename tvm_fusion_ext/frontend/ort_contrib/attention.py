@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 
 from ..converters import Unsupported
-from ..onnx_attention import _position_bias, dim_text, is_static
+from ..converters.attention import _position_bias, dim_text, is_static
 
 _MASK_FILTER = -10000.0  # ONNX Runtime's default mask_filter_value
 

@@ -24,10 +24,10 @@ from typing import Callable, Dict, Iterator, Optional
 
 import numpy as np
 
-from .errors import ModelLoadError
-from .ort_contrib import MICROSOFT_OPS as ORT_CONTRIB_OPS
-from .ort_contrib import ONNX_DOMAIN_OPS as ORT_ONNX_DOMAIN_OPS
-from .ort_contrib import unsupported_reason as ort_unsupported_reason
+from ...errors import ModelLoadError
+from ..ort_contrib import MICROSOFT_OPS as ORT_CONTRIB_OPS
+from ..ort_contrib import ONNX_DOMAIN_OPS as ORT_ONNX_DOMAIN_OPS
+from ..ort_contrib import unsupported_reason as ort_unsupported_reason
 
 #: ONNX element types TVM cannot compute with (or, for bfloat16 at a graph boundary, numpy cannot hold)
 NO_COMPUTE_TYPES = frozenset({"FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0",
@@ -242,7 +242,7 @@ def _size_quotient(inputs):
     import tvm
     from tvm import relax, tirx
 
-    from .symbolic_values import is_size_division
+    from ..symbolic_values import is_size_division
 
     if len(inputs) != 2 or not any(tvm.ir.is_prim_expr(x) and not isinstance(x, tirx.IntImm) for x in inputs):
         return None
@@ -508,7 +508,7 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
         def convert(cls, bb, inputs, attr, params, opset, stock):
             from tvm import tirx
 
-            from .symbolic_values import Evaluator
+            from ..symbolic_values import Evaluator
 
             sizes = [isinstance(x, relax.ShapeExpr) for x in inputs]
             if not any(sizes) or not all(isinstance(x, (tvm.ir.GenericConst, relax.ShapeExpr)) for x in inputs):
@@ -691,7 +691,7 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
 
         @classmethod
         def convert(cls, bb, inputs, attr, params, opset, stock):
-            from .onnx_slice import int_elements
+            from .slice import int_elements
 
             data, reps = inputs[0], inputs[1]
             if isinstance(reps, relax.Call) and reps.op.same_as(tvm.ir.Op.get("relax.shape_to_tensor")):
@@ -792,7 +792,7 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
 
         @classmethod
         def convert(cls, bb, inputs, attr, params, opset, stock):
-            from .onnx_slice import int_elements
+            from .slice import int_elements
 
             indices, depth, values = inputs
             static = int_elements(bb, values) if isinstance(indices, tvm.ir.GenericConst) and isinstance(
@@ -860,7 +860,7 @@ def _build_converters() -> Dict[str, type]:  # noqa: C901  (one small class per 
 
         @classmethod
         def convert(cls, bb, inputs, attr, params, opset, stock):
-            from .onnx_slice import int_elements
+            from .slice import int_elements
 
             x, sizes = inputs[0], (inputs[3] if len(inputs) > 3 else None)
             if sizes is None or isinstance(sizes, tvm.ir.GenericConst) or (isinstance(sizes, relax.ShapeExpr) and all(

@@ -405,7 +405,7 @@ def test_a_shape_gathered_by_a_permutation_stays_a_shape_for_reshape():
                               [numpy_helper.from_array(np.array([2, 0, -2], np.int64), "perm")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
-    from tvm_fusion_ext.onnx_attention import dim_text
+    from tvm_fusion_ext.frontend.converters.attention import dim_text
 
     mod = load_onnx(model)
     assert [dim_text(d) for d in mod["main"].ret_ty.shape.values] == ["4", "a", "b"]

@@ -177,7 +177,7 @@ def _dynamic_model(dim=("batch", "seq")):
 
 def test_dynamic_dims_import_symbolic(run_ort):
     """Dynamic dims stay symbolic (one variable per dim_param), bounded; one build serves every size."""
-    from tvm_fusion_ext.dims import shape_bounds
+    from tvm_fusion_ext.frontend.dims import shape_bounds
     from tvm_fusion_ext.runtime import CompiledModel
 
     m = _dynamic_model()
@@ -195,7 +195,7 @@ def test_dynamic_dims_import_symbolic(run_ort):
 
 
 def test_dynamic_dim_names_and_bounds():
-    from tvm_fusion_ext.dims import shape_bounds
+    from tvm_fusion_ext.frontend.dims import shape_bounds
 
     # dim_value 0 / absent is as dynamic as a named one, and gets its own variable
     mod = load_onnx(_dynamic_model(dim=(1, None)))
@@ -240,7 +240,7 @@ def test_learned_position_table_bounds_the_sequence(offset, run_ort):
     """Positions gathered from a constant table (GPT-2's ``Range → Gather(wpe)``, shifted by 2 as BART's) bound the
     sequence to the table: the manifest says so, and a longer input is refused before the call (ONNX Runtime
     fails inside the Gather)."""
-    from tvm_fusion_ext.dims import bound_reasons, shape_bounds
+    from tvm_fusion_ext.frontend.dims import bound_reasons, shape_bounds
     from tvm_fusion_ext.runtime import CompiledModel
 
     m = _learned_positions_model(20, offset=offset)
@@ -258,7 +258,7 @@ def test_learned_position_table_bounds_the_sequence(offset, run_ort):
 def test_a_constant_slice_by_the_sequence_bounds_it(run_ort):
     """BERT's ``position_ids`` buffer sliced ``[:, :seq]``: the table's length is the sequence's bound, even past the
     512 default (a 600-row table here), and the manifest says where it came from."""
-    from tvm_fusion_ext.dims import bound_reasons, shape_bounds
+    from tvm_fusion_ext.frontend.dims import bound_reasons, shape_bounds
     from tvm_fusion_ext.runtime import CompiledModel
 
     table = numpy_helper.from_array(np.arange(600, dtype=np.int64)[None], "position_ids")
@@ -282,7 +282,7 @@ def test_a_constant_slice_by_the_sequence_bounds_it(run_ort):
 def test_positions_not_a_unit_step_from_the_dim_leave_the_default_bound():
     """Indices ``2·seq - 2`` into the table: the rule bounds only positions that run to ``seq + c``, so the default
     stands (the run-time gather check still refuses an out-of-range index)."""
-    from tvm_fusion_ext.dims import DEFAULT_SEQ_BOUND, shape_bounds
+    from tvm_fusion_ext.frontend.dims import DEFAULT_SEQ_BOUND, shape_bounds
 
     assert shape_bounds(load_onnx(_learned_positions_model(20, scale=2)))["seq"] == (1, DEFAULT_SEQ_BOUND)
 
@@ -291,7 +291,7 @@ def test_positions_clamped_to_the_table_leave_the_sequence_unbounded(run_ort):
     """``where(p < rows, p, 0)`` keeps every index inside the table, so a longer input is valid: the position rule
     must not bound the sequence by the table (the largest index is not reached), and a 25-token input runs as in
     ONNX Runtime."""
-    from tvm_fusion_ext.dims import DEFAULT_SEQ_BOUND, shape_bounds
+    from tvm_fusion_ext.frontend.dims import DEFAULT_SEQ_BOUND, shape_bounds
     from tvm_fusion_ext.runtime import CompiledModel
 
     m = _learned_positions_model(20, clamp=True)
@@ -781,7 +781,7 @@ def test_legacy_expand_target_keeps_its_symbolic_dims(run_llvm, run_ort):
 
 def test_tvm_operator_reprs_are_named_not_dumped_in_one_line_errors():
     """TVM prints an operator as its whole registration; the one-line error keeps its name and the reason after it."""
-    from tvm_fusion_ext.frontend import _one_line
+    from tvm_fusion_ext.frontend.importer import _one_line
 
     err = TypeError('ir.Op(span=None, ty=ir.Type(span=None), name="relax.nn.layer_norm", description="", '
                     'arguments=(ir.ArgumentInfo(name="data", type_info="Tensor", description="Input."),), '

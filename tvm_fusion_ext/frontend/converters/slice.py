@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from .converters import Unsupported
-from .onnx_attention import dim_text, is_static
+from . import Unsupported
+from .attention import dim_text, is_static
 
 #: an end at or past this is "to the end of the dim" whatever the dim (exporters write INT64_MAX or INT32_MAX)
 _PAST_END = 2**31 - 1
@@ -152,7 +152,7 @@ def int_elements(bb, x) -> Optional[List]:
     import tvm
     from tvm import relax, tirx
 
-    from .symbolic_values import Evaluator
+    from ..symbolic_values import Evaluator
 
     if x is None:
         return None

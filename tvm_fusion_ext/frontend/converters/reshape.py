@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-from .converters import size_factors
-from .errors import ModelLoadError
-from .onnx_attention import dim_text
+from . import size_factors
+from ...errors import ModelLoadError
+from .attention import dim_text
 
 
 def check_reshape_in_range(data, out, ranges, node: str, label: str) -> None:
-    """Narrow ``ranges`` (a :class:`~tvm_fusion_ext.dims.DimRanges`) so that ``reshape(data) -> out`` keeps the
+    """Narrow ``ranges`` (a :class:`~tvm_fusion_ext.frontend.dims.DimRanges`) so that ``reshape(data) -> out`` keeps the
     element count, or raise :class:`ModelLoadError` when no size can."""
     from tvm import relax, tirx
 

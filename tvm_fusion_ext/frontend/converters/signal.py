@@ -21,8 +21,8 @@ import math
 
 import numpy as np
 
-from .converters import Unsupported
-from .onnx_attention import dim_text, is_static
+from . import Unsupported
+from .attention import dim_text, is_static
 
 
 def convert_onnx_dft(bb, data, dft_length, axis: int, inverse: bool, onesided: bool):

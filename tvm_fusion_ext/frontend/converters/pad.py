@@ -13,9 +13,9 @@ refuses computed widths, in one line.
 
 from __future__ import annotations
 
-from .converters import Unsupported
-from .onnx_attention import dim_text, is_static
-from .onnx_slice import int_elements
+from . import Unsupported
+from .attention import dim_text, is_static
+from .slice import int_elements
 
 
 def convert_pad_in_range(bb, inputs, attrs, ranges, node: str):

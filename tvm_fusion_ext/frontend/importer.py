@@ -34,19 +34,19 @@ import numpy as np
 
 from .converters import (LiftedScalars, Unsupported, check_graph, fixed_converters, iter_nodes, node_label,
                          scalar_tensor)
-from .onnx_attention import convert_onnx_attention
-from .onnx_dft import converter_class as dft_converter_class
-from .onnx_if import fold_static_ifs
-from .onnx_pad import convert_pad_in_range
-from .onnx_reshape import check_reshape_in_range
-from .onnx_rotary import converter_class as rotary_converter_class
-from .onnx_slice import convert_slice_in_range
+from .converters.attention import convert_onnx_attention
+from .converters.signal import converter_class as dft_converter_class
+from .converters.control_flow import fold_static_ifs
+from .converters.pad import convert_pad_in_range
+from .converters.reshape import check_reshape_in_range
+from .converters.rotary import converter_class as rotary_converter_class
+from .converters.slice import convert_slice_in_range
 from .ort_contrib import MICROSOFT_OPS as ORT_CONTRIB_OPS
 from .ort_contrib import ONNX_DOMAIN_OPS as ORT_ONNX_DOMAIN_OPS
 from .ort_contrib import convert as convert_ort_contrib
 from .ort_contrib import is_contrib, unsupported_reason
 from .dims import DimRanges, given_bounds, infer_bounds, input_dims, with_bounds
-from .errors import InputError, ModelLoadError
+from ..errors import InputError, ModelLoadError
 
 ONNX_INPUT_NAMES_ATTR = "onnx_input_names"
 ONNX_OUTPUT_NAMES_ATTR = "onnx_output_names"

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import functools
 
-from .converters import Unsupported
-from .onnx_attention import dim_text as _text
-from .onnx_attention import is_static as _static
+from . import Unsupported
+from .attention import dim_text as _text
+from .attention import is_static as _static
 
 
 def convert_onnx_rotary(bb, inputs, attr):

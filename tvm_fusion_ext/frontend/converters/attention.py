@@ -35,7 +35,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from .converters import Unsupported
+from . import Unsupported
 
 _RANK_3D, _RANK_4D = 3, 4
 

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from tvm_fusion_ext.dims import shape_bounds
+from tvm_fusion_ext.frontend.dims import shape_bounds
 from tvm_fusion_ext.errors import InputError, ModelLoadError
 from tvm_fusion_ext.frontend import load_onnx
 from tvm_fusion_ext.runtime import CompiledModel
@@ -205,7 +205,7 @@ def test_slice_of_a_computed_dim_narrows_the_lower_bound(run_ort, tmp_path):
 def test_dim_ranges_narrow_one_side_and_give_up_on_two_dims():
     from tvm import tirx
 
-    from tvm_fusion_ext.dims import DimRanges
+    from tvm_fusion_ext.frontend.dims import DimRanges
 
     seq, batch = tirx.Var("seq", "int64"), tirx.Var("batch", "int64")
     r = DimRanges({"seq": seq, "batch": batch}, {"batch": 8})
