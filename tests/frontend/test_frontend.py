@@ -389,6 +389,44 @@ def test_conversion_error_names_node():
                     "Incompatible dimensions"])
 
 
+EVAL_EXPORT = ("export the model in eval mode (model.eval()) or with "
+               "torch.onnx.export(..., training=torch.onnx.TrainingMode.EVAL)")
+
+
+@pytest.mark.parametrize("mode", ["constant", "computed"])
+def test_training_mode_dropout_is_refused_with_how_to_export_for_inference(mode):
+    # a torch module exported without .eval() keeps Dropout's training form: refused, and the line says how to
+    # export it for inference instead
+    x, y = _vi("x", TP.FLOAT, [2, 3]), _vi("y", TP.FLOAT, [2, 3])
+    node = helper.make_node("Dropout", ["x", "ratio", "training"], ["y"], name="encoder/dropout")
+    ratio = numpy_helper.from_array(np.array(0.1, np.float32), "ratio")
+    if mode == "constant":
+        m = _model([node], [x], [y], inits=[ratio, numpy_helper.from_array(np.array(True), "training")])
+        reason = "training_mode=true (random dropout) is not supported"
+    else:
+        m = _model([node], [x, _vi("training", TP.BOOL, [])], [y], inits=[ratio])
+        reason = "training_mode input 'training' is computed at run time"
+    _load_error(m, ["op 'Dropout' (node 'encoder/dropout') is not supported", reason, EVAL_EXPORT])
+
+
+def test_training_mode_batchnorm_is_refused_with_how_to_export_for_inference():
+    c = 3
+    stats = [numpy_helper.from_array(np.ones(c, np.float32), n) for n in ("scale", "bias", "mean", "var")]
+    node = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y", "m", "v"],
+                            name="bn", training_mode=1)
+    m = _model([node], [_vi("x", TP.FLOAT, [2, c, 4])], [_vi("y", TP.FLOAT, [2, c, 4])], inits=stats)
+    _load_error(m, ["op 'BatchNormalization' (node 'bn') is not supported", "training_mode=1", EVAL_EXPORT])
+
+
+def test_dropout_at_inference_imports(run_llvm):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    node = helper.make_node("Dropout", ["x", "ratio", "training"], ["y"])
+    inits = [numpy_helper.from_array(np.array(0.1, np.float32), "ratio"),
+             numpy_helper.from_array(np.array(False), "training")]
+    m = _model([node], [_vi("x", TP.FLOAT, [2, 3])], [_vi("y", TP.FLOAT, [2, 3])], inits=inits)
+    np.testing.assert_array_equal(run_llvm(load_onnx(m), {"x": x})[0], x)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # CLI shape argument
 # ---------------------------------------------------------------------------------------------------------------
@@ -517,7 +555,7 @@ def test_pads_computed_from_static_sizes_import_with_known_shapes(run_llvm, run_
 
 def test_pads_computed_from_a_dynamic_size_pad_at_run_time(run_ort):
     # the pad widths depend on the run-time height: written as blocks of zeros sized by ``(4 - height % 4) % 4``
-    # (``onnx_pad.py``; refused as "Dynamic pads" before), right at every height
+    # (``frontend/converters/pad.py``; refused as "Dynamic pads" before), right at every height
     from tvm_fusion_ext.runtime import CompiledModel
 
     m = _window_pad_model([1, "height", 6, 3])

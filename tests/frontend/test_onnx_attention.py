@@ -1,6 +1,6 @@
-"""ONNX's own ``Attention`` op (opsets 23-25; ``onnx_attention.py``): numerics against ONNX's reference evaluator for
-every attribute family, fusion where the meaning is plain attention, no fusion where the graph reads the scores or
-caps them, and one-line refusals.
+"""ONNX's own ``Attention`` op (opsets 23-25; ``frontend/converters/attention.py``): numerics against ONNX's reference
+evaluator for every attribute family, fusion where the meaning is plain attention, no fusion where the graph reads the
+scores or caps them, and one-line refusals.
 
 torch's dynamo exporter writes ``scaled_dot_product_attention`` as this op from opset 23 on; the end-to-end check
 (a BERT and a grouped-query LLaMA exported at opset 23) is in ``tests/e2e/test_opset23_exports.py``."""
@@ -37,7 +37,7 @@ CASES = {
                          ("pk", F32, [1, 4, 5, 8]), ("pv", F32, [1, 4, 5, 8])], {"is_causal": 1}, 3, True),
     "short_mask": (23, [("q", F32, [1, 2, 4, 8]), ("k", F32, [1, 2, 6, 8]), ("v", F32, [1, 2, 6, 8]),
                         ("mask", BOOL, [1, 1, 4, 4])], {}, 1, True),
-    # values wider than the keys: the operator's output takes V's head dim (since session 19; refused before)
+    # values wider than the keys: the operator's output takes V's head dim (refused once, now converted)
     "value_width": (23, [("q", F32, [1, 2, 4, 8]), ("k", F32, [1, 2, 5, 8]), ("v", F32, [1, 2, 5, 12])], {}, 1,
                     True),
     # capped scores, then the causal bias: the operator's soft-capping (Gemma 2's order)

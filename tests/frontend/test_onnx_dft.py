@@ -1,5 +1,5 @@
-"""ONNX ``DFT`` written as two real matrix products (``onnx_dft.py``): forward and inverse, real and complex
-input, one-sided, any axis, a static and a symbolic length, against ``numpy.fft``; the refusals in one line."""
+"""ONNX ``DFT`` written as two real matrix products (``frontend/converters/signal.py``): forward and inverse, real and
+complex input, one-sided, any axis, a static and a symbolic length, against ``numpy.fft``; the refusals in one line."""
 
 from __future__ import annotations
 

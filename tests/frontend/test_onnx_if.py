@@ -1,6 +1,6 @@
-"""``If`` nodes decided at import (``onnx_if.py``): the taken branch replaces the node, the other is never
-imported. torch's legacy exporter writes ``x.repeat(...)`` as ``If(rank(x) - 1 > 0)`` around the repeats, with an
-untaken branch that reshapes to a shape computed in a tensor, which TVM cannot import (DINOv3 failed there).
+"""``If`` nodes decided at import (``frontend/converters/control_flow.py``): the taken branch replaces the node, the
+other is never imported. torch's legacy exporter writes ``x.repeat(...)`` as ``If(rank(x) - 1 > 0)`` around the repeats,
+with an untaken branch that reshapes to a shape computed in a tensor, which TVM cannot import (DINOv3 failed there).
 Checked against numpy and ONNX Runtime; conditions that need input data or a dynamic dim are left to TVM's import."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Pads whose widths are computed from a symbolic dim (``onnx_pad.py``): a sequence padded up to a whole block, as
-Longformer's dynamic-axes export does, against ONNX Runtime at lengths that need padding and one that does not;
-widths the analyzer cannot sign (a crop, SEW's floor divisions) padded or cropped by their sign at run time; the
+"""Pads whose widths are computed from a symbolic dim (``frontend/converters/pad.py``): a sequence padded up to a whole
+block, as Longformer's dynamic-axes export does, against ONNX Runtime at lengths that need padding and one that does
+not; widths the analyzer cannot sign (a crop, SEW's floor divisions) padded or cropped by their sign at run time; the
 other modes refused in one line."""
 
 from __future__ import annotations

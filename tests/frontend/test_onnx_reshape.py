@@ -1,7 +1,7 @@
-"""Reshapes read against the input ranges (``onnx_reshape.py``): a target that keeps the element count for one
-size of a dim only (what the legacy exporter writes for ``nn.MultiheadAttention``'s head split, the traced
-length baked in beside a dynamic batch) pins that dim; no size at all is refused; a plain head split is left
-alone. Numerics against ONNX Runtime at the sizes that fit; refusals by their one-line errors."""
+"""Reshapes read against the input ranges (``frontend/converters/reshape.py``): a target that keeps the element count
+for one size of a dim only (what the legacy exporter writes for ``nn.MultiheadAttention``'s head split, the traced
+length baked in beside a dynamic batch) pins that dim; no size at all is refused; a plain head split is left alone.
+Numerics against ONNX Runtime at the sizes that fit; refusals by their one-line errors."""
 
 from __future__ import annotations
 

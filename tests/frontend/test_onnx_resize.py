@@ -1,7 +1,7 @@
-"""Resize to sizes computed from the input's shape (``converters.py::Resize``): MobileViT resizes its feature map to
-``ceil(h / p) · p`` with ``sizes = Concat(Shape(x)[:2], ...)``, written in floats; under a dynamic batch those sizes
-are a run-time tensor, which TVM's converter refused. Checked against ONNX Runtime at two batches; sizes that would
-change the channel count, or spatial sizes known only at run time, are refused in one line."""
+"""Resize to sizes computed from the input's shape (``frontend/converters/vision.py::Resize``): MobileViT resizes its
+feature map to ``ceil(h / p) · p`` with ``sizes = Concat(Shape(x)[:2], ...)``, written in floats; under a dynamic batch
+those sizes are a run-time tensor, which TVM's converter refused. Checked against ONNX Runtime at two batches; sizes
+that would change the channel count, or spatial sizes known only at run time, are refused in one line."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""ONNX's own ``RotaryEmbedding`` op (opset 23; ``onnx_rotary.py``): numerics against ONNX's reference evaluator for
-each layout and attribute, and the rotary rule fusing what it writes out (the attention then reads it in place)."""
+"""ONNX's own ``RotaryEmbedding`` op (opset 23; ``frontend/converters/rotary.py``): numerics against ONNX's reference
+evaluator for each layout and attribute, and the rotary rule fusing what it writes out (the attention then reads it in
+place)."""
 
 from __future__ import annotations
 

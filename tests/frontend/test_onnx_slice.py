@@ -1,6 +1,7 @@
-"""Slices of symbolic dims read in range (``onnx_slice.py``), the input ranges they narrow (``dims.DimRanges``),
-and the importer fixes the legacy dynamic-axes exports of BEiT, wav2vec2, MobileBERT and MPT needed beside them.
-Numerics against ONNX Runtime at several sizes, bounds by ``shape_bounds``, refusals by their one-line errors."""
+"""Slices of symbolic dims read in range (``frontend/converters/slice.py``), the input ranges they narrow
+(``dims.DimRanges``), and the importer fixes the legacy dynamic-axes exports of BEiT, wav2vec2, MobileBERT and MPT
+needed beside them. Numerics against ONNX Runtime at several sizes, bounds by ``shape_bounds``, refusals by their
+one-line errors."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """ONNX Runtime's contrib ops (``com.microsoft``, as ``onnxruntime.transformers.optimizer`` writes them;
-``tvm_fusion_ext/ort_contrib/``): each op and attribute form in a one-node graph against ONNX Runtime running the
-same graph, the fusion each one is written for, and one-line refusals for what is not converted.
+``tvm_fusion_ext/frontend/ort_contrib/``): each op and attribute form in a one-node graph against ONNX Runtime running
+the same graph, the fusion each one is written for, and one-line refusals for what is not converted.
 
 The end-to-end checks (tiny BERT, GPT-2, ViT and LLaMA exported by torch, then optimized by ONNX Runtime's
 optimizer) are in ``tests/e2e/test_ort_optimized_models.py``."""
@@ -405,7 +405,7 @@ def test_a_shape_gathered_by_a_permutation_stays_a_shape_for_reshape():
                               [numpy_helper.from_array(np.array([2, 0, -2], np.int64), "perm")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
-    from tvm_fusion_ext.frontend.converters.attention import dim_text
+    from tvm_fusion_ext.frontend.converters.common import dim_text
 
     mod = load_onnx(model)
     assert [dim_text(d) for d in mod["main"].ret_ty.shape.values] == ["4", "a", "b"]

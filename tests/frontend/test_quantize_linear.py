@@ -1,4 +1,4 @@
-"""QuantizeLinear as ONNX Runtime computes it, NaN included (``converters.py``, ``QuantizeLinear``).
+"""QuantizeLinear as ONNX Runtime computes it, NaN included (``frontend/converters/quantization.py``).
 
 ``onnxruntime.quantization.quantize_static`` calibrates BERT's additive attention mask (0 or ``finfo.min``) to
 scale = inf, so the model quantizes ``-inf / inf`` = NaN: ONNX Runtime gives the lowest integer (masked), TVM's

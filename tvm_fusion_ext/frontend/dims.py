@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Dict, List, Optional, Tuple
 
-from ..errors import InputError, ModelLoadError
+from .errors import InputError, ModelLoadError
 
 #: TVM's own function attribute for symbolic-dim upper bounds (read by Relax memory planning)
 BOUND_ATTR = "tir_var_upper_bound"

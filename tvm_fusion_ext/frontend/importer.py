@@ -9,7 +9,7 @@ What this adds over ``tvm.relax.frontend.onnx.from_onnx``:
 * ops TVM cannot import are refused before importing, naming op type and node; a failure inside a converter is
   reported naming the node instead of a raw TVM traceback;
 * legacy-exporter graphs (``torch.onnx.export(..., dynamo=False)``) import despite TVM 0.27's
-  ``ConstantOfShape`` bug (see :class:`_ConstantOfShape`). The fix lives in a private importer subclass, so
+  ``ConstantOfShape`` bug (see :mod:`.converters.shape`). The fixes live in a private importer subclass, so
   TVM itself is never patched;
 * the ONNX input/output names are kept: TVM sanitises parameter names (``a.b`` → ``a_b``), so ``main`` carries
   the attrs ``onnx_input_names`` (one per parameter, in parameter order) and ``onnx_output_names`` (in output
@@ -28,31 +28,24 @@ import os
 import re
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
-from .converters import (LiftedScalars, Unsupported, check_graph, fixed_converters, iter_nodes, node_label,
-                         scalar_tensor)
+from .checks import check_ops, iter_nodes, node_label
+from .converters import convert_map
 from .converters.attention import convert_onnx_attention
-from .converters.signal import converter_class as dft_converter_class
+from .converters.common import static_int_inputs
 from .converters.control_flow import fold_static_ifs
 from .converters.pad import convert_pad_in_range
 from .converters.reshape import check_reshape_in_range
-from .converters.rotary import converter_class as rotary_converter_class
 from .converters.slice import convert_slice_in_range
-from .ort_contrib import MICROSOFT_OPS as ORT_CONTRIB_OPS
-from .ort_contrib import ONNX_DOMAIN_OPS as ORT_ONNX_DOMAIN_OPS
-from .ort_contrib import convert as convert_ort_contrib
-from .ort_contrib import is_contrib, unsupported_reason
 from .dims import DimRanges, given_bounds, infer_bounds, input_dims, with_bounds
-from ..errors import InputError, ModelLoadError
+from .errors import InputError, ModelLoadError, NodeImportError, Unsupported
+from .ort_contrib import convert as convert_ort_contrib
+from .ort_contrib import is_contrib
 
 ONNX_INPUT_NAMES_ATTR = "onnx_input_names"
 ONNX_OUTPUT_NAMES_ATTR = "onnx_output_names"
-
-# Ops the importer handles outside its converter map.
-_DIRECT_OPS = {"If", "Constant"}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -83,7 +76,7 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
     graph_inputs = [i for i in graph.input if i.name not in init_names]
     shape_dict, dim_vars = input_dims(graph_inputs, shapes, label)
     dtype_dict = _check_dtypes(graph_inputs, dtypes, label)
-    _check_ops(graph, label)
+    check_ops(graph, label, convert_map())
     ranges = DimRanges(dim_vars, given_bounds(dim_vars, graph_inputs, max_shapes, label))
     try:
         mod = _import(proto, label, shape_dict, dtype_dict, opset, ranges)
@@ -270,43 +263,6 @@ def _check_dtypes(graph_inputs, dtypes, label) -> dict[str, str]:
     return out
 
 
-def _convert_map() -> dict[str, Any]:
-    from tvm.relax.frontend.onnx import onnx_frontend
-
-    cmap = dict(onnx_frontend._get_convert_map())
-    cmap["ConstantOfShape"] = _constant_of_shape_class()
-    cmap["Expand"] = _expand_class()
-    cmap["Range"] = _range_class()
-    for op in _SIZE_INPUTS:
-        cmap[op] = _size_folding_class(op)
-    cmap["Concat"] = _concat_class()
-    cmap["RotaryEmbedding"] = rotary_converter_class()
-    cmap["DFT"] = dft_converter_class()
-    cmap.update(fixed_converters())
-    for op, converter in cmap.items():
-        if isinstance(converter, type) and issubclass(converter, onnx_frontend.BinaryBase):
-            cmap[op] = LiftedScalars(converter, op)
-    return cmap
-
-
-def _check_ops(graph, label):
-    cmap = _convert_map()
-    bad = []
-    for node in iter_nodes(graph):
-        if node.op_type not in cmap and node.op_type not in _DIRECT_OPS and not is_contrib(node):
-            bad.append(node)
-    if bad:
-        first = bad[0]
-        op = f"{first.domain}.{first.op_type}" if first.domain not in ("", "ai.onnx") else first.op_type
-        others = sorted({n.op_type for n in bad[1:]} - {first.op_type})
-        more = f" (and {len(bad) - 1} more unsupported node(s){': ' + ', '.join(others) if others else ''})" \
-            if len(bad) > 1 else ""
-        reason = unsupported_reason(first)
-        why = f": {reason}" if reason else " by TVM's ONNX importer"
-        raise ModelLoadError(f"{label}: op {op!r} (node {node_label(first)}) is not supported{why}{more}")
-    check_graph(graph, label, set(cmap) | _DIRECT_OPS | ORT_CONTRIB_OPS | ORT_ONNX_DOMAIN_OPS)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # importing
 # --------------------------------------------------------------------------------------------------------------
@@ -330,272 +286,13 @@ def _import(proto, label, shape_dict, dtype_dict, opset, ranges):
                 raise ModelLoadError(f"{label}: TVM's ONNX importer failed: {_one_line(err)}") from None
 
 
-_CLASSES: dict[str, type] = {}
-
-
-def _constant_of_shape_class():
-    """Fixed ``ConstantOfShape`` converter (built lazily so importing this module does not import TVM).
-
-    Root cause of the stock failure: ONNX stores ``value`` as a one-element tensor of shape ``[1]``. The stock
-    converter keeps that rank-1 tensor and calls ``broadcast_to(value, shape)``. The legacy exporter emits
-    ``ConstantOfShape`` with an *empty* shape input (the result is a scalar, used to build the attention mask),
-    and broadcasting a rank-1 tensor to rank 0 is illegal ("broadcast_to expects the input shape to have the
-    number of ndim at least as the input tensor's"). Its constant-shape fast path only covers rank-1 results.
-    The fix: take ``value`` as a scalar (the spec says it has exactly one element) and fold any fully constant
-    shape, including the empty one, to a constant.
-    """
-    if "ConstantOfShape" in _CLASSES:
-        return _CLASSES["ConstantOfShape"]
-    import tvm
-    from tvm import relax, tirx
-    from tvm.relax.frontend.onnx import onnx_frontend as of
-
-    class _ConstantOfShape(of.ConstantOfShape):
-        @classmethod
-        def _impl_v9(cls, bb, inputs, attr, params):
-            # a shape computed from sizes (Swin's pad widths: ``Sub(4, Gather(Shape(x)))``) folds to its values, not
-            # fresh run-time dims, so that the tensors built from it keep shapes the graph can reason about
-            shape = _static_int_inputs(bb, [of.get_constant(inputs[0], params)], (0,))[0]
-            attr_value = attr.get("value")
-            value = of.get_numpy(attr_value).reshape(()) if attr_value is not None else np.array(0, "float32")
-            dtype = str(value.dtype)
-            dims = None
-            if isinstance(shape, tvm.ir.GenericConst):
-                dims = [int(x) for x in shape.value.numpy().reshape(-1)]
-            elif isinstance(shape, relax.ShapeExpr) and all(isinstance(x, tirx.IntImm) for x in shape.values):
-                dims = [int(x) for x in shape.values]
-            if dims is not None:
-                return relax.const(np.full(dims, value, dtype), dtype)
-            if not isinstance(shape, relax.ShapeExpr):
-                shape = _shape_from_tensor(bb, shape)
-            return relax.op.broadcast_to(relax.const(value, dtype), shape)
-
-    _CLASSES["ConstantOfShape"] = _ConstantOfShape
-    return _ConstantOfShape
-
-
-def _expand_class():
-    """``Expand`` to a shape computed at run time (a ``ShapeExpr`` with symbolic dims).
-
-    The stock converter decides whether the expansion is a no-op with ``target_shape == data_shape``, a Python
-    list comparison that asks ``bool()`` of a symbolic ``PrimExpr`` and raises as soon as a dim is symbolic
-    (every dynamic-axis export, and static builds of them, hit it). Same broadcasting rules, with the
-    comparison done structurally. A constant target shape over data with symbolic dims (GPT-J, CodeGen, GLM,
-    Cohere: ``position_ids.unsqueeze(-1).repeat(1, 1, d)`` under dynamic axes) takes the same path: the stock
-    converter reads every data dim as a number there."""
-    if "Expand" in _CLASSES:
-        return _CLASSES["Expand"]
-    import tvm
-    import tvm_ffi
-    from tvm import relax, tirx
-    from tvm.relax.frontend.onnx import onnx_frontend as of
-
-    class _Expand(of.Expand):
-        @classmethod
-        def _impl_v13(cls, bb, inputs, attr, params):
-            data, shape = inputs[0], inputs[1]
-            if tvm.ir.is_prim_expr(data):  # a size kept as a bare scalar (``Expand(Gather(Shape(x), 0), [])``)
-                data = scalar_tensor(bb, data)
-                inputs = [data, shape]
-            if isinstance(shape, tvm.ir.GenericConst):
-                if all(isinstance(d, tirx.IntImm) for d in data.ty.shape.values):
-                    return super()._impl_v13(bb, inputs, attr, params)
-                shape = _constant_target_shape(data, shape)
-            if not isinstance(shape, relax.ShapeExpr):
-                # a shape known only at run time: the stock converter broadcasts to it verbatim, so a target dim
-                # of 1 shrinks the input's (ONNX keeps the input's dim: [3, 1] expanded by [2, 1, 6] is [2, 3, 6])
-                shape = _shape_from_tensor(bb, shape)
-                data_shape = list(data.ty.shape.values)
-                target = list(shape.values)
-                if len(target) < len(data_shape):
-                    target = [tirx.IntImm("int64", 1)] * (len(data_shape) - len(target)) + target
-                data_shape = [tirx.IntImm("int64", 1)] * (len(target) - len(data_shape)) + data_shape
-                padded = data if len(data_shape) == len(data.ty.shape.values) else \
-                    bb.normalize(relax.op.reshape(data, relax.ShapeExpr(data_shape)))
-                out = [want if isinstance(have, tirx.IntImm) and int(have) == 1 else
-                       have if isinstance(have, tirx.IntImm) else tirx.max(want, have)
-                       for want, have in zip(target, data_shape)]
-                return relax.op.broadcast_to(padded, relax.ShapeExpr(out))
-            data_shape = list(data.ty.shape.values)
-            target = list(shape.values)
-            if len(target) < len(data_shape):
-                target = data_shape[: len(data_shape) - len(target)] + target
-            data_shape = [tirx.IntImm("int64", 1)] * (len(target) - len(data_shape)) + data_shape
-            out = []
-            for want, have in zip(target, data_shape):
-                if isinstance(want, tirx.IntImm) and int(want) in (-1, 1):
-                    out.append(have)  # -1 keeps the input's dim; 1 never shrinks one (ONNX broadcasting)
-                elif isinstance(have, tirx.IntImm) and int(have) == 1:
-                    out.append(want)
-                else:
-                    out.append(want if not isinstance(have, tirx.IntImm) or isinstance(want, tirx.IntImm) else have)
-            same = len(out) == len(data.ty.shape.values) and all(
-                tvm_ffi.structural_equal(a, b) for a, b in zip(out, data.ty.shape.values))
-            return data if same else relax.op.broadcast_to(data, relax.ShapeExpr(out))
-
-    _CLASSES["Expand"] = _Expand
-    return _Expand
-
-
-def _constant_target_shape(data, shape):
-    """A constant Expand target as a ``ShapeExpr``, refusing static dims ONNX cannot broadcast (a data dim d
-    against a target t needs d == t, d == 1 or t == 1)."""
-    from tvm import relax, tirx
-
-    target = [int(v) for v in shape.value.numpy().reshape(-1)]
-    dims = list(data.ty.shape.values)
-    for axis, (d, t) in enumerate(zip(reversed(dims), reversed(target))):
-        if isinstance(d, tirx.IntImm) and int(d) not in (1, t) and t not in (1, -1):
-            raise Unsupported(f"cannot broadcast data dim {int(d)} to {t} at axis {len(dims) - 1 - axis}")
-    return relax.ShapeExpr([tirx.IntImm("int64", t) for t in target])
-
-
-def _shape_from_tensor(bb, tensor):
-    """A ``ShapeExpr`` of fresh symbolic dims bound to a 1-D int64 tensor's values at run time (legalizing
-    ``broadcast_to`` needs the target as a ``ShapeExpr``, not as a call that yields a shape)."""
-    from tvm import relax, tirx
-
-    (length,) = tensor.ty.shape.values
-    shape = bb.emit(relax.op.tensor_to_shape(tensor))
-    dims = [tirx.Var(f"shape_{i}", "int64") for i in range(int(length))]
-    bb.match_cast(shape, relax.ShapeType(dims))
-    return relax.ShapeExpr(dims)
-
-
-def _range_class():
-    """``Range`` whose bounds are computed from input sizes (``Range(0, Shape(x)[1], 1)``).
-
-    The stock converter turns a bound that is not a constant into a data-dependent length: a fresh variable
-    (``range_len_0``) bound at run time, unrelated to the input dim it equals, so every tensor built from the
-    range (position ids, masks) gets shapes that cannot be matched with the inputs' (``[range_len_0, 1, seq,
-    seq]`` + ``[batch, 12, seq, seq]`` has no known shape, and a later ``Reshape`` with ``-1`` fails). When the
-    bounds are sizes (see :mod:`.symbolic_values`), the range is an ``arange`` with a symbolic length."""
-    if "Range" in _CLASSES:
-        return _CLASSES["Range"]
-    from tvm import relax, tirx
-    from tvm.relax.frontend.onnx import onnx_frontend as of
-
-    from .symbolic_values import Evaluator
-
-    class _Range(of.Range):
-        @classmethod
-        def _impl_v12(cls, bb, inputs, attr, params):
-            dtype = str(getattr(getattr(inputs[0], "ty", None), "dtype", ""))
-            if dtype.startswith("int"):
-                ev = Evaluator(bb.lookup_binding)
-                values = [ev.elements(x) for x in inputs[:3]]
-                if all(v is not None and len(v) == 1 for v in values):
-                    start, limit, delta = (v[0] for v in values)
-                    if isinstance(delta, tirx.IntImm) and int(delta) > 0:
-                        return relax.op.arange(start, limit, delta, dtype)
-            return super()._impl_v12(bb, inputs, attr, params)
-
-    _CLASSES["Range"] = _Range
-    return _Range
-
-
-#: converters whose size inputs may be computed from sizes that are static, and where: ``{op: {impl: positions}}``
-#: (None: every input after the data). The stock converters read constants only; such inputs are folded first.
-_SIZE_INPUTS = {
-    # torch.chunk in a legacy export: bounds from ``Shape → Gather → Add → Div → Mul`` on a fixed shape. Without
-    # them the slice has an unknown shape and the next Reshape with -1 fails (Phi-3's merged gate_up_proj,
-    # GPT-NeoX's merged qkv); bounds that stay symbolic are left to the stock converter
-    "Slice": {"_impl_v13": None},
-    # F.pad in a legacy export: Swin pads its feature map to whole windows (``Shape → Mod → Concat → Reshape →
-    # Slice(step -1) → Transpose``), MobileBERT its trigram embeddings; pads that depend on a run-time size are
-    # left to onnx_pad.py, which the importer tries first
-    "Pad": {"_impl_v11": (1,), "_impl_v18": (1, 3), "_impl_v19": (1, 3)},
-    # expanded function bodies split the rotated part of a head in halves: ``Div(Shape(x)[-1:], 2)``
-    "Split": {"_impl_v13": (1,)},
-}
-
-
-def _size_folding_class(op: str):
-    """TVM's converter for ``op`` with the inputs :data:`_SIZE_INPUTS` names folded to constants where every
-    element evaluates to an integer (see :mod:`.symbolic_values`)."""
-    if op in _CLASSES:
-        return _CLASSES[op]
-    from tvm.relax.frontend.onnx import onnx_frontend as of
-
-    def folding(impl, positions):
-        def convert(cls, bb, inputs, attr, params):
-            inputs = of.onnx_input(inputs)  # a copy that reads None past its end, as the stock one does
-            where = range(1, len(inputs)) if positions is None else positions
-            return getattr(super(folded, cls), impl)(bb, _static_int_inputs(bb, inputs, where), attr, params)
-
-        return classmethod(convert)
-
-    folded = type(f"_{op}", (getattr(of, op),),
-                  {impl: folding(impl, positions) for impl, positions in _SIZE_INPUTS[op].items()})
-    _CLASSES[op] = folded
-    return folded
-
-
-def _static_int_inputs(bb, inputs, positions):
-    """``inputs`` with each tensor at ``positions`` whose every element evaluates to an integer (see
-    :mod:`.symbolic_values`) replaced by that constant; others are left as they are."""
-    import numpy as np
-    import tvm
-    from tvm import relax, tirx
-
-    from .symbolic_values import Evaluator
-
-    ev = Evaluator(bb.lookup_binding)
-    for i in positions:
-        x = inputs[i] if i < len(inputs) else None
-        if x is None or isinstance(x, tvm.ir.GenericConst) or not isinstance(x, relax.Expr):
-            continue
-        values = ev.elements(x)
-        if values and all(isinstance(v, tirx.IntImm) for v in values):
-            inputs[i] = relax.const(np.array([int(v) for v in values], "int64"))
-    return inputs
-
-
-def _concat_class():
-    """``Concat`` of sizes read with ``Shape`` and small int64 tensors computed from them (the expanded function
-    bodies of ONNX ops build target shapes so: ``Concat(Shape(q)[0:1], Shape(k)[1:2], Where(...), ...)``).
-
-    The stock converter handles all-shape or all-constant inputs and passes a mix straight to ``relax.concat``,
-    which refuses shapes ("expects the input to be a Tuple of Tensors"). A mix whose tensors evaluate to sizes
-    (see :mod:`.symbolic_values`) becomes one shape, which keeps dims symbolic for the ``Expand``/``Reshape``
-    reading it; otherwise the shapes become tensors and are concatenated as tensors."""
-    if "Concat" in _CLASSES:
-        return _CLASSES["Concat"]
-    from tvm import relax
-    from tvm.relax.frontend.onnx import onnx_frontend as of
-
-    from .symbolic_values import Evaluator
-
-    class _Concat(of.Concat):
-        @classmethod
-        def _impl_v13(cls, bb, inputs, attr, params):
-            is_shape = [isinstance(x, relax.Expr) and isinstance(getattr(x, "ty", None), relax.ShapeType)
-                        or isinstance(x, relax.ShapeExpr) for x in inputs]
-            if not any(is_shape) or all(is_shape):
-                return super()._impl_v13(bb, inputs, attr, params)
-            ev = Evaluator(bb.lookup_binding)
-            values = []
-            for x, shape in zip(inputs, is_shape):
-                dims = list(x.values) if isinstance(x, relax.ShapeExpr) else (
-                    list(x.ty.values) if shape and x.ty.values is not None else None)
-                if dims is None and not shape and str(getattr(x.ty, "dtype", "")) == "int64" and x.ty.ndim == 1:
-                    dims = ev.elements(x)
-                if dims is None:
-                    break
-                values.extend(dims)
-            else:
-                return relax.ShapeExpr(values)
-            tensors = [bb.normalize(relax.op.shape_to_tensor(x)) if shape else x for x, shape in zip(inputs, is_shape)]
-            return relax.op.concat(tensors, axis=int(attr.get("axis", 0)))
-
-    _CLASSES["Concat"] = _Concat
-    return _Concat
+_IMPORTER: dict = {}
 
 
 def _importer_class():
     """TVM's graph importer with our converter map and node-naming errors (a subclass: TVM is not patched)."""
-    if "Importer" in _CLASSES:
-        return _CLASSES["Importer"]
+    if _IMPORTER:
+        return _IMPORTER["class"]
     import onnx
     from tvm.relax.frontend.onnx import onnx_frontend as of
 
@@ -604,10 +301,10 @@ def _importer_class():
             super().__init__(*args, **kwargs)
             self._label = label
             self._ranges = ranges  # the input dims' ranges, which in-range slices may narrow
-            self._cmap = _convert_map()
+            self._cmap = convert_map()
 
         def _check_for_unsupported_ops(self, graph):
-            pass  # done by _check_ops before we get here, with node names
+            pass  # done by check_ops before we get here, with node names
 
         def from_onnx(self, graph, opset):
             self._consumers = _consumer_ops(graph)
@@ -675,7 +372,7 @@ def _importer_class():
 
         def _slice_in_range(self, inputs, node):
             inputs = list(inputs)
-            return convert_slice_in_range(self.bb, _static_int_inputs(self.bb, inputs, range(1, len(inputs))),
+            return convert_slice_in_range(self.bb, static_int_inputs(self.bb, inputs, range(1, len(inputs))),
                                           self._ranges, node)
 
         def _shape_as_tensor_if_needed(self, sym):
@@ -689,7 +386,7 @@ def _importer_class():
                 return sym
             return self.bb.normalize(of.relax.op.shape_to_tensor(sym))
 
-    _CLASSES["Importer"] = _Importer
+    _IMPORTER["class"] = _Importer
     return _Importer
 
 
@@ -711,10 +408,6 @@ def _consumer_ops(graph) -> dict:
 # --------------------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------------------
-class NodeImportError(ModelLoadError):
-    """TVM's converter failed on a node (not one of our refusals): the file itself may be what is wrong."""
-
-
 def _onnx_type_error(proto) -> str | None:
     """ONNX's strict type and shape inference's complaint about ``proto`` (first line), or None when it has none
     (or cannot run, as for a model past protobuf's 2 GB)."""

@@ -30,12 +30,12 @@ keys' (shorter masks are padded with hidden keys only when both lengths are stat
 from __future__ import annotations
 
 import math
-import re
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 
-from . import Unsupported
+from ..errors import Unsupported
+from .common import dim_text, is_static
 
 _RANK_3D, _RANK_4D = 3, 4
 
@@ -219,28 +219,12 @@ def _repeat_kv(bb, x, q_heads):
     return bb.emit(relax.op.reshape(wide, [b, int(q_heads), length, d]))
 
 
-def dim_text(d) -> str:
-    """A dim as an error shows it: ``4``, or the symbolic expression (``seq``, ``seq - 2``: TVM's own printing
-    writes ``seq - T.int64(2)``, its script syntax, not what a user reads)."""
-    return str(int(d)) if is_static(d) else _TYPED_INT.sub(r"\1", str(d))
-
-
-_TYPED_INT = re.compile(r"T\.u?int(?:8|16|32|64)\((-?\d+)\)")
-
-
 def _rank(x) -> int:
     return len(x.ty.shape.values) if x.ty.shape is not None else -1
 
 
 def _dims(x) -> List:
     return list(x.ty.shape.values)
-
-
-def is_static(d) -> bool:
-    """A dim known at import: an int or an ``IntImm``."""
-    from tvm import tirx
-
-    return isinstance(d, (int, np.integer, tirx.IntImm))
 
 
 def _equal(a, b) -> bool:

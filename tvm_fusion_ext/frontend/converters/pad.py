@@ -4,7 +4,7 @@ Models that work in fixed-size blocks pad the sequence up to a whole block: Long
 a multiple of the window, ``(w - seq % w) % w`` zeros after the tokens. Exported with a dynamic sequence, the pad
 widths are computed from ``Shape`` at run time, and TVM's converter takes constant widths only ("Dynamic pads are
 not supported yet"). Here the widths are evaluated as expressions of the input dims (see
-:mod:`.symbolic_values`) and, once each is shown ``>= 0`` over the dims' ranges, the pad is written as the
+:mod:`..symbolic_values`) and, once each is shown ``>= 0`` over the dims' ranges, the pad is written as the
 concatenation it is: a block of the pad value before and after the data along each padded axis, whose sizes are
 those expressions. A computed width not shown ``>= 0`` (ONNX crops with negative ones) becomes a gather that pads
 or crops by the width's sign at run time; the ``edge``/``reflect``/``wrap`` modes stay with TVM's converter, which
@@ -13,9 +13,8 @@ refuses computed widths, in one line.
 
 from __future__ import annotations
 
-from . import Unsupported
-from .attention import dim_text, is_static
-from .slice import int_elements
+from ..errors import Unsupported
+from .common import dim_text, int_elements, is_static
 
 
 def convert_pad_in_range(bb, inputs, attrs, ranges, node: str):

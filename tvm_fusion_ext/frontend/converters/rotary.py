@@ -1,7 +1,7 @@
 """ONNX's ``RotaryEmbedding`` op (opset 23), written out as the graph :class:`FuseRotaryEmbedding` reads.
 
 torch's dynamo exporter emits it at opset 23 for the rotary embeddings of LLaMA-style models exported with
-dynamic shapes; TVM 0.27 has no converter for it. As with :mod:`.onnx_attention`, the op becomes the unfused form
+dynamic shapes; TVM 0.27 has no converter for it. As with :mod:`.attention`, the op becomes the unfused form
 that is correct on its own, and fusing it stays the rule's decision:
 
     x_r     the first ``rotary_embedding_dim`` features of each head (all when 0); the rest pass through
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import functools
 
-from . import Unsupported
-from .attention import dim_text as _text
-from .attention import is_static as _static
+from ..errors import Unsupported
+from .common import dim_text as _text
+from .common import is_static as _static
 
 
 def convert_onnx_rotary(bb, inputs, attr):
@@ -89,8 +89,8 @@ def _last_axis(x, begin: int, end: int, step: int = 1):
 
 
 @functools.lru_cache(maxsize=None)
-def converter_class():
-    """A TVM converter class for the importer's map (TVM 0.27 has none for this op)."""
+def converters():
+    """``{"RotaryEmbedding": converter}`` for the importer's map (TVM 0.27 has none for this op)."""
     from tvm.relax.frontend.onnx import onnx_frontend as of
 
     class RotaryEmbedding(of.OnnxOpConverter):
@@ -98,7 +98,7 @@ def converter_class():
         def _impl_v23(cls, bb, inputs, attr, params):
             return convert_onnx_rotary(bb, inputs, attr)
 
-    return RotaryEmbedding
+    return {"RotaryEmbedding": RotaryEmbedding}
 
 
-__all__ = ["convert_onnx_rotary", "converter_class"]
+__all__ = ["convert_onnx_rotary", "converters"]

@@ -21,8 +21,8 @@ import math
 
 import numpy as np
 
-from . import Unsupported
-from .attention import dim_text, is_static
+from ..errors import Unsupported
+from .common import dim_text, is_static
 
 
 def convert_onnx_dft(bb, data, dft_length, axis: int, inverse: bool, onesided: bool):
@@ -110,8 +110,8 @@ def _reciprocal(bb, n, dtype: str):
     return bb.normalize(relax.op.divide(relax.const(1.0, dtype), length))
 
 
-def converter_class():
-    """A TVM converter class for the importer's map (TVM 0.27 has none for this op)."""
+def converters():
+    """``{"DFT": converter}`` for the importer's map (TVM 0.27 has none for this op)."""
     import tvm
     from tvm.relax.frontend.onnx import onnx_frontend as of
 
@@ -135,4 +135,4 @@ def converter_class():
                 axis = int(inputs[2].value.numpy().reshape(()))
             return convert_onnx_dft(bb, inputs[0], length, axis, flag(attr, "inverse"), flag(attr, "onesided"))
 
-    return DFT
+    return {"DFT": DFT}

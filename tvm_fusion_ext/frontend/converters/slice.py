@@ -27,10 +27,8 @@ than read past a table.
 
 from __future__ import annotations
 
-from typing import List, Optional
-
-from . import Unsupported
-from .attention import dim_text, is_static
+from ..errors import Unsupported
+from .common import dim_text, i64, int_elements, is_static
 
 #: an end at or past this is "to the end of the dim" whatever the dim (exporters write INT64_MAX or INT32_MAX)
 _PAST_END = 2**31 - 1
@@ -70,7 +68,7 @@ def convert_slice_in_range(bb, inputs, ranges, node: str):
     saved = ranges.save()
     begins, stops = [], []
     for a, s, e, k in zip(axes, starts, ends, steps):
-        d = _i64(dims[a])
+        d = i64(dims[a])
         why = f"node {node} slices axis {a} ({dim_text(d)}) from {_text(s)} to {_text(e)}"
         b = _index(s, d, ranges, why, computed, is_end=False)
         t = _index(e, d, ranges, why, computed, is_end=True) if b is not None else None
@@ -145,34 +143,6 @@ def _holds(cond, d, ranges, why: str, may_narrow: bool) -> bool:
     if ranges.proves(cond) or (may_narrow and ranges.require(cond, why)):
         return True
     return not is_static(d) and ranges.require(d >= tirx.IntImm("int64", 1), why) and ranges.proves(cond)
-
-
-def int_elements(bb, x) -> Optional[List]:
-    """The int64 elements of a bounds input (constant, shape, or small tensor computed from sizes), or None."""
-    import tvm
-    from tvm import relax, tirx
-
-    from ..symbolic_values import Evaluator
-
-    if x is None:
-        return None
-    if isinstance(x, relax.ShapeExpr):
-        return [_i64(v) for v in x.values]
-    if isinstance(x, tvm.ir.GenericConst):
-        return [tirx.IntImm("int64", int(v)) for v in x.value.numpy().reshape(-1)]
-    if isinstance(getattr(x, "ty", None), relax.ShapeType):
-        values = x.ty.values
-        return [_i64(v) for v in values] if values is not None else None
-    values = Evaluator(bb.lookup_binding).elements(x)
-    return [_i64(v) for v in values] if values is not None else None
-
-
-def _i64(v):
-    from tvm import tirx
-
-    if isinstance(v, int):
-        return tirx.IntImm("int64", v)
-    return v if str(v.ty) == "int64" else tirx.Cast("int64", v)
 
 
 def _text(x) -> str:

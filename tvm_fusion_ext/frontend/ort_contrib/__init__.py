@@ -8,14 +8,14 @@ pre-norm model reads, its ``EmbedLayerNormalization`` fails on symbolic dims. Ev
 therefore converted here, one module per family, each keeping ONNX Runtime's CPU semantics:
 
 * :mod:`.attention`: ``Attention``, ``MultiHeadAttention`` as ``softmax(q·kᵀ·scale + mask)·v`` (the form
-  :mod:`..onnx_attention` writes);
+  :mod:`..converters.attention` writes);
 * :mod:`.norms`: ``SkipLayerNormalization``, ``SkipSimplifiedLayerNormalization``, ``SimplifiedLayerNormalization``
   (registered by ONNX Runtime in the ONNX domain) as a sum and ``layer_norm`` / ``rms_norm``;
 * :mod:`.embedding`: ``EmbedLayerNormalization`` as gathers, a sum and ``layer_norm``;
 * :mod:`.elementwise`: ``Gelu``, ``BiasGelu``, ``FastGelu``, ``QuickGelu``, ``BiasAdd``, ``FusedMatMul``.
 
 A converter takes ``(bb, inputs, attr, outputs)`` (``outputs``: the node's output names, "" for one left out) and
-raises :class:`..converters.Unsupported` for what it cannot convert exactly (a KV cache, rotary attention, ...):
+raises :class:`..errors.Unsupported` for what it cannot convert exactly (a KV cache, rotary attention, ...):
 the importer turns that into a one-line refusal naming the op and node. Submodules are imported on first use.
 """
 

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import math
 
-from ..converters import Unsupported
-from ..converters.attention import _position_bias, dim_text, is_static
+from ..errors import Unsupported
+from ..converters.attention import _position_bias
+from ..converters.common import dim_text, is_static
 
 _MASK_FILTER = -10000.0  # ONNX Runtime's default mask_filter_value
 

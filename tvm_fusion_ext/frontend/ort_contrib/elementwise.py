@@ -13,7 +13,7 @@ the gated-MLP rule reads it. ``FastGelu`` is ONNX Runtime's tanh approximation, 
 
 from __future__ import annotations
 
-from ..converters import Unsupported
+from ..errors import Unsupported
 
 
 def convert_gelu(bb, inputs, attr, outputs):

@@ -15,7 +15,7 @@ float32 statistics.
 
 from __future__ import annotations
 
-from ..converters import Unsupported
+from ..errors import Unsupported
 
 _SKIP_EPSILON = 1e-12       # ONNX Runtime's schema default for both skip ops
 _SIMPLIFIED_EPSILON = 1e-5  # and for SimplifiedLayerNormalization
