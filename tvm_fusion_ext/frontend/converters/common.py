@@ -175,6 +175,7 @@ def int_elements(bb, x) -> Optional[List]:
 
 
 def i64(v):
+    """An int or an integer expression as an int64 expression."""
     from tvm import tirx
 
     if isinstance(v, int):

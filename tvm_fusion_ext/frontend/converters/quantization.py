@@ -12,7 +12,6 @@ from .common import Fixed, dtype_of, ndim_of
 
 def converters() -> Dict[str, type]:
     """``{op name: converter class}`` of this family, to lay over TVM's converter map."""
-    import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx import onnx_frontend as of
 

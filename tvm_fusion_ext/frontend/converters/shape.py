@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import Unsupported
 from .common import Fixed, dtype_of, int_elements, ndim_of, scalar_tensor, static_int_inputs
 
+
 def _constant_of_shape_class():
     """Fixed ``ConstantOfShape`` converter (built lazily so importing this module does not import TVM).
 
