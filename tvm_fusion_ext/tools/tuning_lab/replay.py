@@ -39,8 +39,9 @@ import numpy as np
 from ...errors import FusionExtError
 from .pool_file import Pool, load_dir
 
-DEFAULT_POOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                             "tuning_pools")
+# the repository's tuning_pools/, four levels above this file (tvm_fusion_ext/tools/tuning_lab/replay.py)
+DEFAULT_POOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))), "tuning_pools")
 
 
 @dataclass(frozen=True)
