@@ -336,7 +336,7 @@ def test_shipped_pools_describe_the_target_their_directory_names():
 
     from tvm_fusion_ext.tools.tuning_lab.pool_file import load
 
-    root = os.path.join(os.path.dirname(__file__), "..", "..", "tuning_pools")
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tuning_pools")
     moved = sorted(glob.glob(os.path.join(root, "*", "*.npz")))
     assert moved, "no re-targeted pool is shipped"
     for path in moved:
