@@ -20,9 +20,8 @@ LAYERS = [
     ("compile",),
     ("runtime", "tune"),
     ("models",),
-    # pools are built from models; the pool file packs the collector's journal; the replay is a benchmark
-    ("tools", "tune.compare", "tune.pool", "tune.pool_tasks", "tune.pool_file", "tune.pool_remeasure",
-     "tune.pool_refeature", "tune.pool_records", "tune.replay", "tune.replay_models", "tune.replay_noise"),
+    # the tuning lab (tools.tuning_lab: pools built from models, replay, compare) sits with the other tools
+    ("tools",),
     ("cli",),
 ]
 TOP_LEVEL = {"__init__", "testing"}  # the lazy public surface and the test helpers: may import anything

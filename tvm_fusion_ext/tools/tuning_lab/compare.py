@@ -1,6 +1,7 @@
 """Model-guided search against random search on the same tasks and budget (a benchmark, not a test).
 
-``python -m tvm_fusion_ext.tune.compare MODEL.onnx --space auto --trials 96 --seeds 1,2,3 [--cost-model rank]``,
+``python -m tvm_fusion_ext.tools.tuning_lab compare MODEL.onnx --space auto --trials 96 --seeds 1,2,3
+[--cost-model rank]``,
 or ``--dense 128x384x1536`` instead of a model: one FFN projection (MatMul + bias + GELU), a single heavy task.
 
 For each seed it tunes the model twice from scratch, once guided by a cost model (``--cost-model``: our
@@ -9,7 +10,7 @@ that picks candidates blindly), each into its own directory under ``--logs``, th
 latencies per task in measurement order from the JSON record files and prints, per task and seed:
 
 * ``to random's best``: trials until the guided run's best is as fast as the random run's final best (the
-  replay benchmark's measure, ``tune/replay.py``; budget + 1 if never), and, for random, the trial at which
+  replay benchmark's measure, ``replay.py``; budget + 1 if never), and, for random, the trial at which
   it found that best;
 * ``to 5% (own)``: trials until the running best is within 5 % of that run's final best (it rewards a run
   that stops improving early, good or bad);
@@ -31,7 +32,7 @@ from typing import Dict, List, Optional
 
 def latencies_by_task(record_dir: str) -> Dict[str, List[Optional[float]]]:
     """Mean measured seconds per record (None for a failure), in the order the records were written."""
-    from ..records import FAILED_RUN_SECS, RECORD_FILE
+    from ...records import FAILED_RUN_SECS, RECORD_FILE
 
     # tasks are named by their workload's line in the database; a single tuned task by its manifest name
     with open(os.path.join(record_dir, "manifest.json")) as f:
@@ -69,8 +70,8 @@ def _best(history: List[Optional[float]]) -> Optional[float]:
 def compare(model, space: str, trials: int, seeds: List[int], logs: str, target: str = "llvm",
             per_iter: int = 8, say=print, warm_start: tuple = (), population: int = 64,
             cost_model: str = "rank") -> List[dict]:
-    from ..frontend import load_onnx
-    from .driver import TuneOptions, tune
+    from ...frontend import load_onnx
+    from ...tune.driver import TuneOptions, tune
 
     mod = load_onnx(model) if isinstance(model, str) else model
     rows = []
@@ -135,7 +136,8 @@ def format_rows(rows: List[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tvm_fusion_ext.tune.compare", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tvm_fusion_ext.tools.tuning_lab compare",
+                                description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="?", help="ONNX model (or use --dense)")
     p.add_argument("--dense", metavar="MxKxN", help="compare on one fused_dense+GELU of this shape instead")
     p.add_argument("--space", choices=("template", "auto"), default="auto")
@@ -155,8 +157,8 @@ def main(argv=None) -> int:
         p.error("give a MODEL.onnx or --dense MxKxN")
     model = args.model
     if args.dense:
-        from ..frontend import load_onnx
-        from ..models import build_dense_onnx
+        from ...frontend import load_onnx
+        from ...models import build_dense_onnx
 
         try:
             m, k, n = (int(d) for d in args.dense.lower().split("x"))
@@ -169,11 +171,8 @@ def main(argv=None) -> int:
                    cost_model=args.cost_model)
     print(format_rows(rows))
     if args.json:
-        from ..fileio import atomic_write
+        from ...fileio import atomic_write
 
         atomic_write(args.json, lambda f: f.write(json.dumps(rows, indent=2)))
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

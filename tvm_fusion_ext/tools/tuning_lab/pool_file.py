@@ -1,6 +1,6 @@
 """The compact pool dataset: one ``.npz`` per (task, space) under ``tuning_pools/`` (format in its README).
 
-``pack`` reads a collection journal (``pool.py``), adds the expert features of every candidate (its trace
+``pack`` reads a collection journal (``collect.py``), adds the expert features of every candidate (its trace
 replayed on the task) and writes arrays; ``load`` gives them back as a :class:`Pool`, which is all the replay
 benchmark needs: no TVM object is rebuilt to replay a search.
 
@@ -20,7 +20,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..errors import FusionExtError
+from ...errors import FusionExtError
 
 FORMAT_VERSION = 1
 ORIGINS = ("default", "random", "mutation")
@@ -73,10 +73,10 @@ class Pool:
 
 def pack(work: str, out: str) -> str:
     """Write the journal in ``work`` as pool file ``out``; returns a one-line summary."""
-    from ..targets import resolve_target
-    from .expert import RULES
-    from .expert_features import FEATURE_NAMES, candidate_features, machine_of
-    from .pool import latency_us, prepare_task, read_records, trace_of
+    from ...targets import resolve_target
+    from ...tune.expert import RULES
+    from ...tune.expert_features import FEATURE_NAMES, candidate_features, machine_of
+    from .collect import latency_us, prepare_task, read_records, trace_of
 
     meta_file = os.path.join(work, "meta.json")
     if not os.path.isfile(meta_file):
@@ -87,9 +87,9 @@ def pack(work: str, out: str) -> str:
     if not records:
         raise FusionExtError(f"'{work}' holds no candidates")
     target = resolve_target("llvm")
-    from .driver import _stub_tensor_intrin
+    from ...tune.intrin_stub import stub_tensor_intrinsics
 
-    with _stub_tensor_intrin(True):
+    with stub_tensor_intrinsics(True):
         task = prepare_task(meta["task"], meta["space"], target, int(meta.get("seed", 1)))
         machine = machine_of(target)
         expert = np.stack([candidate_features(trace_of(r, task.mod)[0].mod, target, machine) for r in records])
@@ -127,7 +127,7 @@ def pack(work: str, out: str) -> str:
 
 def save(pool: Pool, out: str) -> None:
     """Write ``pool`` (traces loaded) as a pool file, atomically."""
-    from ..fileio import atomic_write
+    from ...fileio import atomic_write
 
     if pool.traces is None:
         raise FusionExtError("saving a pool needs its traces (load(path, traces=True))")
@@ -202,7 +202,7 @@ def load_dir(directory: str) -> List[Pool]:
 
 def rule_code(rule: Optional[str]) -> int:
     """How ``expert_rule`` stores a verdict: 0 passes, else 1 + the rule's index in ``expert.RULES``."""
-    from .expert import RULES
+    from ...tune.expert import RULES
 
     return 0 if rule is None else 1 + list(RULES).index(rule)
 
@@ -212,7 +212,8 @@ def workload_of(pool: Pool, target=None):
     its task's PrimFunc, on which every stored trace replays."""
     import tvm
 
-    from .driver import _stub_tensor_intrin, register_custom_rules
+    from ...tune.intrin_stub import stub_tensor_intrinsics
+    from ...tune.spaces import register_custom_rules
     from .pool_tasks import get_task
 
     if target is None:
@@ -221,7 +222,7 @@ def workload_of(pool: Pool, target=None):
         except (KeyError, ValueError) as err:
             raise FusionExtError(f"pool meta has no usable target ({err})") from None
     register_custom_rules()
-    with _stub_tensor_intrin(target.kind.name == "llvm"):
+    with stub_tensor_intrinsics(target.kind.name == "llvm"):
         return target, get_task(pool.meta["task"], target).mod
 
 
@@ -242,7 +243,7 @@ def schedule_of(pool: Pool, i: int, mod):
 def describe(path: str) -> str:
     """One paragraph about a pool file or a collection directory."""
     if os.path.isdir(path):
-        from .pool import latency_us, read_records
+        from .collect import latency_us, read_records
 
         recs = read_records(path)
         lat = [latency_us(r) for r in recs]

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from tvm_fusion_ext.tune import replay as rp
-from tvm_fusion_ext.tune.pool_file import Pool
+from tvm_fusion_ext.tools.tuning_lab import replay as rp
+from tvm_fusion_ext.tools.tuning_lab.pool_file import Pool
 
 N_FEATURES = 6
 
@@ -202,7 +202,7 @@ def test_cli_seed_range_starts_at_first_seed(monkeypatch, capsys):
 
 
 def test_noise_test_tells_separated_rounds_from_overlapping_ones():
-    from tvm_fusion_ext.tune.replay_noise import p_faster
+    from tvm_fusion_ext.tools.tuning_lab.replay_noise import p_faster
 
     fast = np.array([100.0, 101.0, 102.0, 103.0, 104.0])
     # five rounds each, every fast round below every slow one: p = 1 / C(10, 5)
@@ -244,7 +244,7 @@ class AntiOracle(Oracle):
 
 
 def test_handover_picks_with_the_first_model_until_at_then_with_the_second():
-    from tvm_fusion_ext.tune.replay_models import Handover
+    from tvm_fusion_ext.tools.tuning_lab.replay_models import Handover
 
     pool = synthetic_pool(n=80)
     first, then = Oracle(pool), AntiOracle(pool)

@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory):
     """Six real candidates of the tiny dense's template space, built and measured (a few seconds)."""
-    from tvm_fusion_ext.tune.pool import CollectOptions, collect, work_dir
+    from tvm_fusion_ext.tools.tuning_lab.collect import CollectOptions, collect, work_dir
 
     root = str(tmp_path_factory.mktemp("pools"))
     meta = collect(root, CollectOptions(task="tiny-dense", space="template", count=6, batch=6, random_first=3,
@@ -19,7 +19,7 @@ def collected(tmp_path_factory):
 
 
 def test_journal_holds_every_candidate_with_what_the_replay_needs(collected):
-    from tvm_fusion_ext.tune.pool import read_records
+    from tvm_fusion_ext.tools.tuning_lab.collect import read_records
 
     directory, meta = collected
     recs = read_records(directory)
@@ -38,7 +38,7 @@ def test_traces_replay_to_the_measured_module(collected):
 
     from tvm_fusion_ext.targets import resolve_target
     from tvm_fusion_ext.tune.expert import check
-    from tvm_fusion_ext.tune.pool import prepare_task, read_records, trace_of
+    from tvm_fusion_ext.tools.tuning_lab.collect import prepare_task, read_records, trace_of
 
     directory, _ = collected
     task = prepare_task("tiny-dense", "template", resolve_target("llvm"))
@@ -49,8 +49,8 @@ def test_traces_replay_to_the_measured_module(collected):
 
 
 def test_pack_and_load_round_trip(collected, tmp_path):
-    from tvm_fusion_ext.tune.pool import latency_us, read_records
-    from tvm_fusion_ext.tune.pool_file import load, pack
+    from tvm_fusion_ext.tools.tuning_lab.collect import latency_us, read_records
+    from tvm_fusion_ext.tools.tuning_lab.pool_file import load, pack
 
     directory, _ = collected
     out = str(tmp_path / "tiny.npz")
@@ -71,7 +71,7 @@ def test_killed_collector_resumes_without_losing_records(collected, tmp_path, mo
     byte for byte and measures only what is missing."""
     import shutil
 
-    from tvm_fusion_ext.tune import pool as pl
+    from tvm_fusion_ext.tools.tuning_lab import collect as pl
 
     directory, _ = collected
     root = tmp_path / "root"
@@ -102,7 +102,8 @@ def test_killed_collector_resumes_without_losing_records(collected, tmp_path, mo
 def test_unknown_task_and_missing_space_are_one_line_errors(capsys):
     from tvm_fusion_ext.errors import FusionExtError
     from tvm_fusion_ext.targets import resolve_target
-    from tvm_fusion_ext.tune.pool import main, prepare_task
+    from tvm_fusion_ext.tools.tuning_lab.collect import prepare_task
+    from tvm_fusion_ext.tools.tuning_lab.pool_cli import main
 
     assert main(["pack", "/nonexistent/dir", "--out", "/tmp/x.npz"]) == 2
     assert "not a pool collection directory" in capsys.readouterr().err
@@ -116,7 +117,7 @@ def test_expert_features_see_parallelism_vectors_and_register_tiles():
 
     from tvm_fusion_ext.targets import resolve_target
     from tvm_fusion_ext.tune.expert_features import FEATURE_NAMES, candidate_features
-    from tvm_fusion_ext.tune.pool import prepare_task
+    from tvm_fusion_ext.tools.tuning_lab.collect import prepare_task
 
     target = resolve_target("llvm")
     task = prepare_task("tiny-dense", "template", target)
@@ -177,9 +178,9 @@ def test_accumulator_features_count_the_register_tile_a_reduction_step_updates(t
 def test_remeasure_times_every_candidate_in_rounds_and_keeps_the_collected_figure(collected, tmp_path, capsys):
     """The re-measured latency is the minimum over interleaved rounds; the collector's figure is kept, also
     when a pool is re-measured twice, and ``info`` says how the figures were taken."""
-    from tvm_fusion_ext.tune.pool import main
-    from tvm_fusion_ext.tune.pool_file import describe, load, pack
-    from tvm_fusion_ext.tune.pool_remeasure import remeasure
+    from tvm_fusion_ext.tools.tuning_lab.pool_cli import main
+    from tvm_fusion_ext.tools.tuning_lab.pool_file import describe, load, pack
+    from tvm_fusion_ext.tools.tuning_lab.pool_remeasure import remeasure
 
     directory, _ = collected
     packed = str(tmp_path / "tiny.npz")
@@ -218,9 +219,9 @@ def test_remeasure_retargets_a_pool_to_another_cpu(collected, tmp_path, capsys):
     from tvm_fusion_ext.targets import resolve_target
     from tvm_fusion_ext.tune.expert import RULES, check
     from tvm_fusion_ext.tune.expert_features import candidate_features, machine_of
-    from tvm_fusion_ext.tune.pool import main
-    from tvm_fusion_ext.tune.pool_file import load, pack, schedule_of, workload_of
-    from tvm_fusion_ext.tune.pool_records import export_records
+    from tvm_fusion_ext.tools.tuning_lab.pool_cli import main
+    from tvm_fusion_ext.tools.tuning_lab.pool_file import load, pack, schedule_of, workload_of
+    from tvm_fusion_ext.tools.tuning_lab.pool_records import export_records
 
     directory, _ = collected
     packed, moved, same = (str(tmp_path / n) for n in ("tiny.npz", "avx2.npz", "same.npz"))
@@ -255,9 +256,9 @@ def test_refeature_adds_new_expert_columns_and_keeps_the_measurements(collected,
     """A pool packed before a feature existed gets it from its traces; the old columns come out unchanged and
     nothing measured is touched."""
     from tvm_fusion_ext.tune.expert_features import FEATURE_NAMES
-    from tvm_fusion_ext.tune.pool import main
-    from tvm_fusion_ext.tune.pool_file import load, pack, save
-    from tvm_fusion_ext.tune.pool_refeature import refeature
+    from tvm_fusion_ext.tools.tuning_lab.pool_cli import main
+    from tvm_fusion_ext.tools.tuning_lab.pool_file import load, pack, save
+    from tvm_fusion_ext.tools.tuning_lab.pool_refeature import refeature
 
     directory, _ = collected
     packed, old, new = (str(tmp_path / f"{n}.npz") for n in ("packed", "old", "new"))
@@ -284,9 +285,9 @@ def test_pool_exports_as_records_a_live_run_warm_starts_from(collected, tmp_path
     one record per measured candidate, its trace replaying on the task, its latency as the run time."""
     from tvm_fusion_ext import records
     from tvm_fusion_ext.targets import resolve_target
-    from tvm_fusion_ext.tune.driver import _stub_tensor_intrin
-    from tvm_fusion_ext.tune.pool import main
-    from tvm_fusion_ext.tune.pool_file import load, pack
+    from tvm_fusion_ext.tune.intrin_stub import stub_tensor_intrinsics
+    from tvm_fusion_ext.tools.tuning_lab.pool_cli import main
+    from tvm_fusion_ext.tools.tuning_lab.pool_file import load, pack
     from tvm_fusion_ext.tune.rank_model import RankModel
     from tvm_fusion_ext.tune.warm_start import record_dirs, warm_start
 
@@ -301,7 +302,7 @@ def test_pool_exports_as_records_a_live_run_warm_starts_from(collected, tmp_path
     assert len(recs) == 6
     np.testing.assert_allclose(sorted(float(r.run_secs[0]) * 1e6 for r in recs), sorted(pool.latency_us), rtol=1e-6)
     model = RankModel()
-    with _stub_tensor_intrin(True):   # TuneContext would import the tensor-core intrinsics: 30 s, unused on llvm
+    with stub_tensor_intrinsics(True):   # TuneContext would import the tensor-core intrinsics: 30 s, unused on llvm
         stats = warm_start(model, [out], resolve_target("llvm"))
     assert stats.records == 6 and stats.unreplayable == 0 and stats.other_target == 0
     assert main(["records", packed, "--out", out]) == 2          # never appends to (or mixes) a directory
@@ -310,10 +311,10 @@ def test_pool_exports_as_records_a_live_run_warm_starts_from(collected, tmp_path
 
 def test_knob_strategies_read_the_decisions_from_the_pool_file(collected, tmp_path):
     """``rank-knobs`` reads each candidate's decisions from the stored traces (loaded on demand)."""
-    from tvm_fusion_ext.tune import replay as rp
+    from tvm_fusion_ext.tools.tuning_lab import replay as rp
     from tvm_fusion_ext.tune.knob_features import knob_values
-    from tvm_fusion_ext.tune.pool_file import load, pack
-    from tvm_fusion_ext.tune.replay_models import candidate_rows
+    from tvm_fusion_ext.tools.tuning_lab.pool_file import load, pack
+    from tvm_fusion_ext.tools.tuning_lab.replay_models import candidate_rows
 
     directory, _ = collected
     out = str(tmp_path / "tiny.npz")
@@ -333,9 +334,9 @@ def test_shipped_pools_describe_the_target_their_directory_names():
     import glob
     import os
 
-    from tvm_fusion_ext.tune.pool_file import load
+    from tvm_fusion_ext.tools.tuning_lab.pool_file import load
 
-    root = os.path.join(os.path.dirname(__file__), "..", "..", "tuning_pools")
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tuning_pools")
     moved = sorted(glob.glob(os.path.join(root, "*", "*.npz")))
     assert moved, "no re-targeted pool is shipped"
     for path in moved:

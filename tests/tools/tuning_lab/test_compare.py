@@ -2,7 +2,7 @@
 
 import json
 
-from tvm_fusion_ext.tune.compare import compare_histories, format_rows, latencies_by_task, trials_to_within
+from tvm_fusion_ext.tools.tuning_lab.compare import compare_histories, format_rows, latencies_by_task, trials_to_within
 
 
 def test_trials_to_within_counts_the_running_best():

@@ -1,7 +1,7 @@
 """Re-measure a pool's candidates in one process, interleaved, so that a shared machine's load is noise and
 not signal.
 
-``python -m tvm_fusion_ext.tune.pool remeasure tuning_pools/minilm-ffn-template.npz [--rounds 5]``
+``python -m tvm_fusion_ext.tools.tuning_lab pool remeasure tuning_pools/minilm-ffn-template.npz [--rounds 5]``
 
 Why: the collector measures each candidate once, minutes apart from the others, in a fresh runner process.
 On a shared 2-core machine the load moved between 2 and 10 runnable processes during a collection, and the
@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..errors import FusionExtError
+from ...errors import FusionExtError
 
 BUILD_BATCH = 32
 
@@ -48,8 +48,8 @@ def remeasure(path: str, out: Optional[str] = None, rounds: int = 5, min_repeat_
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from .driver import skip_tensor_intrin
-    from .pool import _load, machine_info
+    from ...tune.intrin_stub import skip_tensor_intrin
+    from .collect import machine_info, machine_load
     from .pool_file import load, save, workload_of
 
     if rounds < 1:
@@ -73,7 +73,7 @@ def remeasure(path: str, out: Optional[str] = None, rounds: int = 5, min_repeat_
     rounds_load = np.full((rounds, 4), np.nan, dtype=np.float32)
     ready = np.asarray(sorted(libs), dtype=np.int64)
     for r in range(rounds):
-        load_now = _load()
+        load_now = machine_load()
         rounds_load[r] = [*load_now["loadavg"], np.nan if load_now["runnable"] is None else load_now["runnable"]]
         start = time.time()
         for i in rng.permutation(ready):
@@ -98,7 +98,7 @@ def remeasure(path: str, out: Optional[str] = None, rounds: int = 5, min_repeat_
         "rebuild_failed": [int(i) for i in failed],
     }
     if retarget is not None:
-        from ..records import target_label
+        from ...records import target_label
 
         meta["retargeted"] = {"from_target": meta["target"], "from_target_label": meta.get("target_label"),
                               "from_machine": meta.get("machine")}
@@ -119,8 +119,8 @@ def remeasure(path: str, out: Optional[str] = None, rounds: int = 5, min_repeat_
 
 def _retarget(pool, pool_target, spec: Optional[str]):
     """The target ``spec`` names when it is another than the pool's, else None."""
-    from ..records import target_label
-    from ..targets import resolve_target
+    from ...records import target_label
+    from ...targets import resolve_target
 
     if spec is None:
         return None
@@ -133,11 +133,11 @@ def _retarget(pool, pool_target, spec: Optional[str]):
 
 def _verdicts(pool, mod, target) -> np.ndarray:
     """The expert rules' verdict on every candidate for ``target``, coded as the pool file stores them."""
-    from .expert import check
-    from .pool import _verdict
+    from ...tune.expert import check
+    from .collect import expert_verdict
     from .pool_file import rule_code, schedule_of
 
-    return np.array([rule_code(_verdict(check, schedule_of(pool, i, mod), target)) for i in range(len(pool))],
+    return np.array([rule_code(expert_verdict(check, schedule_of(pool, i, mod), target)) for i in range(len(pool))],
                     dtype=np.int8)
 
 
@@ -145,7 +145,7 @@ def _set_threads(n: Optional[int]) -> int:
     """Size TVM's thread pool to ``n`` (default: one per usable core), shrinking it if need be."""
     import tvm_ffi
 
-    from ..deploy.threads import usable_cpus
+    from ...deploy.threads import usable_cpus
 
     cpus = usable_cpus()
     n = max(1, min(int(n or len(cpus)), len(cpus)))

@@ -1,6 +1,6 @@
 """Noise-free replay of search strategies over pre-measured candidate pools (TenSet-style).
 
-``python -m tvm_fusion_ext.tune.replay [--json] [--plot F.png] [--seeds 50] [--budget 128] [--k 8]
+``python -m tvm_fusion_ext.tools.tuning_lab replay [--json] [--plot F.png] [--seeds 50] [--budget 128] [--k 8]
 [--tasks minilm-ffn-auto,...] [--strategies random,xgb,...] [--pools tuning_pools]``
 
 Every pool file (``tuning_pools/<task>-<space>.npz``) is one task. A search runs in rounds: the strategy
@@ -36,11 +36,12 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import FusionExtError
+from ...errors import FusionExtError
 from .pool_file import Pool, load_dir
 
-DEFAULT_POOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                             "tuning_pools")
+# the repository's tuning_pools/, four levels above this file (tvm_fusion_ext/tools/tuning_lab/replay.py)
+DEFAULT_POOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))), "tuning_pools")
 
 
 @dataclass(frozen=True)
@@ -342,7 +343,8 @@ def plot(report: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tvm_fusion_ext.tune.replay", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tvm_fusion_ext.tools.tuning_lab replay",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--pools", default=DEFAULT_POOLS, help="directory of pool files (default: tuning_pools/)")
     p.add_argument("--tasks", help="comma-separated pool names (e.g. minilm-ffn-auto); default: all")
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
@@ -382,13 +384,10 @@ def main(argv=None) -> int:
     else:
         print(format_table(report))
         if args.json:
-            from ..fileio import atomic_write
+            from ...fileio import atomic_write
 
             atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=1)))
     if args.plot:
         plot(report, args.plot)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -126,7 +126,7 @@ def candidate_rows(pool: Pool, expert: bool = True, store: bool = True, knobs: b
     if expert:
         parts.append(pool.expert_features)
     if knobs:
-        from .knob_features import knob_rows
+        from ...tune.knob_features import knob_rows
 
         parts.append(knob_rows(_traces(pool)))
     if not parts:
@@ -147,7 +147,7 @@ def _traces(pool: Pool) -> list:
 class RankXGB:
     """Pairwise-ranking XGBoost on per-candidate rows, retrained on all of the task's data every round."""
 
-    from .rank_model import PARAMS  # the tuner's RankModel learns with the same settings
+    from ...tune.rank_model import PARAMS  # the tuner's RankModel learns with the same settings
 
     def __init__(self, pool: Pool, expert_features: bool = True, rounds: int = 60, pretrain_rounds: int = 200,
                  params: tuple = (), store: bool = True, knobs: bool = False):
@@ -170,7 +170,7 @@ class RankXGB:
             xs.append(candidate_rows(other, **self.columns)[ok])
             ys.append(_relevance(other.latency_us[ok]))
             groups.append(len(ok))
-        from .rank_model import train_ranker
+        from ...tune.rank_model import train_ranker
 
         self.base = train_ranker(xs, ys, groups, self.params, self.pretrain_rounds)
 
@@ -190,13 +190,13 @@ class RankXGB:
         lat = np.where(np.isfinite(lat), lat, worst)
         if len(seen) < 2 or np.ptp(lat) == 0:
             return
-        from .rank_model import train_ranker
+        from ...tune.rank_model import train_ranker
 
         self.booster = train_ranker([self.rows[seen]], [_relevance(lat)], [len(seen)], self.params, self.rounds,
                                     self.base)
 
     def score(self, idx: Sequence[int], seed: int) -> Optional[np.ndarray]:
-        from .rank_model import ranker_margins
+        from ...tune.rank_model import ranker_margins
 
         if self.booster is None and self.base is None:
             return None

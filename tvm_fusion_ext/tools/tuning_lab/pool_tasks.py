@@ -1,7 +1,7 @@
 """The kernels candidate pools are collected for, built the way the real build lowers them.
 
 Each named task is a small Relax module holding one fused operator of a real model's shape, lowered by
-``build.lower`` and cut into tasks by the driver's ``extract_tasks``: the PrimFunc is the one ``tvm-fusion
+``compile.prepare`` and cut into tasks by the tuner's ``extract_tasks``: the PrimFunc is the one ``tvm-fusion
 tune`` tunes for that model (packed constant weights, vectorisable math), not a hand-made look-alike.
 
 ==================  =====================================================================================
@@ -22,7 +22,7 @@ from typing import Callable, Dict, List
 
 import tvm
 
-from ..errors import FusionExtError
+from ...errors import FusionExtError
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,8 @@ class PoolTask:
 
 def _dense(m: int, k: int, n: int) -> Callable[[], tvm.IRModule]:
     def build():
-        from ..frontend import load_onnx
-        from ..models import build_dense_onnx
+        from ...frontend import load_onnx
+        from ...models import build_dense_onnx
 
         return load_onnx(build_dense_onnx(m, k, n))
 
@@ -49,7 +49,7 @@ def _attention(seq: int, heads: int, head_dim: int, scale: float) -> Callable[[]
     def build():
         from tvm import relax
 
-        from ..ops import call_op
+        from ...ops import call_op
 
         bb = relax.BlockBuilder()
         qkv = [relax.Var(n, relax.TensorType((1, seq, heads, head_dim), "float32")) for n in ("q", "k", "v")]
@@ -87,8 +87,8 @@ def task_names() -> List[str]:
 
 def get_task(name: str, target):
     """The driver ``Task`` of pool task ``name`` on ``target`` (design spaces not generated yet)."""
-    from ..compile import prepare
-    from .driver import extract_tasks
+    from ...compile import prepare
+    from ...tune.tasks import extract_tasks
 
     if name not in TASKS:
         raise FusionExtError(f"unknown pool task '{name}' (known: {', '.join(TASKS)})")

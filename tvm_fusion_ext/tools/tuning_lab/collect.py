@@ -1,6 +1,6 @@
 """Candidate pools: distinct candidates of one task's design space, each measured once, for replaying searches.
 
-``python -m tvm_fusion_ext.tune.pool collect --task minilm-ffn --space auto --count 1500 --work pools_work``
+``python -m tvm_fusion_ext.tools.tuning_lab pool collect --task minilm-ffn --space auto --count 1500 --work pools_work``
 draws candidates the way MetaSchedule's evolutionary search does before its cost model has a say:
 
 * **random**: a design space (sketch, or our template) replayed with fresh random decisions, then the
@@ -27,19 +27,17 @@ and the number of runnable processes): the machine is shared, and the noise must
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 import numpy as np
 
-from ..errors import FusionExtError
-from .knob_features import trace_json
+from ...errors import FusionExtError
+from ...tune.knob_features import trace_json
 
 CANDIDATES_FILE = "candidates.jsonl"
 META_FILE = "meta.json"
@@ -124,7 +122,7 @@ def machine_info() -> dict:
             "system": platform.system()}
 
 
-def _load() -> dict:
+def machine_load() -> dict:
     """Load when a candidate is measured: 1/5/15-minute averages and the runnable processes right now."""
     one, five, fifteen = os.getloadavg()
     running = None
@@ -144,13 +142,13 @@ class Sampler:
     def __init__(self, task, target, seen: set):
         from tvm.s_tir import meta_schedule as ms
 
-        from . import driver
-        from .expert import ExpertRules, RuleStats
+        from ...tune.expert import ExpertRules, RuleStats
+        from ...tune.spaces import fixed_space_class, mutators, postprocs
 
         self.task, self.target, self.seen = task, target, seen
-        post = [p for p in driver._postprocs(target, task.space, RuleStats())  # noqa: SLF001
+        post = [p for p in postprocs(target, task.space, RuleStats())
                 if not isinstance(p, ExpertRules)]  # the verdict is recorded, not enforced
-        space = driver._fixed_space_class()(task.spaces, post, driver._mutators(target, task.space))  # noqa: SLF001
+        space = fixed_space_class()(task.spaces, post, mutators(target, task.space))
         self.context = ms.TuneContext(mod=task.mod, target=target, space_generator=space, task_name=task.name,
                                       rand_state=1, num_threads=1)
         self.postprocs = list(self.context.space_generator.postprocs)
@@ -222,8 +220,8 @@ class Bench:
     def __init__(self, target, opts: CollectOptions):
         from tvm.s_tir import meta_schedule as ms
 
-        from ..deploy.threads import configure_cpu_threads
-        from .driver import skip_tensor_intrin
+        from ...deploy.threads import configure_cpu_threads
+        from ...tune.intrin_stub import skip_tensor_intrin
 
         self.target = target
         self.builder = ms.builder.LocalBuilder(max_workers=opts.builder_workers, timeout_sec=opts.builder_timeout,
@@ -246,7 +244,7 @@ class Bench:
                 row["build_error"] = _one_line(build.error_msg)
                 out.append(row)
                 continue
-            row.update(_load())
+            row.update(machine_load())
             row["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
             (future,) = self.runner.run([ms.runner.RunnerInput(build.artifact_path, "cpu", arg)])
             res = future.result()
@@ -282,13 +280,14 @@ def latency_us(record: dict) -> Optional[float]:
 
 def prepare_task(name: str, space: str, target, seed: int = 1):
     """The pool task with its design spaces in ``space``; refuses a task whose space falls back to another."""
-    from . import driver
+    from ...tune.intrin_stub import stub_tensor_intrinsics
+    from ...tune.spaces import choose_space, register_custom_rules
     from .pool_tasks import get_task
 
-    driver.register_custom_rules()
+    register_custom_rules()
     task = get_task(name, target)
-    with driver._stub_tensor_intrin(target.kind.name == "llvm"):  # noqa: SLF001  (TuneContext imports it: 30 s)
-        found = driver.choose_space(task, target, space, seed)
+    with stub_tensor_intrinsics(target.kind.name == "llvm"):  # TuneContext imports it: 30 s
+        found = choose_space(task, target, space, seed)
     if not found or task.space != space:
         raise FusionExtError(f"pool task '{name}' has no '{space}' design space on {target.kind.name}"
                              + (f" ({task.note})" if task.note else ""))
@@ -299,8 +298,8 @@ def collect(root: str, opts: CollectOptions, command: str = "") -> dict:
     """Fill ``<root>/<task>-<space>/`` up to ``opts.count`` candidates (resuming); returns a summary."""
     import tvm
 
-    from ..targets import resolve_target
-    from .driver import _stub_tensor_intrin
+    from ...targets import resolve_target
+    from ...tune.intrin_stub import stub_tensor_intrinsics
 
     say = opts.progress or (lambda _m: None)
     target = resolve_target("llvm")
@@ -309,10 +308,10 @@ def collect(root: str, opts: CollectOptions, command: str = "") -> dict:
     meta = _read_meta(directory)
     if meta is not None and (meta["task"], meta["space"]) != (opts.task, opts.space):
         raise FusionExtError(f"'{directory}' holds a pool of {meta['task']}/{meta['space']}")
-    with _stub_tensor_intrin(True):
+    with stub_tensor_intrinsics(True):
         task = prepare_task(opts.task, opts.space, target, opts.seed)
         if meta is None:
-            from ..records import target_label
+            from ...records import target_label
 
             meta = {"task": opts.task, "space": opts.space, "kernel": task.name, "flops": task.flops,
                     "target": str(target), "target_label": target_label(target), "machine": machine_info(),
@@ -339,9 +338,9 @@ def collect(root: str, opts: CollectOptions, command: str = "") -> dict:
             rows = bench.measure([sch for sch, _, _ in batch])
             feats = _features(sampler.context, [sch for sch, _, _ in batch])
             for (sch, key, origin), row, feat in zip(batch, rows, feats):
-                from .expert import check
+                from ...tune.expert import check
 
-                rule = _verdict(check, sch, target)
+                rule = expert_verdict(check, sch, target)
                 rec = {"id": len(records), "hash": key, "origin": origin[0], "parent": origin[1],
                        "expert_rule": rule, "trace": trace_json(sch.trace), "features": feat, **row}
                 journal.append(rec)
@@ -393,7 +392,7 @@ def _features(context, schedules) -> List[List[List[float]]]:
     return [np.asarray(f.numpy(), dtype=np.float32).tolist() for f in feats]
 
 
-def _verdict(check, sch, target) -> Optional[str]:
+def expert_verdict(check, sch, target) -> Optional[str]:
     import tvm
 
     for _, func in sch.mod.functions_items():
@@ -427,84 +426,6 @@ def _read_meta(directory: str) -> Optional[dict]:
 
 
 def _write_meta(directory: str, meta: dict) -> None:
-    from ..fileio import atomic_write
+    from ...fileio import atomic_write
 
     atomic_write(os.path.join(directory, META_FILE), lambda f: f.write(json.dumps(meta, indent=2)))
-
-
-# ----------------------------------------------------------------------------------------------- CLI
-
-def main(argv=None) -> int:
-    from .pool_tasks import task_names
-
-    p = argparse.ArgumentParser(prog="python -m tvm_fusion_ext.tune.pool", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("collect", help="draw, build and measure candidates into WORK/<task>-<space>/ (resumable)")
-    c.add_argument("--task", required=True, choices=task_names())
-    c.add_argument("--space", choices=("template", "auto"), default="auto")
-    c.add_argument("--count", type=int, default=1500)
-    c.add_argument("--work", default="pools_work", help="root of the collection journals")
-    c.add_argument("--seed", type=int, default=1)
-    c.add_argument("--batch", type=int, default=16)
-    c.add_argument("--random-first", type=int, default=200)
-    c.add_argument("--mutation-share", type=float, default=0.4)
-    c.add_argument("--give-up", type=int, default=2000)
-    k = sub.add_parser("pack", help="write a work directory as a compact pool file (tuning_pools/*.npz)")
-    k.add_argument("work", help="a collection directory WORK/<task>-<space>")
-    k.add_argument("--out", required=True)
-    r = sub.add_parser("remeasure", help="re-measure a pool file's candidates in one process, interleaved "
-                                         "(pool_remeasure.py)")
-    r.add_argument("pool", help="a pool file (tuning_pools/*.npz)")
-    r.add_argument("--out", help="write here instead of in place")
-    r.add_argument("--rounds", type=int, default=5)
-    r.add_argument("--min-repeat-ms", type=int, default=10)
-    r.add_argument("--threads", type=int, help="TVM threads while timing (default: one per core, as the tuner)")
-    r.add_argument("--target", help="rebuild and time for this target instead of the pool's ('llvm': this "
-                                    "CPU), making the file this machine's (a --warm-start source here)")
-    f = sub.add_parser("refeature", help="recompute a pool file's expert features from its traces, keeping its "
-                                         "measurements (pool_refeature.py)")
-    f.add_argument("pool", help="a pool file (tuning_pools/*.npz)")
-    f.add_argument("--out", help="write here instead of in place")
-    e = sub.add_parser("records", help="write a pool file's measured candidates as a tuning-record directory, "
-                                       "a --warm-start source (pool_records.py)")
-    e.add_argument("pool", help="a pool file (tuning_pools/*.npz)")
-    e.add_argument("--out", required=True, help="a new record directory")
-    i = sub.add_parser("info", help="summarise a pool file or a collection directory")
-    i.add_argument("path")
-    args = p.parse_args(argv)
-    try:
-        if args.cmd == "collect":
-            opts = CollectOptions(task=args.task, space=args.space, count=args.count, seed=args.seed,
-                                  batch=args.batch, random_first=args.random_first,
-                                  mutation_share=args.mutation_share, give_up=args.give_up,
-                                  progress=lambda m: print(m, flush=True))
-            collect(args.work, opts, command=" ".join(["python -m tvm_fusion_ext.tune.pool", *sys.argv[1:]]))
-        elif args.cmd == "pack":
-            from .pool_file import pack
-
-            print(pack(args.work, args.out))
-        elif args.cmd == "remeasure":
-            from .pool_remeasure import remeasure
-
-            print(remeasure(args.pool, args.out, rounds=args.rounds, min_repeat_ms=args.min_repeat_ms,
-                            threads=args.threads, say=lambda m: print(m, flush=True), target=args.target))
-        elif args.cmd == "refeature":
-            from .pool_refeature import refeature
-
-            print(refeature(args.pool, args.out, say=lambda m: print(m, flush=True)))
-        elif args.cmd == "records":
-            from .pool_records import export_records
-
-            print(export_records(args.pool, args.out))
-        else:
-            from .pool_file import describe
-
-            print(describe(args.path))
-    except FusionExtError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """A pool file as a tuning-record directory, so that a live run can warm-start from it.
 
-``python -m tvm_fusion_ext.tune.pool records tuning_pools/bert-ffn-auto.npz --out warm/bert-ffn-auto``
+``python -m tvm_fusion_ext.tools.tuning_lab pool records tuning_pools/bert-ffn-auto.npz --out warm/bert-ffn-auto``
 ``tvm-fusion tune model.onnx --warm-start warm/``
 
 Why: the replay's best strategy is a ranking model pre-trained on another model's pool of the same kernel
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import numpy as np
 
-from ..errors import FusionExtError
+from ...errors import FusionExtError
 
 
 def export_records(path: str, out: str) -> str:
@@ -25,7 +25,7 @@ def export_records(path: str, out: str) -> str:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from .. import records
+    from ... import records
     from .pool_file import load, schedule_of, workload_of
 
     pool = load(path, traces=True)

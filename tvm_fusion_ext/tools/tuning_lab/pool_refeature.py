@@ -1,6 +1,6 @@
 """Recompute a pool's expert features from its stored traces, keeping every measurement.
 
-``python -m tvm_fusion_ext.tune.pool refeature tuning_pools/minilm-ffn-auto.npz``
+``python -m tvm_fusion_ext.tools.tuning_lab pool refeature tuning_pools/minilm-ffn-auto.npz``
 
 Why: a pool's latencies took minutes to hours of quiet machine to measure, its expert features take
 milliseconds per candidate to read from the scheduled IR. When ``expert_features.FEATURE_NAMES`` grows (a
@@ -17,12 +17,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..errors import FusionExtError
+from ...errors import FusionExtError
 
 
 def refeature(path: str, out: Optional[str] = None, say: Callable[[str], None] = print) -> str:
     """Rewrite pool file ``path``'s expert features (into ``out``, default in place); a one-line summary."""
-    from .expert_features import FEATURE_NAMES, candidate_features, machine_of
+    from ...tune.expert_features import FEATURE_NAMES, candidate_features, machine_of
     from .pool_file import load, save, schedule_of, workload_of
 
     pool = load(path, traces=True)
