@@ -19,7 +19,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 from tvm_fusion_ext.compile import fuse
-from tvm_fusion_ext.compile.scalar_calls import scalar_only_callees
+from tvm_fusion_ext.compile.lowering.scalar_calls import scalar_only_callees
 from tvm_fusion_ext.deploy.io import shape_check_error
 from tvm_fusion_ext.errors import InputError
 from tvm_fusion_ext.frontend import load_onnx

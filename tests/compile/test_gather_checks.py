@@ -174,7 +174,7 @@ def test_constant_indices_in_range_get_no_check(tmp_path):
     added where they are computed (the counter proves the pass fired)."""
     from tvm import relax
 
-    from tvm_fusion_ext.compile.gather_checks import CheckGatherIndices
+    from tvm_fusion_ext.compile.checks.gather_indices import CheckGatherIndices
     from tvm_fusion_ext.testing import build_module
 
     data = relax.Var("data", relax.TensorType([2, 5], "float32"))

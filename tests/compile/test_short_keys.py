@@ -117,7 +117,7 @@ def test_a_variant_the_template_cannot_schedule_drops_the_branch_not_the_build(m
     def unscheduled(mod):  # as if no template took the variant
         return mod
 
-    caplog.set_level("INFO", logger="tvm_fusion_ext.compile.short_keys")
+    caplog.set_level("INFO", logger="tvm_fusion_ext.compile.variants.short_keys")
     assert short_keys.dispatch(plain, unscheduled) is None
     assert "8-key variant was not scheduled by a template" in caplog.text
 

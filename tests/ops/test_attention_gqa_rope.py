@@ -10,7 +10,7 @@ import pytest
 import tvm
 from tvm import relax, s_tir
 
-from tvm_fusion_ext.compile.causal_skip import SkipMaskedKeyBlocks
+from tvm_fusion_ext.compile.variants.causal_skip import SkipMaskedKeyBlocks
 from tvm_fusion_ext.ops.registry import make_prim_func
 from tvm_fusion_ext.schedules.cpu.attention import attention_cpu
 

@@ -13,7 +13,7 @@ over the rows flattened and padded up to a multiple of ``row_block`` (the ``dens
 reads it in place, the CUDA template gathers it per tile), the padding rows reading the last real row (a few
 wasted FMAs, no out-of-bounds read), and the epilogue writes only the real rows. A template can then tile rows by ``row_block`` with no tail predicate inside its micro-kernel, which would otherwise keep
 its accumulator tile out of registers. On CPU a request of fewer rows than the tile runs a copy of the kernel
-built with a thinner ``row_block`` (:mod:`..compile.short_rows`), not 8 padded rows. ``row_clamp`` says how a
+built with a thinner ``row_block`` (:mod:`..compile.variants.short_rows`), not 8 padded rows. ``row_clamp`` says how a
 padding row is clamped to the last real one (:func:`real_row`).
 """
 

@@ -15,7 +15,7 @@ Shape of the schedule::
                                                                      # (rotated there for rotary K)
 
 For causal attention the build bounds the key-block loop by the tile's last row
-(:mod:`...compile.causal_skip`); grouped-query attention reads K/V head ``h // group`` in place.
+(:mod:`...compile.variants.causal_skip`); grouped-query attention reads K/V head ``h // group`` in place.
 
 Everything under the key-block loop is sized (query tile × key block) or (query tile × head dim): no
 buffer of S×T elements exists. Row max / row sum are rfactored into vector-lane partials.
