@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from tvm_fusion_ext.compile import short_keys
+from tvm_fusion_ext.compile.variants import short_keys
 from tvm_fusion_ext.compile.pipeline import compile_model, prepare
 from tvm_fusion_ext.compile.schedule import ApplyTemplates, schedule
 from tvm_fusion_ext.ops import call_op

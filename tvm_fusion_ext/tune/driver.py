@@ -55,7 +55,7 @@ def skip_tensor_intrin() -> None:
 
 
 @contextlib.contextmanager
-def _stub_tensor_intrin(enabled: bool):
+def stub_tensor_intrin(enabled: bool):
     """The same stub in this process (TuneContext imports the package) for the run only, so a later
     tensor-core user in the same process still gets the real registry."""
     added = enabled and "tvm.s_tir.tensor_intrin" not in sys.modules
@@ -66,6 +66,10 @@ def _stub_tensor_intrin(enabled: bool):
     finally:
         if added and getattr(sys.modules.get("tvm.s_tir.tensor_intrin"), "__file__", None) is None:
             sys.modules.pop("tvm.s_tir.tensor_intrin", None)
+
+
+#: the name the tuning lab's pool modules import until they move to ``tools/tuning_lab/``
+_stub_tensor_intrin = stub_tensor_intrin
 
 
 # ----------------------------------------------------------------------------------------------- custom rules
@@ -129,14 +133,14 @@ class Task:
 
 
 def _blocks(func):
-    from .expert import _children
+    from .expert import child_stmts
 
     stack = [func.body]
     while stack:
         node = stack.pop()
         if type(node).__name__ == "SBlock":
             yield node
-        stack.extend(_children(node))
+        stack.extend(child_stmts(node))
 
 
 def _template_rule(func, target) -> Optional[str]:
@@ -198,12 +202,13 @@ def extract_tasks(lowered: tvm.IRModule, target, min_flops: float = DEFAULT_MIN_
 
 # ----------------------------------------------------------------------------------------------- spaces
 
-def _family(target) -> str:
-    """MetaSchedule's preset name for the target's rules, postprocs and mutators ("llvm" | "cuda")."""
+def _meta_schedule_preset(target) -> str:
+    """The name MetaSchedule keys its rule, postproc and mutator presets by: TVM's kind name ("llvm" | "cuda",
+    :attr:`TargetInfo.kind`), not our template family (:attr:`TargetInfo.family`, "cpu" | "cuda")."""
     return TargetInfo.of(target).kind
 
 
-def _postprocs(target, space: str, stats: RuleStats) -> list:
+def space_postprocs(target, space: str, stats: RuleStats) -> list:
     from tvm.s_tir import meta_schedule as ms
 
     expert = ExpertRules(stats, target)
@@ -217,7 +222,7 @@ def _postprocs(target, space: str, stats: RuleStats) -> list:
         post += [ms.postproc.RewriteReductionBlock()]
     else:
         # RewriteLayout would move weight layouts into the graph; our dense weights are pre-packed already.
-        post = [p for p in ms.postproc.Postproc.create(_family(target)) if "RewriteLayout" not in type(p).__name__]
+        post = [p for p in ms.postproc.Postproc.create(_meta_schedule_preset(target)) if "RewriteLayout" not in type(p).__name__]
     if gpu and space == "template":
         post.append(ms.postproc.VerifyGPUCode())
     # Expert rules first among the checks, after the rewrites that produce the final loop nest.
@@ -225,22 +230,22 @@ def _postprocs(target, space: str, stats: RuleStats) -> list:
     return [p for p in post if p not in verify] + [expert] + verify
 
 
-def _mutators(target, space: str) -> dict:
+def space_mutators(target, space: str) -> dict:
     from tvm.s_tir import meta_schedule as ms
 
     if space == "template":
         # MutateTileSize changes sample_perfect_tile knobs; categorical knobs are re-sampled by evolution.
         return {ms.mutator.MutateTileSize(): 1.0}
-    return ms.mutator.Mutator.create(_family(target))
+    return ms.mutator.Mutator.create(_meta_schedule_preset(target))
 
 
 def _probe_space(target, space: str, stats: RuleStats):
     from tvm.s_tir import meta_schedule as ms
 
     rules = [ms.schedule_rule.ApplyCustomRule()] if space == "template" else \
-        ms.schedule_rule.ScheduleRule.create(_family(target))
-    return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=_postprocs(target, space, stats),
-                                             mutator_probs=_mutators(target, space))
+        ms.schedule_rule.ScheduleRule.create(_meta_schedule_preset(target))
+    return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=space_postprocs(target, space, stats),
+                                             mutator_probs=space_mutators(target, space))
 
 
 def _generate(task: Task, target, space: str, seed: int) -> list:
@@ -264,7 +269,7 @@ def choose_space(task: Task, target, space: str, seed: int = 1) -> bool:
         try:
             spaces = _generate(task, target, kind, seed)
         except Exception as err:  # noqa: BLE001  (ScheduleError etc. from MetaSchedule's rules)
-            task.note = f"{kind} space failed: {_one_line(err)}"
+            task.note = f"{kind} space failed: {one_line(err)}"
             continue
         if spaces:
             if kind != space:
@@ -274,7 +279,8 @@ def choose_space(task: Task, target, space: str, seed: int = 1) -> bool:
     return False
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
+    """``err``'s last non-empty line, at most 200 characters: what a task's note or a report shows."""
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
     return (lines[-1] if lines else type(err).__name__)[:200]
 
@@ -292,7 +298,8 @@ def replay(mod: tvm.IRModule, sch):
     return fresh
 
 
-def _fixed_space_class():
+def fixed_space_class():
+    """The ``FixedSpace`` space generator class (defined on first use: TVM's meta-schedule import is heavy)."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.space_generator import PySpaceGenerator
 
@@ -391,7 +398,7 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
     if info.is_cuda:
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")  # inherited by builder workers
     fast = opts.fast_import if opts.fast_import is not None else info.is_cpu
-    with _stub_tensor_intrin(fast):
+    with stub_tensor_intrin(fast):
         lowered, _ = prepare(mod, target, fuse_graph=fuse)
         return _tune(lowered, target, out, workload, mhash, previous, opts, fast, say, warm_dirs, auto)
 
@@ -452,10 +459,10 @@ def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fa
 def _search(tunable, loggers, target, out, database, opts, fast, progress, cost_model, budget, say):
     from tvm.s_tir import meta_schedule as ms
 
-    FixedSpace = _fixed_space_class()
+    FixedSpace = fixed_space_class()
     contexts = []
     for task, logger, rand in zip(tunable, loggers, ms.utils.fork_seed(opts.seed, n=len(tunable))):
-        space = FixedSpace(task.spaces, _postprocs(target, task.space, task.stats), _mutators(target, task.space))
+        space = FixedSpace(task.spaces, space_postprocs(target, task.space, task.stats), space_mutators(target, task.space))
         strategy = ms.search_strategy.EvolutionarySearch(population_size=opts.population, genetic_num_iters=2,
                                                          init_min_unmeasured=min(50, opts.population))
         contexts.append(ms.TuneContext(mod=task.mod, target=target, space_generator=space,

@@ -111,6 +111,7 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
     import tempfile
 
     from ...models import HF_KINDS, export_hf_model
+    from ...targets import TargetInfo
 
     spinning = set_thread_spinning(spin)
     against = list(against)
@@ -225,7 +226,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
         rows.append(Row(ORT, time_block(ORT, lambda: sess.run(None, ort_feeds), repeat=repeat), 0.0,
                         note="reference", extra={"intra_op_threads": threads}))
     if "torch" in against:
-        rows.append(_torch_row(info, feeds, ref, threads, repeat, diff))
+        rows.append(torch_row(info, feeds, ref, threads, repeat, diff))
     if "tvm" in against:
         t1 = time.perf_counter()
         stock = stock_tvm(mod, ours)
@@ -246,7 +247,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
         "mode": "model",
         "model": label,
         "path": os.path.abspath(path),
-        "target": str(tgt.kind.name),
+        "target": TargetInfo.of(tgt).kind,
         "threads": threads,
         "batch": n_batch,
         "seq": n_seq,
@@ -271,7 +272,8 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
     }
 
 
-def _torch_row(info, feeds, ref, threads, repeat, diff=max_abs_diff) -> Row:
+def torch_row(info, feeds, ref, threads, repeat, diff=max_abs_diff) -> Row:
+    """The PyTorch eager row of a bench table for a transformers export (``info``), or why there is none."""
     if info is None or "kind" not in info:
         return Row(TORCH, note="n/a (not a transformers export)")
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
