@@ -1,4 +1,4 @@
-"""The symbolic CPU attention kernel with and without its long-request query tiles (compile/query_tiles.py).
+"""The symbolic CPU attention kernel with and without its long-request query tiles (compile/variants/query_tiles.py).
 
     python scripts/bench_query_tiles.py [--shapes 1x80,1x96,1x100,1x128,1x384,8x128] [--heads 12] [--head-dim 32]
         [--rounds 9]

@@ -1,4 +1,4 @@
-"""float16 matmuls, convolutions and summing reductions that no rule fused (``compile/low_precision.py``) accumulate in float32, as
+"""float16 matmuls, convolutions and summing reductions that no rule fused (``compile/lowering/low_precision.py``) accumulate in float32, as
 the package's own operators and ONNX Runtime do: against a float64 numpy reference, the error is that of the
 float16 output's rounding, several times below TVM's own lowering (a float16 ``te.sum``, whose error grows with
 the reduction length). Also: float32 and explicitly widened calls are left alone, and CUDA builds compile."""

@@ -1,4 +1,4 @@
-"""Symbolic CPU attention picks 64-, 32- or 16-row query tiles at run time (compile/query_tiles.py): the choice
+"""Symbolic CPU attention picks 64-, 32- or 16-row query tiles at run time (compile/variants/query_tiles.py): the choice
 at the lengths that decide it, every branch against numpy, and the kernels it must leave alone."""
 
 import warnings

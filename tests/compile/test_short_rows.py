@@ -1,5 +1,5 @@
 """Symbolic CPU dense kernels branch to 1-, 2- and 4-row-tile variants for requests of a few rows
-(compile/short_rows.py): every branch against numpy at the row counts on both sides of each boundary, for the
+(compile/variants/short_rows.py): every branch against numpy at the row counts on both sides of each boundary, for the
 dense and the gated dense, and the kernels the pass must leave alone."""
 
 import warnings

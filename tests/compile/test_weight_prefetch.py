@@ -1,4 +1,4 @@
-"""The CPU dense kernel prefetches the panel its thread's next task reads (compile/weight_prefetch.py), and keeps its
+"""The CPU dense kernel prefetches the panel its thread's next task reads (compile/codegen/weight_prefetch.py), and keeps its
 accumulator tile on the stack so that the prefetch call inside the k loop does not push the tile out of registers."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """fused_attention with grouped-query K/V and rotary Q/K, on CPU (template defaults) against numpy; the causal
-key-block bound (compile/causal_skip.py) on the scheduled kernel; CUDA compile checks of the same kernels."""
+key-block bound (compile/variants/causal_skip.py) on the scheduled kernel; CUDA compile checks of the same kernels."""
 
 import re
 import shutil

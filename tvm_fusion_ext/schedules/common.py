@@ -10,7 +10,7 @@ from tvm import s_tir
 
 
 #: loop annotation "BUFFER:AHEAD" on a GEMM's k-step loop: each step prefetches its row of the packed weight
-#: panel AHEAD panels on (compile/weight_prefetch.py inserts the prefetches)
+#: panel AHEAD panels on (compile/codegen/weight_prefetch.py inserts the prefetches)
 PREFETCH_KEY = "tfx.prefetch_weight"
 
 

@@ -107,7 +107,7 @@ def default_query_tile(rows) -> int:
 
 def _default_tile(sch, rows) -> int:
     """Symbolic rows are padded to the operator's ``query_block``: the tile is that block (a short-request
-    variant pads to fewer rows than :data:`SYMBOLIC_QUERY_TILE`, see compile/short_keys.py)."""
+    variant pads to fewer rows than :data:`SYMBOLIC_QUERY_TILE`, see compile/variants/short_keys.py)."""
     block = op_params(sch).get("query_block")
     if not isinstance(rows, (int, tirx.IntImm)) and block in QUERY_TILES:
         return int(block)

@@ -307,7 +307,7 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
 
 def prefetch_next_task(sch: s_tir.Schedule, block, k_steps, panels_ahead: int) -> None:
     """Each k step prefetches its row of the panel this thread's next task reads (``panels_ahead`` panels on), so
-    that task does not wait on DRAM for its first row tile (compile/weight_prefetch.py). Packed weights only: a
+    that task does not wait on DRAM for its first row tile (compile/codegen/weight_prefetch.py). Packed weights only: a
     plain (K, N) weight's next columns are not the next bytes."""
     if op_params(sch).get("w_layout") == "packed":
         sch.annotate(k_steps, PREFETCH_KEY, prefetch_annotation(sch.get(block).reads[1].source.name, panels_ahead))
