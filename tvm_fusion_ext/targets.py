@@ -220,7 +220,7 @@ def resolve_target(spec: TargetSpec = None) -> tvm.target.Target:
     raise TargetError(f"unknown target '{text}' (use llvm, llvm:CPU, cuda or cuda:sm_80 / cuda:sm_90)")
 
 
-def as_target(spec: TargetSpec) -> tvm.target.Target:
+def resolved_target(spec: TargetSpec) -> tvm.target.Target:
     """A :class:`tvm.target.Target` as it is (an entry point resolved it already); any other spec through
     :func:`resolve_target`. What the compile steps below an entry point call, so that a compilation resolves its
     target once and each building block (``lower``, ``schedule``, ...) still takes ``"llvm"`` when called alone."""

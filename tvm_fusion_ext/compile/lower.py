@@ -23,7 +23,7 @@ from typing import List, Optional
 import tvm
 from tvm import relax
 
-from ..targets import TargetSpec, as_target
+from ..targets import TargetSpec, resolved_target
 from .lowering.prepare_operators import PrepareOperatorsForTemplates
 from .lowering.reshape_views import ReshapesAsViews
 from .lowering.shape_definitions import ShapeDefinitionsFirst
@@ -47,7 +47,7 @@ def lower(mod: tvm.IRModule, target: TargetSpec = None, knobs: Optional[dict] = 
     from .lowering.scalar_calls import KeepScalarCallsUnfused
     from .lowering.split_kernel import LEGALIZE
 
-    target = as_target(target)
+    target = resolved_target(target)
     passes = [
         ResolveShapeComputations(),  # an unfused dynamic-axis export still needs its lengths tied to its inputs
         CheckGatherIndices(),  # a bad token id, or a mask shorter than the cache, is refused, not read past

@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 
 import tvm
 
-from ..targets import TargetInfo, TargetSpec, as_target, resolve_target
+from ..targets import TargetInfo, TargetSpec, resolve_target, resolved_target
 from ..transform.report import FusionReport
 from .finalize import finalize
 from .lower import lower
@@ -60,7 +60,7 @@ def prepare(mod: tvm.IRModule, target: TargetSpec = None, fuse_graph: bool = Tru
     """Fuse (optionally; ``remove_padding`` as in :func:`SemanticFusion`) and lower: the unscheduled module every
     later step starts from (``knobs`` / ``kernel_knobs`` / ``templates``: as the build will schedule, see
     :func:`lower`)."""
-    target = as_target(target)
+    target = resolved_target(target)
     report = None
     if fuse_graph:
         mod, report = fuse(mod, remove_padding)

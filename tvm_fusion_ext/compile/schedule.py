@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 
 from ..errors import TuningLogError
-from ..targets import TargetInfo, TargetSpec, as_target
+from ..targets import TargetInfo, TargetSpec, resolved_target
 
 
 def ApplyTemplates(target: TargetSpec = None, knobs: Optional[dict] = None,  # noqa: N802
@@ -30,7 +30,7 @@ def ApplyTemplates(target: TargetSpec = None, knobs: Optional[dict] = None,  # n
 
     from ..schedules.registry import fallback_rules, template_rules
 
-    target = as_target(target)
+    target = resolved_target(target)
     if templates is None:
         templates = template_rules(target, knobs, kernel_knobs)
     rules = list(templates) + (fallback_rules(target) if fallback else [])
@@ -77,7 +77,7 @@ def schedule(mod: tvm.IRModule, target: TargetSpec = None, records: Optional[str
     from .variants.short_keys import DispatchShortKeys
     from .variants.short_rows import DispatchShortRows
 
-    target = as_target(target)
+    target = resolved_target(target)
     if templates is None:
         templates = template_rules(target, knobs, kernel_knobs)
     if records is not None:
