@@ -111,7 +111,6 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
     import tempfile
 
     from ...models import HF_KINDS, export_hf_model
-    from ...targets import TargetInfo
 
     spinning = set_thread_spinning(spin)
     against = list(against)
@@ -182,6 +181,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
     from ...frontend import load_onnx
     from ...models import sample_inputs
     from ...runtime import CompiledModel
+    from ...targets import TargetInfo
 
     t0 = time.perf_counter()
     mod = load_onnx(path, shapes=shapes)
