@@ -36,7 +36,7 @@ def check_candidates(mod: tvm.IRModule, target, per_task: int = 8, space: str = 
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")  # inherited by builder workers
     # TVM's own tensor intrinsics (~30 s to register) serve only MetaSchedule's generated CUDA sketches
     fast = info.is_cpu or space == "template"
-    report = {"target": str(target.attrs.get("arch", target.kind.name)), "space": space, "tasks": {}}
+    report = {"target": info.arch if info.is_cuda and info.arch else info.kind, "space": space, "tasks": {}}
     with stub_tensor_intrinsics(fast):
         lowered, _ = prepare(mod, target, fuse_graph=fuse)
         register_custom_rules()

@@ -68,8 +68,9 @@ def _custom_rule(template):
 
 # ----------------------------------------------------------------------------------------------- spaces
 
-def _family(target) -> str:
-    """MetaSchedule's preset name for the target's rules, postprocs and mutators ("llvm" | "cuda")."""
+def _meta_schedule_preset(target) -> str:
+    """The name MetaSchedule keys its rule, postproc and mutator presets by: TVM's kind name ("llvm" | "cuda",
+    :attr:`TargetInfo.kind`), not our template family (:attr:`TargetInfo.family`, "cpu" | "cuda")."""
     return TargetInfo.of(target).kind
 
 
@@ -87,7 +88,7 @@ def postprocs(target, space: str, stats: RuleStats) -> list:
         post += [ms.postproc.RewriteReductionBlock()]
     else:
         # RewriteLayout would move weight layouts into the graph; our dense weights are pre-packed already.
-        post = [p for p in ms.postproc.Postproc.create(_family(target)) if "RewriteLayout" not in type(p).__name__]
+        post = [p for p in ms.postproc.Postproc.create(_meta_schedule_preset(target)) if "RewriteLayout" not in type(p).__name__]
     if gpu and space == "template":
         post.append(ms.postproc.VerifyGPUCode())
     # Expert rules first among the checks, after the rewrites that produce the final loop nest.
@@ -101,14 +102,14 @@ def mutators(target, space: str) -> dict:
     if space == "template":
         # MutateTileSize changes sample_perfect_tile knobs; categorical knobs are re-sampled by evolution.
         return {ms.mutator.MutateTileSize(): 1.0}
-    return ms.mutator.Mutator.create(_family(target))
+    return ms.mutator.Mutator.create(_meta_schedule_preset(target))
 
 
 def _probe_space(target, space: str, stats: RuleStats):
     from tvm.s_tir import meta_schedule as ms
 
     rules = [ms.schedule_rule.ApplyCustomRule()] if space == "template" else \
-        ms.schedule_rule.ScheduleRule.create(_family(target))
+        ms.schedule_rule.ScheduleRule.create(_meta_schedule_preset(target))
     return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=postprocs(target, space, stats),
                                              mutator_probs=mutators(target, space))
 

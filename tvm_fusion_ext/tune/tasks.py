@@ -33,14 +33,14 @@ class Task:
 
 
 def _blocks(func):
-    from .expert import _children
+    from .expert import child_stmts
 
     stack = [func.body]
     while stack:
         node = stack.pop()
         if type(node).__name__ == "SBlock":
             yield node
-        stack.extend(_children(node))
+        stack.extend(child_stmts(node))
 
 
 def _template_rule(func, target) -> Optional[str]:

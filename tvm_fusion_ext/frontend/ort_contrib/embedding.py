@@ -9,7 +9,7 @@ Relax's ``layer_norm`` (the embeddings' LayerNorm the rules count).
     embedding_sum  ``s``
 
 Token, segment and position ids that do not fit their tables are refused at run time by the gather checks
-(``compile/gather_checks.py``), as ONNX Runtime refuses them. TVM's converter read every dim as a number (it
+(``compile/checks/gather_indices.py``), as ONNX Runtime refuses them. TVM's converter read every dim as a number (it
 failed on a dynamic batch or sequence) and summed the mask instead of counting its ones.
 """
 

@@ -37,6 +37,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ...errors import FusionExtError
+from ...targets import TargetInfo
 from ...tune.knob_features import trace_json
 
 CANDIDATES_FILE = "candidates.jsonl"
@@ -286,10 +287,10 @@ def prepare_task(name: str, space: str, target, seed: int = 1):
 
     register_custom_rules()
     task = get_task(name, target)
-    with stub_tensor_intrinsics(target.kind.name == "llvm"):  # TuneContext imports it: 30 s
+    with stub_tensor_intrinsics(TargetInfo.of(target).is_cpu):  # TuneContext imports it: 30 s
         found = choose_space(task, target, space, seed)
     if not found or task.space != space:
-        raise FusionExtError(f"pool task '{name}' has no '{space}' design space on {target.kind.name}"
+        raise FusionExtError(f"pool task '{name}' has no '{space}' design space on {TargetInfo.of(target).kind}"
                              + (f" ({task.note})" if task.note else ""))
     return task
 

@@ -21,6 +21,7 @@ from typing import List, Optional
 import numpy as np
 
 from ...errors import FusionExtError
+from ...targets import TargetInfo
 
 FORMAT_VERSION = 1
 ORIGINS = ("default", "random", "mutation")
@@ -222,7 +223,7 @@ def workload_of(pool: Pool, target=None):
         except (KeyError, ValueError) as err:
             raise FusionExtError(f"pool meta has no usable target ({err})") from None
     register_custom_rules()
-    with stub_tensor_intrinsics(target.kind.name == "llvm"):
+    with stub_tensor_intrinsics(TargetInfo.of(target).is_cpu):
         return target, get_task(pool.meta["task"], target).mod
 
 

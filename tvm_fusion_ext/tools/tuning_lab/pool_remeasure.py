@@ -36,6 +36,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ...errors import FusionExtError
+from ...targets import TargetInfo
 
 BUILD_BATCH = 32
 
@@ -125,9 +126,9 @@ def _retarget(pool, pool_target, spec: Optional[str]):
     if spec is None:
         return None
     target = resolve_target(spec)
-    if target.kind.name != pool_target.kind.name:
-        raise FusionExtError(f"pool {pool.name} was measured on {pool_target.kind.name}; it cannot be "
-                             f"re-targeted to {target.kind.name} (remeasure times CPU kernels)")
+    if TargetInfo.of(target).kind != TargetInfo.of(pool_target).kind:
+        raise FusionExtError(f"pool {pool.name} was measured on {TargetInfo.of(pool_target).kind}; it cannot be "
+                             f"re-targeted to {TargetInfo.of(target).kind} (remeasure times CPU kernels)")
     return None if target_label(target) == target_label(pool_target) else target
 
 

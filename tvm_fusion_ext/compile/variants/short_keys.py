@@ -15,7 +15,7 @@ layers, at (batch, seq) = (4, 1): 0.80 ms of attention, 0.15 ms with the variant
 Each variant is the operator with other ``key_block`` / ``query_block`` parameters, scheduled by the same rules
 (its own signature takes the knobs of records tuned at that many keys, else the template's defaults), and
 bounded like the others when causal. They read the same buffers, so the variants become branches of one
-PrimFunc (:mod:`.kernel_variants`): the Relax graph, the tuner's tasks and the records are unchanged. Padded
+PrimFunc (:mod:`.branches`): the Relax graph, the tuner's tasks and the records are unchanged. Padded
 keys weigh exactly 0 in every variant, so the branch changes no result beyond rounding order.
 
 CUDA's symbolic attention already uses 32-key blocks; packed (varlen) attention bounds its own loop by the
@@ -31,9 +31,9 @@ from typing import Optional
 import tvm
 from tvm import tirx
 
-from ..ops.attention import SYMBOLIC_KEY_BLOCK, key_geometry
-from ..ops.registry import inputs_of, op_of, params_of
-from .kernel_variants import ScheduleFn, cpu_dispatch_pass, plain_parameters, with_variants
+from ...ops.attention import SYMBOLIC_KEY_BLOCK, key_geometry
+from ...ops.registry import inputs_of, op_of, params_of
+from .branches import ScheduleFn, cpu_dispatch_pass, plain_parameters, with_variants
 
 logger = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from ..schedules.common import PREFETCH_KEY
-from ..tir_nodes import collect, substitute
+from ...schedules.common import PREFETCH_KEY
+from ...tir_nodes import collect, substitute
 
 #: bytes per cache line on every x86-64 and Arm64 host we target
 LINE_BYTES = 64

@@ -18,10 +18,10 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from ..ops.registry import inputs_of, make_prim_func, op_of
-from ..schedules.kernel_knobs import VARIANT_OF, kernel_signature
-from ..targets import TargetInfo
-from ..tir_nodes import substitute
+from ...ops.registry import inputs_of, make_prim_func, op_of
+from ...schedules.kernel_knobs import VARIANT_OF, kernel_signature
+from ...targets import TargetInfo
+from ...tir_nodes import substitute
 
 #: module of one unscheduled PrimFunc → scheduled module (the build's templates; records name static kernels,
 #: so none would match a variant)

@@ -11,7 +11,7 @@ one with 2-row tiles, ``elif rows <= 4`` one with 4-row tiles (each only when th
 else the kernel as built. Padded rows are never written back, and every branch reduces over K in the same
 order, so each computes the same values per row.
 
-Static rows, CUDA (its row tile is a thread block's, :mod:`..schedules.cuda.dense`) and kernels whose tile is
+Static rows, CUDA (its row tile is a thread block's, :mod:`...schedules.cuda.dense`) and kernels whose tile is
 already at most the variants' are left alone, as is any kernel whose variants no template schedules.
 """
 
@@ -23,8 +23,8 @@ from typing import List, Optional
 import tvm
 from tvm import tirx
 
-from ..ops.registry import inputs_of, op_of, params_of
-from .kernel_variants import ScheduleFn, cpu_dispatch_pass, plain_parameters, with_variants
+from ...ops.registry import inputs_of, op_of, params_of
+from .branches import ScheduleFn, cpu_dispatch_pass, plain_parameters, with_variants
 
 logger = logging.getLogger(__name__)
 

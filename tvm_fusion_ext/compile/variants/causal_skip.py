@@ -22,8 +22,8 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from ..ops.attention import key_geometry
-from ..ops.registry import inputs_of, op_of, params_of
+from ...ops.attention import key_geometry
+from ...ops.registry import inputs_of, op_of, params_of
 
 _UPDATE_BLOCK = "attn_online_update"
 _ROW_AXIS = 2  # attn_online's block variables are (b, h, i, d, key block)

@@ -35,9 +35,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..deploy.io import INDEX_CHECK_OPS, INDEX_CHECK_TAG as TAG
-from ..transform.graph import const_value, is_constant, shape_dims
-from .mutation import mutate_functions
+from ...deploy.io import INDEX_CHECK_OPS, INDEX_CHECK_TAG as TAG
+from ...transform.graph import const_value, is_constant, shape_dims
+from ..lowering.mutation import mutate_functions
 
 # relax op -> its code in the check's tag (deploy.io names it back)
 _CODES = {"relax." + {"Gather": "take", "GatherND": "gather_nd", "GatherElements": "gather_elements",

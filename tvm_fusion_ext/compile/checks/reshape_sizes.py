@@ -15,8 +15,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax, sym
 
-from ..transform.graph import dims_product, shape_dims
-from .mutation import mutate_functions
+from ...transform.graph import dims_product, shape_dims
+from ..lowering.mutation import mutate_functions
 
 
 @relax.expr_functor.mutator

@@ -13,7 +13,7 @@ So each such kernel chooses at run time, from its own sizes: the tile whose padd
 costing :data:`ROW_COST` (per cent of a 16-row tile's row) — and only while every core still gets
 :data:`MIN_TASKS_PER_CORE` tasks, so that a single request on a many-core machine keeps its parallelism. At 128
 or 384 rows that is 64, at 96 rows 32, at 80, 100 or 200 rows 16 (the kernel as built). The variants are the
-operator with another ``query_block`` (:mod:`.kernel_variants`): the same scores, sums and outputs per row, the
+operator with another ``query_block`` (:mod:`.branches`): the same scores, sums and outputs per row, the
 Relax graph, the tuner's tasks and the records unchanged.
 
 Applied before :mod:`.short_keys`, so the kernel these branches live in is the one requests longer than the
@@ -29,11 +29,11 @@ from typing import Optional
 import tvm
 from tvm import tirx
 
-from ..ops.attention import head_axis, key_geometry
-from ..ops.registry import inputs_of, op_of, params_of
-from ..schedules.cpu.attention import SYMBOLIC_QUERY_TILE
-from ..targets import TargetInfo
-from .kernel_variants import ScheduleFn, cpu_dispatch_pass, plain_parameters, with_cases
+from ...ops.attention import head_axis, key_geometry
+from ...ops.registry import inputs_of, op_of, params_of
+from ...schedules.cpu.attention import SYMBOLIC_QUERY_TILE
+from ...targets import TargetInfo
+from .branches import ScheduleFn, cpu_dispatch_pass, plain_parameters, with_cases
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def tile_for(func: tirx.PrimFunc, cores: int, batch: int, rows: int) -> int:
     for reports and tests)."""
     from tvm import sym
 
-    from ..tir_nodes import substitute
+    from ...tir_nodes import substitute
 
     batch_dim, rows_dim, _ = _request_dims(func)
     values = {batch_dim: tirx.IntImm("int64", batch), rows_dim: tirx.IntImm("int64", rows)}

@@ -14,8 +14,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from ..transform.graph import same_dim, shape_dims
-from .mutation import mutate_functions
+from ...transform.graph import same_dim, shape_dims
+from ..lowering.mutation import mutate_functions
 
 
 @relax.expr_functor.mutator
