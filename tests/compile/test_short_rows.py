@@ -127,6 +127,8 @@ def test_a_variant_the_template_cannot_schedule_drops_the_branch_not_the_build(c
     assert "failed: boom" in caplog.text
 
 
-def test_every_variant_is_thinner_than_the_symbolic_tile():
-    assert max(short_rows.SHORT_ROW_BLOCKS) < symbolic_mr(TARGET)
+def test_some_variant_is_thinner_than_the_symbolic_tile():
+    """The symbolic tile's height depends on the host's vector width (4 rows with AVX2, more with AVX-512):
+    variants as tall as the tile are dropped, and at least one thinner variant remains on every host."""
+    assert min(short_rows.SHORT_ROW_BLOCKS) < symbolic_mr(TARGET)
     assert list(short_rows.SHORT_ROW_BLOCKS) == sorted(short_rows.SHORT_ROW_BLOCKS)
