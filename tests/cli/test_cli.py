@@ -36,6 +36,26 @@ def test_version_names_the_package_tvm_and_whether_it_compiles():
     assert "runtime only" in runtime.stdout and "with its compiler" not in runtime.stdout
 
 
+@pytest.mark.parametrize("command", [["compile", "{model}", "-o", "{tmp}/art"], ["fuse", "{model}"],
+                                     ["tune", "{model}", "--trials", "2", "--logs", "{tmp}/logs"],
+                                     ["run", "{model}", "--inputs", "{tmp}/x.npz", "--output", "{tmp}/y.npz"]],
+                         ids=["compile", "fuse", "tune", "run-onnx"])
+def test_compiling_commands_on_a_runtime_only_tvm_name_the_missing_compiler(command, tiny_encoder_path, tmp_path):
+    """A runtime-only TVM fails deep inside TVM's importer (an AttributeError about RegisterOpAttr): the CLI says
+    instead, in one line, that compiling needs libtvm_compiler.so and that artifacts run without it."""
+    np.savez(tmp_path / "x.npz", input_ids=np.zeros((1, 8), np.int64))
+    argv = [a.format(model=tiny_encoder_path, tmp=tmp_path) for a in command]
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    res = subprocess.run([sys.executable, "-m", "tvm_fusion_ext.cli", *argv], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.strip()
+    assert "\n" not in err and err.startswith("error: ")
+    assert "libtvm_compiler.so" in err and "TVM_USE_RUNTIME_LIB=1" in err and "run|bench|info ARTIFACT" in err
+    assert "internal error" not in err and "RegisterOpAttr" not in err
+    assert not (tmp_path / "art").exists() and not (tmp_path / "y.npz").exists()
+
+
 def test_fuse_json_contract(tiny_encoder_path, capsys):
     assert main(["fuse", tiny_encoder_path, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
