@@ -57,6 +57,44 @@ def test_model_bench_writes_contract_json_and_png(tiny_encoder_path, tmp_path, c
     assert r["ort_kernels"]["runs"] == 3 and "MatMul" in ort_ops and "where ONNX Runtime's call goes" in printed
 
 
+def _model_result(stock_ms=1994.5):
+    rows = [("tvm_fusion_ext", 15.12), ("onnxruntime", 20.83), ("torch", 23.82), ("tvm (stock tvm.compile)", stock_ms)]
+    return {"mode": "model", "model": "m", "batch": 1, "seq": 128,
+            "environment": {"cpu": "AMD EPYC 9R14", "cpus": 2, "date": "2026-11-29"},
+            "runtimes": [{"name": n, "median_ms": m, "p10_ms": 0.98 * m, "p90_ms": 1.05 * m} for n, m in rows]}
+
+
+def test_plot_is_linear_from_zero_with_host_and_date():
+    """Bar heights compare as the times do (a log axis starting at 14.5 ms made 14.6 vs 19.9 ms look like 1:6);
+    a runtime over OFF_SCALE_RATIO times the fastest is clipped with its figure written on it."""
+    import matplotlib.pyplot as plt
+
+    from tvm_fusion_ext.tools.bench.report import OFF_SCALE_RATIO, figure
+
+    fig = figure(_model_result())
+    try:
+        (ax,) = fig.axes
+        assert ax.get_yscale() == "linear"
+        low, high = ax.get_ylim()
+        assert low == 0 and 23.82 * 1.05 <= high <= 15.12 * OFF_SCALE_RATIO
+        title = ax.get_title()
+        assert "AMD EPYC 9R14" in title and "2 cores" in title and "2026-11-29" in title
+        texts = [t.get_text() for t in ax.texts]
+        assert any("0.73x ORT" in t for t in texts) and any("1994 ms" in t and "off scale" in t for t in texts)
+        # the tick labels are plain numbers, not powers of ten
+        fig.canvas.draw()
+        assert all("times" not in t.get_text() and "^" not in t.get_text() for t in ax.get_yticklabels())
+    finally:
+        plt.close(fig)
+    # with every runtime on scale, nothing is clipped
+    fig = figure(_model_result(stock_ms=30.0))
+    try:
+        assert fig.axes[0].get_ylim()[1] >= 30.0 * 1.05 and not any("off scale" in t.get_text()
+                                                                      for t in fig.axes[0].texts)
+    finally:
+        plt.close(fig)
+
+
 def test_workspace_of_a_known_primfunc():
     # B is an intermediate stage of 16x8 float32 (512 bytes); A and C are parameters, not workspace
     a = te.placeholder((16, 8), "float32", name="A")

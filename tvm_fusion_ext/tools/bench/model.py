@@ -228,7 +228,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
         rows.append(_torch_row(info, feeds, ref, threads, repeat, diff))
     if "tvm" in against:
         t1 = time.perf_counter()
-        stock = stock_tvm(mod, ours)
+        stock = stock_tvm(mod, ours, out=out)
         stock_build = time.perf_counter() - t1
         stock_diff = diff(list(stock.run(feeds).values()))
         # ~2.5 s per MiniLM call on 2 cores: a short block with a time cap
