@@ -10,6 +10,8 @@ import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)  # the checkout's package, not an installed copy
+# and the same for the notebooks' kernels (they run in docs/notebooks, where the checkout is not on the path)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
 
 import tvm_fusion_ext  # noqa: E402
 
