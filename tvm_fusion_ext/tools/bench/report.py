@@ -163,13 +163,17 @@ def _runtime_bars(ax, rows: Sequence[dict]) -> None:
     fastest = min(med) if med else 1.0
     on_scale = [m for m in med if m <= OFF_SCALE_RATIO * fastest]
     top = max(max(r["p90_ms"] for r in rows if r["median_ms"] in on_scale), max(on_scale)) * 1.25 if on_scale else 1
+    for m in sorted(med):  # a runtime just past the whiskers is drawn whole: clipping is for the far-off ones
+        if top < m <= 2 * top:
+            top = m * 1.15
     shown = [min(m, top) for m in med]
     colors = ["tab:blue" if n.startswith(OURS) else "tab:gray" for n in names]
-    lo = [max(0.0, min(m, top) - r["p10_ms"]) if m <= top else 0.0 for m, r in zip(med, rows)]
-    hi = [max(0.0, min(r["p90_ms"], top) - m) if m <= top else 0.0 for m, r in zip(med, rows)]
+    nan = float("nan")  # no whisker on a clipped bar
+    lo = [max(0.0, m - r["p10_ms"]) if m <= top else nan for m, r in zip(med, rows)]
+    hi = [max(0.0, min(r["p90_ms"], top) - m) if m <= top else nan for m, r in zip(med, rows)]
     ax.bar(range(len(rows)), shown, yerr=[lo, hi], capsize=4, color=colors)
     ax.set_xticks(range(len(rows)), [n.replace(" (", "\n(") for n in names])
-    ax.set_ylim(0, top)
+    ax.set_ylim(0, top * 1.15)  # headroom for the labels above the tallest whiskers
     for i, (m, s, r) in enumerate(zip(med, shown, rows)):
         label = f"{m:.3g} ms" if m < 100 else f"{m:.0f} ms"
         if ort:
