@@ -42,6 +42,9 @@ def test_model_bench_writes_contract_json_and_png(tiny_encoder_path, tmp_path, c
     # the tiny encoder is not a transformers export: no torch module to time, and the table says so
     assert not by_name["torch"]["available"] and "not a transformers export" in by_name["torch"]["note"]
     assert "n/a (not a transformers export)" in printed
+    # stock TVM's unchecked-Gather warning (C++, straight to fd 2) is replaced by one line that says what it means
+    from tvm_fusion_ext.tools.bench.peers import FAST_GATHER_NOTE
+    assert printed.count(FAST_GATHER_NOTE) == 1
     # fusion counts are those of `tvm-fusion fuse --json` on the same file
     assert main(["fuse", tiny_encoder_path, "--json"]) == 0
     assert r["fused"] == json.loads(capsys.readouterr().out)["fused"]
@@ -55,6 +58,19 @@ def test_model_bench_writes_contract_json_and_png(tiny_encoder_path, tmp_path, c
     # and ONNX Runtime's call, split by its own profiler (tools/bench/ort_profile.py): the same number of calls
     ort_ops = {o["op"]: o for o in r["ort_kernels"]["ops"]}
     assert r["ort_kernels"]["runs"] == 3 and "MatMul" in ort_ops and "where ONNX Runtime's call goes" in printed
+
+
+def test_captured_stderr_takes_what_native_code_writes_to_fd_2():
+    import os
+
+    from tvm_fusion_ext.tools.bench.peers import _captured_stderr
+
+    with _captured_stderr() as lines:
+        os.write(2, b"[01:02:03] transform.h:1261: Warning: Fast mode segfaults when there are out-of-bounds indices\n")
+        os.write(2, b"something else\n")
+        assert lines == []  # filled when the block ends
+    assert lines == ["[01:02:03] transform.h:1261: Warning: Fast mode segfaults when there are out-of-bounds indices",
+                     "something else"]
 
 
 def _model_result(stock_ms=1994.5):
