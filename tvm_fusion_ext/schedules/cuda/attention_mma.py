@@ -30,7 +30,7 @@ Knobs: ``warps`` (perfect tile ``[tiles, W]`` of the 16-row query tiles, W ≤ 4
 is the operator's ``key_block``; the build path sets :data:`KEY_BLOCK` for CUDA 16-bit attention
 (``AttentionCUDA.prepare_operator``).
 
-Opt-in (:data:`OPT_IN`, environment ``TFX_CUDA_MMA_ATTENTION=1``): on an H200 (session 26) this template gave
+Opt-in (:data:`OPT_IN`, environment ``TFX_CUDA_MMA_ATTENTION=1``): on an H200 (2026-11-27) this template gave
 wrong outputs, because its warps' ``ldmatrix`` reads of shared tiles were not separated by barriers from the
 block's cooperative stores (the defect the tensor-core dense had). Its loads now wait at block barriers as the
 dense's do, which made the dense right there, but no GPU has run this template since: until
