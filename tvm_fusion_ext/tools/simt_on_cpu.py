@@ -180,6 +180,8 @@ class OpenCLFunction:
         except cl.RuntimeError as err:
             raise RuntimeError(f"OpenCL build failed: {str(err)[:2000]}") from None
         self.launches: List[dict] = []  # what the last call launched: kernel, grid, block
+        self._kernels: Dict[str, object] = {}
+        self._scratch: List[tuple] = []
 
     # buffers
     def _alloc(self, nbytes: int) -> _Buffer:
@@ -238,7 +240,7 @@ class OpenCLFunction:
                         raise ValueError(f"'{p.name}': {dim} is {env[dim]} elsewhere, {size} here")
             buffers[p] = self._upload(array, str(ty.dtype))
             outputs.append((p, array, str(ty.dtype)))
-        self.launches = []
+        self.launches, self._scratch = [], []
         self._run(self.host.body, env, buffers)
         self.queue.finish()
         for p, array, dtype in outputs:
@@ -253,7 +255,6 @@ class OpenCLFunction:
         return None
 
     def _run(self, stmt, env, buffers) -> None:
-        self._scratch = getattr(self, "_scratch", [])
         kind = type(stmt).__name__
         if kind == "SeqStmt":
             for s in stmt.seq:
@@ -324,8 +325,10 @@ class OpenCLFunction:
             if type(a).__name__ == "Call" and a.op.name == "tirx.buffer_data" or a in buffers:
                 values.append(self._root(a, buffers).view)
             else:
-                values.append(np.array(_eval(a, env), dtype=str(a.dtype)))
-        kernel = getattr(self.program, name)
+                values.append(np.array(_eval(a, env), dtype=str(a.ty.dtype)))
+        if name not in self._kernels:
+            self._kernels[name] = cl.Kernel(self.program, name)
+        kernel = self._kernels[name]
         kernel(self.queue, tuple(g * b for g, b in zip(grid, block)), tuple(block), *values)
 
 
@@ -379,7 +382,7 @@ def emulate_relax(scheduled: tvm.IRModule, target: tvm.target.Target):
                 args = list(call.args[1].fields)
                 if len(call.args) > 2:  # symbolic sizes passed as scalars (tir_vars)
                     args.append(relax.ShapeExpr(list(call.args[2].values)))
-                return relax.call_dps_packed(relax.ExternFunc(fn.packed_name), args, call.sinfo_args[0])
+                return relax.call_dps_packed(relax.ExternFunc(fn.packed_name), args, call.ty_args[0])
             return call
 
     for gv, func in out.functions_items():
