@@ -22,6 +22,7 @@ every kernel call becomes a call into this module, the rest runs on the CPU thro
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
@@ -30,6 +31,7 @@ import numpy as np
 import tvm
 from tvm import tirx
 
+_MODULES = itertools.count()
 #: bytes of NaN before and after every buffer (a multiple of any base-address alignment a device asks for)
 GUARD_BYTES = 4096
 _NAN_WORD = np.uint32(0x7FC00001)  # a quiet NaN as float32; as float64 pairs also NaN
@@ -104,6 +106,25 @@ def _widen_half(source: str) -> str:
     return re.sub(r"\bhalf(\d*)\b", r"float\1", source)
 
 
+_SHARED = re.compile(r"^  ((?:volatile )?__local (float|double)\d* (\w+)\[(\d+)\];)$", re.M)
+
+
+def _poison_shared(source: str) -> str:
+    """Every float array in shared (``__local``) memory filled with NaN at the start of the kernel, all work-items
+    taking part, then a barrier: a read of shared memory no thread of the block wrote shows as NaN in the result.
+    (A GPU leaves there what an earlier kernel wrote, usually finite: such a read can pass there by luck, and
+    PoCL, which reuses one scratch area, would otherwise make the result depend on the kernels run before.)"""
+    flat = ("(get_local_id(0) + get_local_size(0) * (get_local_id(1) + get_local_size(1) * get_local_id(2)))")
+    size = "(get_local_size(0) * get_local_size(1) * get_local_size(2))"
+
+    def fill(m):
+        decl, _, name, n = m.groups()
+        return (f"  {decl}\n  for (int tfx_p = {flat}; tfx_p < {n}; tfx_p += {size}) {name}[tfx_p] = NAN;\n"
+                f"  barrier(CLK_LOCAL_MEM_FENCE);")
+
+    return _SHARED.sub(fill, source)
+
+
 # -- the host side, interpreted ---------------------------------------------------------------------------------------
 _BINARY = {
     "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
@@ -173,7 +194,17 @@ class OpenCLFunction:
             raise RuntimeError(reason)
         self.host, source = _lower(mod, target)
         self.widened = "half" in source and not _has_fp16()
-        self.source = _widen_half(source) if self.widened else source
+        source = _widen_half(source) if self.widened else source
+        # Kernel names unique in the process: PoCL 3.1 reuses a compiled work-group function across programs that
+        # share a kernel name and a work-group size (TVM names every module's kernels main_kernel, main_kernel_1,
+        # ...), and a second module then ran the first one's code
+        self.names = {}
+        uid = next(_MODULES)
+        for gv in sorted(re.findall(r"__kernel void (\w+)\(", source), key=len, reverse=True):
+            self.names.setdefault(gv, f"{gv}_tfx{uid}")
+        for old_name, new_name in self.names.items():
+            source = re.sub(rf"\b{old_name}\b", new_name, source)
+        self.source = _poison_shared(source)
         ctx, self.queue, _ = _device()
         try:
             self.program = cl.Program(ctx, self.source).build()
@@ -327,7 +358,7 @@ class OpenCLFunction:
             else:
                 values.append(np.array(_eval(a, env), dtype=str(a.ty.dtype)))
         if name not in self._kernels:
-            self._kernels[name] = cl.Kernel(self.program, name)
+            self._kernels[name] = cl.Kernel(self.program, self.names.get(name, name))
         kernel = self._kernels[name]
         kernel(self.queue, tuple(g * b for g, b in zip(grid, block)), tuple(block), *values)
 
@@ -367,7 +398,7 @@ def emulate_relax(scheduled: tvm.IRModule, target: tvm.target.Target):
     out = scheduled.clone()
     for gv, func in scheduled.functions_items():
         if is_kernel(func):
-            name = f"tfx.simt_on_cpu.{gv.name_hint}.{id(out)}"
+            name = f"tfx.simt_on_cpu.{next(_MODULES)}.{gv.name_hint}"  # unique: a VM binds packed names globally
             fn = OpenCLFunction(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
             kernels[gv.name_hint] = fn
             tvm.register_global_func(name, _packed(fn), override=True)
