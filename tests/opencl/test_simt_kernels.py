@@ -133,7 +133,7 @@ def test_a_write_out_of_bounds_is_reported(simt):
     from tvm.script import tirx as T
 
     @T.prim_func(s_tir=True)
-    def main(A: T.Buffer((64,), "float32"), B: T.Buffer((64,), "float32")):
+    def main(A: T.Buffer((64,), "float32"), B: T.Buffer((64,), "float32")):  # noqa: F821  (TVMScript)
         for bx in T.thread_binding(3, thread="blockIdx.x"):
             for tx in T.thread_binding(32, thread="threadIdx.x"):
                 with T.sblock("B"):

@@ -25,7 +25,7 @@ import functools
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import numpy as np
 import tvm
@@ -195,15 +195,6 @@ class OpenCLFunction:
         self.host, source = _lower(mod, target)
         self.widened = "half" in source and not _has_fp16()
         source = _widen_half(source) if self.widened else source
-        # Kernel names unique in the process: PoCL 3.1 reuses a compiled work-group function across programs that
-        # share a kernel name and a work-group size (TVM names every module's kernels main_kernel, main_kernel_1,
-        # ...), and a second module then ran the first one's code
-        self.names = {}
-        uid = next(_MODULES)
-        for gv in sorted(re.findall(r"__kernel void (\w+)\(", source), key=len, reverse=True):
-            self.names.setdefault(gv, f"{gv}_tfx{uid}")
-        for old_name, new_name in self.names.items():
-            source = re.sub(rf"\b{old_name}\b", new_name, source)
         self.source = _poison_shared(source)
         ctx, self.queue, _ = _device()
         try:
@@ -358,7 +349,7 @@ class OpenCLFunction:
             else:
                 values.append(np.array(_eval(a, env), dtype=str(a.ty.dtype)))
         if name not in self._kernels:
-            self._kernels[name] = cl.Kernel(self.program, self.names.get(name, name))
+            self._kernels[name] = cl.Kernel(self.program, name)
         kernel = self._kernels[name]
         kernel(self.queue, tuple(g * b for g, b in zip(grid, block)), tuple(block), *values)
 
@@ -376,7 +367,7 @@ def schedule_prim(func: tirx.PrimFunc, rule: str, target: tvm.target.Target, kno
     template = get_template(rule, target)
     if template is None:
         raise LookupError(f"no template for {rule} on {target.kind.name}")
-    template.with_knobs(knobs)(sch, block, target) if knobs else template(sch, block, target)
+    (template.with_knobs(knobs) if knobs else template)(sch, block, target)
     return sch.mod
 
 
