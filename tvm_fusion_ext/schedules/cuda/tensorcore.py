@@ -302,9 +302,7 @@ def mma_defaults(M: int, N: int, K: int, lim: dict) -> dict:
             ki = largest_divisor(kt, ki - 1)
         else:
             fn = largest_divisor(nt // wn, fn - 1)
-    # unroll up to 64 steps: with 16, a K of 384 (MiniLM's projections) left the per-step fragment loop rolled, and
-    # nvcc kept an 8-byte stack frame with 16 bytes of spills in those kernels (tests/cuda/test_cuda_resources.py)
-    return {"i": [mt // (wm * fm), wm, fm], "j": [nt // (wn * fn), wn, fn], "k": [kt // ki, ki], "unroll": 2}
+    return {"i": [mt // (wm * fm), wm, fm], "j": [nt // (wn * fn), wn, fn], "k": [kt // ki, ki], "unroll": 1}
 
 
 def _decision(knobs: dict, key: str, default):
