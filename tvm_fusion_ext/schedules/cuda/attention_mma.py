@@ -93,7 +93,7 @@ def tensor_cores_fit(sch: s_tir.Schedule, block, stages: dict, target: tvm.targe
     """Whether this kernel takes the tensor-core template: asked for (:func:`opted_in`), 16-bit operands
     (``attn_p16`` exists) and query rows, head dim and key block that tile by 16 (the key block by 32: a lane per
     key in the row reductions)."""
-    if "attn_p16" not in stages or not opted_in():
+    if "attn_p16" not in stages or not opted_in() or not TargetInfo.of(target).tensor_cores:
         return False
     attrs = sch.mod["main"].attrs
     if attrs is not None and "cu_seqlens" in str(attrs.get("tfx.inputs", "")).split(","):
