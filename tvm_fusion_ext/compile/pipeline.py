@@ -38,6 +38,12 @@ class Compiled:
     #: records under ``logs`` whose knobs could not transfer: ``{"not_transferred": N, "..._reasons": {...}}``
     transfer_refusals: dict = field(default_factory=dict)
     logs: Optional[str] = None               # the ``logs`` given (a record directory or a root of them)
+    #: the precision the dense kernels compute in, what it changed, its measured accuracy (compile/precision.py)
+    precision: Optional[object] = None       # PrecisionReport
+
+    @property
+    def precision_name(self) -> str:
+        return self.precision.precision if self.precision is not None else "fp32"
 
 
 def fuse(mod: tvm.IRModule, remove_padding: bool = False) -> Tuple[tvm.IRModule, FusionReport]:
@@ -50,14 +56,27 @@ def fuse(mod: tvm.IRModule, remove_padding: bool = False) -> Tuple[tvm.IRModule,
 
 
 def prepare(mod: tvm.IRModule, target: TargetSpec = None, fuse_graph: bool = True, remove_padding: bool = False,
-            knobs: Optional[dict] = None, kernel_knobs=None) -> Tuple[tvm.IRModule, Optional[FusionReport]]:
-    """Fuse (optionally; ``remove_padding`` as in :func:`SemanticFusion`) and lower: the unscheduled module every
-    later step starts from (``knobs`` / ``kernel_knobs``: as the build will schedule, see :func:`lower`)."""
+            knobs: Optional[dict] = None, kernel_knobs=None,
+            precision: str = "fp32") -> Tuple[tvm.IRModule, Optional[FusionReport]]:
+    """Fuse (optionally; ``remove_padding`` as in :func:`SemanticFusion`), set the dense kernels' ``precision``
+    (:mod:`.precision`; the FusionReport's ``precision``) and lower: the unscheduled module every later step
+    starts from (``knobs`` / ``kernel_knobs``: as the build will schedule, see :func:`lower`)."""
+    lowered, report, _ = _prepare(mod, target, fuse_graph, remove_padding, knobs, kernel_knobs, precision)
+    return lowered, report
+
+
+def _prepare(mod, target, fuse_graph, remove_padding, knobs, kernel_knobs, precision):
+    """:func:`prepare`, also returning the PrecisionReport (which exists without fusion too)."""
+    from .precision import apply_precision
+
     target = resolve_target(target)
     report = None
     if fuse_graph:
         mod, report = fuse(mod, remove_padding)
-    return lower(mod, target, knobs, kernel_knobs), report
+    mod, precision_report = apply_precision(mod, precision, target)
+    if report is not None:
+        report.precision = precision_report
+    return lower(mod, target, knobs, kernel_knobs), report, precision_report
 
 
 def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Target) -> Tuple[Optional[str], str]:
@@ -70,7 +89,8 @@ def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Ta
 
 
 def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse_graph: bool = True,
-                  knobs: Optional[dict] = None, lift_weights: bool = False, remove_padding: bool = False) -> Compiled:
+                  knobs: Optional[dict] = None, lift_weights: bool = False, remove_padding: bool = False,
+                  precision: str = "fp32") -> Compiled:
     """Fuse, lower, schedule (records from ``logs``, templates, fallback) and build ``mod`` for ``target``.
 
     ``logs`` is a record directory or a root of them (the one whose manifest matches this model and target is
@@ -79,7 +99,11 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
     ``logs`` for this target (:mod:`.record_knobs`; :attr:`Compiled.transferred`). ``knobs`` maps a block
     rule (``"tfx.dense"``) to template knobs, for kernels neither covers. ``lift_weights``: the scheduled
     module's large constants become trailing parameters of ``main`` (:attr:`Compiled.weights`), so that an
-    artifact can store them beside the library (:mod:`.weights`)."""
+    artifact can store them beside the library (:mod:`.weights`). ``precision``: ``fp32`` (default), ``bf16`` or
+    ``int8`` for the constant-weight dense kernels (:mod:`.precision`; :attr:`Compiled.precision`)."""
+    from .precision import check_precision
+
+    precision = check_precision(precision)
     target = resolve_target(target)
     records, note = select_records(logs, mod, target)
     transfer = None
@@ -88,7 +112,7 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
 
         transfer = collect(logs, target)
     table = transfer.table if transfer is not None else None
-    lowered, report = prepare(mod, target, fuse_graph, remove_padding, knobs=knobs, kernel_knobs=table)
+    lowered, report, precision_report = _prepare(mod, target, fuse_graph, remove_padding, knobs, table, precision)
     scheduled = schedule(lowered, target, records=records, knobs=knobs, kernel_knobs=table)
     if transfer is not None:
         if transfer.table.kernels and records is None:
@@ -103,7 +127,8 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
     executable = finalize(scheduled, target)
     return Compiled(executable, target, report, records, note, weights,
                     transferred=table.applied() if table is not None else [],
-                    transfer_refusals=transfer.summary() if transfer is not None else {}, logs=logs)
+                    transfer_refusals=transfer.summary() if transfer is not None else {}, logs=logs,
+                  precision=precision_report)
 
 
 def transfer_note(transfer) -> str:
@@ -117,12 +142,13 @@ def transfer_note(transfer) -> str:
 
 
 def build(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse: bool = True,
-          knobs: Optional[dict] = None, remove_padding: bool = False):
+          knobs: Optional[dict] = None, remove_padding: bool = False, precision: str = "fp32"):
     """:func:`compile_model`, returning just the executable (run it with ``relax.VirtualMachine(ex, dev)``).
 
     As a convenience for running in this process, a CPU build also sizes TVM's thread pool to the target's
     cores (:func:`~tvm_fusion_ext.deploy.threads.configure_cpu_threads`)."""
-    compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding)
+    compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding,
+                             precision=precision)
     info = TargetInfo.of(compiled.target)
     if info.is_cpu:
         from ..deploy.threads import configure_cpu_threads

@@ -43,6 +43,8 @@ class FusionEvent:
 class FusionReport:
     applied: list = field(default_factory=list)
     refused: list = field(default_factory=list)
+    #: the compilation's PrecisionReport (compile/precision.py), once the compile path has set the precision
+    precision: object = None
 
     # -- collection ---------------------------------------------------------------------------------
     @classmethod
@@ -100,6 +102,7 @@ class FusionReport:
             "attention_heads_in_place": self.attention_heads_in_place,
             "applied": [e.to_dict() for e in self.applied],
             "refused": [e.to_dict("reason") for e in self.refused],
+            **({"precision": self.precision.to_dict()} if self.precision is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -124,6 +127,8 @@ class FusionReport:
                 lines.append(f"  {e.rule} at {e.function}:{e.at}: {e.detail}")
         else:
             lines.append("Near misses: none")
+        if self.precision is not None and self.precision.precision != "fp32":
+            lines.append(self.precision.summary())
         return "\n".join(lines)
 
 
