@@ -7,8 +7,8 @@ whose weight is a compile-time constant. Norms, softmax, attention's matmuls, re
 outputs stay fp32.
 
 ``bf16``: the weight is stored as bfloat16 (half the bytes streamed per call) and the activation entering the
-kernel is rounded to bfloat16 (a stock ``astype`` pair in front of the call, which FuseOps folds into the
-producer's kernel when it can). The kernel widens each weight vector in registers (bf16 → fp32 is a 16-bit
+kernel is rounded to bfloat16 (:func:`round_to_bf16`, an elementwise kernel in front of the call, which
+FuseOps folds into the producer's kernel when it can). The kernel widens each weight vector in registers (bf16 → fp32 is a 16-bit
 shift: ``vpmovzxwd`` + ``vpslld`` on AVX2) and accumulates in fp32; the product of two bfloat16 values is exact
 in fp32, so this is the arithmetic of a bf16 dot-product instruction (``vdpbf16ps``), on any x86 with AVX2.
 
@@ -155,7 +155,7 @@ class _LowerPrecision(relax.PyExprMutator):
     def _bf16(self, op, inputs, params, w):
         import ml_dtypes
 
-        x = self.builder_.emit(relax.op.astype(relax.op.astype(inputs["x"], "bfloat16"), "float32"))
+        x = self.builder_.emit_te(round_to_bf16, inputs["x"], primfunc_name_hint="round_to_bf16")
         given = dict(inputs, x=x, w=relax.const(w.astype(ml_dtypes.bfloat16)))
         return call_op(self.builder_, op, given, params)
 
@@ -169,6 +169,23 @@ class _LowerPrecision(relax.PyExprMutator):
                  "w_scale": relax.const(w_scale), "w_sum": relax.const(w_sum), "bias": inputs.get("bias")}
         kept = {k: v for k, v in params.items() if k in ("act", "out_dtype", "row_block", "row_clamp")}
         return call_op(self.builder_, "fused_dense_int8", given, kept)
+
+
+def round_to_bf16(x):
+    """TE: float32 values rounded to the nearest bfloat16 (ties to even), kept in float32.
+
+    Bit arithmetic, not ``astype``: TVM folds ``float32(bfloat16(x))`` back to ``x`` (its bf16 legalisation
+    computes in float32 and rounds only where a bf16 buffer is stored), so the stock cast pair rounded nothing.
+    Infinities stay; a NaN may become an infinity (no model feeds one to a dense layer on purpose)."""
+    from tvm import te, tirx
+
+    def rounded(*idx):
+        u = tirx.reinterpret("uint32", x(*idx))
+        lsb = (u >> tirx.const(16, "uint32")) & tirx.const(1, "uint32")
+        u = (u + tirx.const(0x7FFF, "uint32") + lsb) & tirx.const(0xFFFF0000, "uint32")
+        return tirx.reinterpret("float32", u)
+
+    return te.compute(x.shape, rounded, name="round_to_bf16")
 
 
 def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr):
