@@ -79,13 +79,15 @@ def _prepare(mod, target, fuse_graph, remove_padding, knobs, kernel_knobs, preci
     return lower(mod, target, knobs, kernel_knobs), report, precision_report
 
 
-def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Target) -> Tuple[Optional[str], str]:
-    """The record directory under ``logs`` for ``mod`` on ``target`` (see :func:`~tvm_fusion_ext.records.select`)."""
+def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Target,
+                   precision: str = "fp32") -> Tuple[Optional[str], str]:
+    """The record directory under ``logs`` for ``mod`` on ``target`` in ``precision`` (see
+    :func:`~tvm_fusion_ext.records.select`)."""
     if logs is None:
         return None, "no tuning records given; template default knobs"
     from ..records import select
 
-    return select(logs, mod, target)
+    return select(logs, mod, target, precision)
 
 
 def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse_graph: bool = True,
@@ -105,7 +107,7 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
 
     precision = check_precision(precision)
     target = resolve_target(target)
-    records, note = select_records(logs, mod, target)
+    records, note = select_records(logs, mod, target, precision)
     transfer = None
     if logs is not None:
         from .record_knobs import collect
