@@ -49,9 +49,9 @@ def load_npz(path: str):
 
 
 def add_precision_arg(p, only: str = "") -> None:
-    from ..compile.precision import PRECISIONS
-
-    p.add_argument("--precision", help=f"{only}what the dense kernels compute in: {' | '.join(PRECISIONS)} "
+    # the names of compile/precision.py's PRECISIONS, not imported: building the parser must not load the
+    # compiler (a runtime-only TVM runs `tvm-fusion run ARTIFACT`)
+    p.add_argument("--precision", help=f"{only}what the dense kernels compute in: fp32 | bf16 | int8 "
                                        f"(default fp32; bf16: bf16 weights and activations, fp32 accumulation; "
                                        f"int8: dynamic quantisation, int32 accumulation)")
 
