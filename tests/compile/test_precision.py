@@ -216,3 +216,15 @@ def test_contract_compare():
     bad = compare(["y"], [[np.array([[1.0, 1.0], [0.0, 2.0]], np.float32)]], want, "bf16")
     assert not bad["passed"] and bad["outputs"]["y"]["min_cosine"] < 0.75
     assert compare(["y"], [[np.zeros((2, 2))]], [[np.zeros((2, 2))]], "int8")["passed"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("knobs", [{"i": [1, 2, 4], "k": [2, 32], "unroll": 0}, {"i": [2, 1, 4], "k": [1, 64],
+                                                                                  "unroll": 3}])
+def test_template_knobs_reach_the_low_precision_kernels(precision, knobs):
+    """The dense template (and its tuning knobs) schedules the bf16 and int8 kernels as it does fp32 ones."""
+    mod, w, b = _dense_module((8,), 64, 48, "none")
+    x = np.random.default_rng(5).standard_normal((8, 64)).astype("float32")
+    default = _run(compile_model(mod, TARGET, fuse_graph=False, precision=precision), x)
+    tuned = compile_model(mod, TARGET, fuse_graph=False, precision=precision, knobs={"tfx.dense": knobs})
+    np.testing.assert_allclose(_run(tuned, x), default, rtol=1e-5, atol=1e-5)

@@ -101,3 +101,24 @@ def test_bad_precision_flags_are_one_line(tmp_path, capsys, argv, message):
     code = main([a.format(model=model, out=tmp_path / "art") for a in argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and err[0].startswith(message), err
+
+
+def test_bf16_artifact_for_a_wider_cpu_is_refused_here_in_one_line(tmp_path, capsys):
+    """An AVX-512 bf16 build (Zen 4) records the features its kernels use; a CPU without them refuses it at load."""
+    from tvm_fusion_ext.deploy import host
+
+    flags = host.cpu_flags()
+    if host.machine_arch() != "x86_64" or not flags or "avx512f" in flags:
+        pytest.skip("needs an x86_64 Linux machine without AVX-512 (reads /proc/cpuinfo)")
+    model = _mlp(tmp_path / "mlp.onnx")
+    out = tmp_path / "art"
+    # no contract run (it would execute AVX-512 code here): fp32 accuracy is measured where it runs
+    from tvm_fusion_ext.compile.artifact import compile_artifact
+
+    manifest = compile_artifact(model, str(out), target="llvm:znver4", precision="bf16")
+    assert manifest["precision"]["features"] == ["avx2", "fma", "avx512f"]
+    assert "accuracy against fp32 not measured: no sample inputs" in manifest["precision"]["notes"]
+    np.savez(tmp_path / "x.npz", x=np.zeros((1, 5, 32), np.float32))
+    code = main(["run", str(out), "--inputs", str(tmp_path / "x.npz"), "--output", str(tmp_path / "y.npz")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and "avx512f" in err[0] and "lacks" in err[0]
