@@ -91,7 +91,8 @@ def test_failed_contract_is_reported_not_silent(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["compile", "{model}", "-o", "{out}", "--precision", "fp8"], "error: unknown precision 'fp8' (known: fp32, bf16, int8)"),
+    (["compile", "{model}", "-o", "{out}", "--precision", "fp8"],
+     "error: unknown precision 'fp8' (known: fp32, bf16, int8)"),
     (["compile", "{model}", "-o", "{out}", "--calibration", "{model}"], "error: --calibration measures a bf16 or int8"),
     (["bench", "{model}", "--precision", "int4"], "error: unknown precision 'int4'"),
     (["tune", "{model}", "--precision", "fp16"], "error: unknown precision 'fp16'"),
