@@ -123,3 +123,16 @@ def test_bf16_artifact_for_a_wider_cpu_is_refused_here_in_one_line(tmp_path, cap
     code = main(["run", str(out), "--inputs", str(tmp_path / "x.npz"), "--output", str(tmp_path / "y.npz")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and "avx512f" in err[0] and "lacks" in err[0]
+
+
+def test_bench_against_names_the_low_precision_peers():
+    from tvm_fusion_ext.cli.bench import parse_against
+    from tvm_fusion_ext.errors import InputError
+    from tvm_fusion_ext.tools.bench.precision_peers import LOW_PRECISION_RUNTIMES
+    from tvm_fusion_ext.tools.bench.report import RUNTIMES
+
+    known = RUNTIMES + LOW_PRECISION_RUNTIMES
+    assert parse_against(None, known, RUNTIMES) == list(RUNTIMES)  # the default is unchanged
+    assert parse_against("torch-bf16,ort,ort-int8", known, RUNTIMES) == ["ort", "ort-int8", "torch-bf16"]
+    with pytest.raises(InputError, match="unknown runtime 'ort-int4'"):
+        parse_against("ort-int4", known, RUNTIMES)
