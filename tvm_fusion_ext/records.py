@@ -44,6 +44,12 @@ def model_hash(mod) -> str:
     return "%016x" % (int(tvm_ffi.structural_hash(mod)) & (2**64 - 1))
 
 
+def with_precision(mhash: str, precision: str = "fp32") -> str:
+    """The model hash a record directory is keyed by: a bf16/int8 compilation's kernels are other workloads than
+    the fp32 ones of the same model, so their records carry the precision (``<hash>-int8``)."""
+    return mhash if precision in (None, "fp32") else f"{mhash}-{precision}"
+
+
 def target_label(target) -> str:
     """Short, filename-safe target identity: ``llvm-znver3``, ``cuda-sm_90``."""
     from .targets import TargetInfo
@@ -161,7 +167,7 @@ def matches(manifest: Optional[dict], mhash: str, target) -> bool:
     return bool(manifest) and manifest.get("model_hash") == mhash and manifest.get("target") == target_label(target)
 
 
-def select(logs: str, mod, target) -> Tuple[Optional[str], str]:
+def select(logs: str, mod, target, precision: str = "fp32") -> Tuple[Optional[str], str]:
     """Which record directory under ``logs`` belongs to ``mod`` on ``target``.
 
     ``logs`` is either one record directory (used as given; a manifest for another model or target is an
@@ -169,7 +175,7 @@ def select(logs: str, mod, target) -> Tuple[Optional[str], str]:
     runs untuned). Returns ``(directory or None, one-line message saying which was used or why none)``."""
     if not os.path.isdir(logs):
         raise TuningLogError(f"tuning-log directory '{logs}' does not exist")
-    mhash, label = model_hash(mod), target_label(target)
+    mhash, label = with_precision(model_hash(mod), precision), target_label(target)
     if is_record_dir(logs):
         manifest = read_manifest(logs)
         if manifest is not None and not matches(manifest, mhash, target):

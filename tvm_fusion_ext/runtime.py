@@ -42,27 +42,34 @@ class CompiledModel:
     @classmethod
     def from_module(cls, mod: tvm.IRModule, target=None, logs: Optional[str] = None, fuse: bool = True,
                     label: str = "model", knobs: Optional[dict] = None,
-                    remove_padding: bool = False) -> "CompiledModel":
+                    remove_padding: bool = False, precision: str = "fp32") -> "CompiledModel":
         from .compile import compile_model
         from .frontend.dims import bound_reasons, shape_bounds
         from .frontend import input_specs, output_names
 
-        compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding)
+        compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding,
+                                 precision=precision)
         return cls(compiled.executable, compiled.target, input_specs(mod), output_names(mod), label, compiled,
                    shape_bounds(mod), bound_reasons(mod))
 
     @classmethod
-    def from_onnx(cls, model, target=None, shapes=None, logs: Optional[str] = None, fuse: bool = True):
+    def from_onnx(cls, model, target=None, shapes=None, logs: Optional[str] = None, fuse: bool = True,
+                  precision: str = "fp32"):
         from .frontend import load_onnx
 
         mod = load_onnx(model, shapes=shapes)
         return cls.from_module(mod, target, logs=logs, fuse=fuse, label=str(model) if isinstance(model, str)
-                               else "model")
+                               else "model", precision=precision)
 
     @property
     def report(self):
         """The FusionReport of the compilation (None without fusion or when built elsewhere)."""
         return self.compiled.report if self.compiled is not None else None
+
+    @property
+    def precision(self) -> str:
+        """The precision its dense kernels compute in (``fp32`` when built elsewhere)."""
+        return self.compiled.precision_name if self.compiled is not None else "fp32"
 
     # -- inputs ---------------------------------------------------------------------------------------
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> List[np.ndarray]:

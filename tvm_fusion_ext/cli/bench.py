@@ -9,7 +9,7 @@ from ..errors import InputError
 from ..tools.bench.lengths import parse_lengths
 from ..tools.bench.model import DEFAULT_BATCH, DEFAULT_SEQ
 from ..tools.bench.report import RUNTIMES
-from .common import add_remove_padding_arg, load_npz
+from .common import add_precision_arg, add_remove_padding_arg, load_npz
 
 
 def parse_against(text: Optional[str], known=RUNTIMES, default=None) -> List[str]:
@@ -77,11 +77,16 @@ def run_bench(args, out: Callable[[str], None] = print) -> dict:
             return _finish(args, _bench_artifact(args, seq, out, feeds), out)
         if args.onnx:
             raise InputError("--onnx is for an artifact: MODEL is the ONNX file itself here")
-        against = parse_against(args.against)
+        from ..compile.precision import check_precision
+        from ..tools.bench.precision_peers import LOW_PRECISION_RUNTIMES
+
+        precision = check_precision(args.precision)
+        against = parse_against(args.against, RUNTIMES + LOW_PRECISION_RUNTIMES, RUNTIMES)
         result = bench_model(args.model, logs=args.logs, against=against, seq=seq, batch=args.batch,
                              target=args.target, repeat=args.repeat or 20, torch_model=args.torch, spin=args.spin,
                              out=out, lengths=parse_lengths(args.lengths), seed=args.seed,
-                             remove_padding=args.remove_padding, feeds=feeds, kernels=args.kernels)
+                             remove_padding=args.remove_padding, feeds=feeds, kernels=args.kernels,
+                             precision=precision)
     return _finish(args, result, out)
 
 
@@ -89,8 +94,8 @@ def _bench_artifact(args, seq, out, feeds=None):
     from ..tools.bench import ARTIFACT_RUNTIMES, bench_artifact
     from ..tools.bench.artifact import DEFAULT_ARTIFACT_RUNTIMES
 
-    compile_flags = [flag for flag, value in (("--logs", args.logs), ("--target", args.target != "llvm"))
-                     if value]
+    compile_flags = [flag for flag, value in (("--logs", args.logs), ("--target", args.target != "llvm"),
+                                              ("--precision", args.precision)) if value]
     if compile_flags:
         raise InputError(f"{compile_flags[0]} applies when compiling; {args.model} is an artifact, compiled already")
     return bench_artifact(args.model, onnx=args.onnx, against=parse_against(args.against, ARTIFACT_RUNTIMES,
@@ -121,7 +126,9 @@ def add_parser(sub) -> None:
     p.add_argument("--logs", help="tuning-log directory to apply to this package's build")
     p.add_argument("--against", help=f"comma-separated runtimes to compare with (default {','.join(RUNTIMES)}; "
                                      f"for an artifact: ort, torch, build = the same model built in this process; "
-                                     f"also static = built for exactly the benchmarked shapes)")
+                                     f"also static = built for exactly the benchmarked shapes; model mode also "
+                                     f"ort-int8 = ORT on quantize_dynamic(per_channel=True) of the file, "
+                                     f"torch-bf16 = torch under CPU bf16 autocast)")
     p.add_argument("--seq", help=f"sequence length for dynamic dims / our exports (default: the model's, or "
                                  f"{DEFAULT_SEQ}); with --attention-only a list, e.g. 512,1024,2048")
     p.add_argument("--batch", type=int, help=f"batch size for dynamic dims / our exports (default: the model's, "
@@ -155,6 +162,7 @@ def add_parser(sub) -> None:
     p.add_argument("--gated", metavar="MxKxN",
                    help="benchmark a SwiGLU gate/up pair alone at this shape (N: intermediate width): "
                         "fused_gated_dense vs the pipeline without it vs torch eager")
+    add_precision_arg(p, "model mode: ")
     p.add_argument("--act", default="gelu", help="--dense: epilogue activation (default gelu)")
     p.add_argument("--heads", type=int, default=12, help="attention-only: heads (default 12)")
     p.add_argument("--head-dim", type=int, default=64, help="attention-only: head dim (default 64)")

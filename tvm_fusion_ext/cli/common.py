@@ -48,6 +48,14 @@ def load_npz(path: str):
         raise InputError(f"{path}: not a readable .npz file ({str(err).splitlines()[0]})") from None
 
 
+def add_precision_arg(p, only: str = "") -> None:
+    # the names of compile/precision.py's PRECISIONS, not imported: building the parser must not load the
+    # compiler (a runtime-only TVM runs `tvm-fusion run ARTIFACT`)
+    p.add_argument("--precision", help=f"{only}what the dense kernels compute in: fp32 | bf16 | int8 "
+                                       f"(default fp32; bf16: bf16 weights and activations, fp32 accumulation; "
+                                       f"int8: dynamic quantisation, int32 accumulation)")
+
+
 def add_remove_padding_arg(p) -> None:
     p.add_argument("--remove-padding", action=argparse.BooleanOptionalAction, default=False,
                    help="run token-wise operators on the valid tokens of attention_mask only (padding-free "

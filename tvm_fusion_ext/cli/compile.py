@@ -6,20 +6,72 @@ from __future__ import annotations
 import os
 import time
 
+from ..errors import InputError
+
 from ..fileio import human_size
-from .common import add_model_args, add_remove_padding_arg, max_shapes_arg, shapes_arg
+from .common import add_model_args, add_precision_arg, add_remove_padding_arg, load_npz, max_shapes_arg, shapes_arg
+
+#: generated sample inputs for the accuracy contract: sets, and the batch × sequence of dynamic dims
+CONTRACT_SETS, CONTRACT_BATCH, CONTRACT_SEQ = 3, 2, 32
 
 
 def cmd_compile(args) -> int:
     from ..compile.artifact import check_destination, compile_artifact
+    from ..compile.precision import check_precision
 
+    precision = check_precision(args.precision)
     check_destination(args.output)  # before minutes of compiling
+    samples, source = (None, "given")
+    if precision != "fp32":
+        samples, source = contract_samples(args)
+    elif args.calibration:
+        raise InputError("--calibration measures a bf16 or int8 compilation against fp32: add --precision")
     t0 = time.perf_counter()
     manifest = compile_artifact(args.model, args.output, target=args.target, logs=args.logs, shapes=shapes_arg(args),
                                 max_shapes=max_shapes_arg(args), fuse_graph=not args.no_fusion,
-                                remove_padding=args.remove_padding)
+                                remove_padding=args.remove_padding, precision=precision, samples=samples,
+                                samples_source=source)
     print(describe(manifest, args.output, time.perf_counter() - t0))
+    accuracy = (manifest.get("precision") or {}).get("accuracy")
+    if accuracy is not None and not accuracy["passed"]:
+        worst = min(((n, e) for n, e in accuracy["outputs"].items() if "min_cosine" in e),
+                    key=lambda item: item[1]["min_cosine"])
+        print(f"error: {precision} accuracy contract fails: output {worst[0]} row cosine to fp32 down to "
+              f"{worst[1]['min_cosine']:.6f} (< {accuracy['min_cosine_required']}); {args.output}/manifest.json "
+              f"records it (precision.accuracy.passed = false)")
+        return 1
     return 0
+
+
+def contract_samples(args):
+    """The sample inputs of the accuracy contract: ``--calibration`` (one .npz, one array per input), else
+    generated ones (:func:`~tvm_fusion_ext.models.inputs.sample_inputs`: token ids from the embedding table's
+    range, masks with a padded tail), dynamic dims at :data:`CONTRACT_BATCH` × :data:`CONTRACT_SEQ`."""
+    from ..models.inputs import sample_inputs
+
+    if args.calibration:
+        return [load_npz(args.calibration)], args.calibration
+    shapes = contract_shapes(args.model, shapes_arg(args) or {})
+    sets = [sample_inputs(args.model, seed=s, shapes=shapes) for s in range(CONTRACT_SETS)]
+    return sets, f"{CONTRACT_SETS} generated sets, batch {CONTRACT_BATCH} x seq {CONTRACT_SEQ} where dynamic"
+
+
+def contract_shapes(model: str, pinned: dict) -> dict:
+    """Every input's shape for the contract's samples: ``--shape`` where given, the file's static dims, a
+    dynamic leading dim :data:`CONTRACT_BATCH` and other dynamic dims :data:`CONTRACT_SEQ`."""
+    import onnx
+
+    graph = onnx.load(model, load_external_data=False).graph
+    inits = {t.name for t in graph.initializer}
+    shapes = {}
+    for vi in graph.input:
+        if vi.name in inits:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                for d in vi.type.tensor_type.shape.dim]
+        shapes[vi.name] = list(pinned.get(vi.name) or [d if d is not None else CONTRACT_BATCH if i == 0
+                                                       else CONTRACT_SEQ for i, d in enumerate(dims)])
+    return shapes
 
 
 def describe(manifest: dict, out: str, seconds: float) -> str:
@@ -50,6 +102,16 @@ def describe(manifest: dict, out: str, seconds: float) -> str:
                      f"records of the same signature"
                      + (f" ({records['not_transferred']} records could not transfer)"
                         if records.get("not_transferred") else ""))
+    precision = manifest.get("precision") or {}
+    if precision.get("precision", "fp32") != "fp32":
+        done = ", ".join(f"{k} {v}" for k, v in precision["converted"].items()) or "none"
+        lines.append(f"  precision {precision['precision']}: weights converted in {done}"
+                     + (f" (kernels use {', '.join(precision['features'])})" if precision["features"] else ""))
+        lines += [f"  note: {n}" for n in precision.get("notes", [])]
+        if precision.get("accuracy") is not None:
+            from ..compile.accuracy import describe as describe_accuracy
+
+            lines += ["  " + ln for ln in describe_accuracy(precision["accuracy"]).splitlines()]
     checked = manifest["target"]["cpu"]["checked_features"]
     lines.append(f"  needs CPU features: {', '.join(checked) if checked else 'none beyond the architecture'}")
     return "\n".join(lines)
@@ -67,4 +129,8 @@ def add_parser(sub) -> None:
     p.add_argument("--logs", help="tuning-log directory (or a root of them) to apply")
     p.add_argument("--no-fusion", action="store_true", help="compile without the fusion passes")
     add_remove_padding_arg(p)
+    add_precision_arg(p)
+    p.add_argument("--calibration", metavar="X.npz",
+                   help="with --precision bf16|int8: inputs (one array per ONNX input name) to measure the "
+                        "accuracy contract on, against fp32 (default: generated inputs)")
     p.set_defaults(func=cmd_compile)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from ..errors import InputError
 from ..fileio import atomic_write
-from .common import add_model_args, add_remove_padding_arg, load_npz
+from .common import add_model_args, add_precision_arg, add_remove_padding_arg, load_npz
 
 #: flags that only mean something when compiling (what an artifact has done already)
 _COMPILE_FLAGS = (("--target", "target"), ("--logs", "logs"), ("--shape", "shape"), ("--max-shape", "max_shape"),
-                  ("--no-fusion", "no_fusion"), ("--remove-padding", "remove_padding"))
+                  ("--no-fusion", "no_fusion"), ("--remove-padding", "remove_padding"), ("--precision", "precision"))
 
 
 def cmd_run(args) -> int:
@@ -45,7 +45,7 @@ def _run_onnx(args, inputs):
     # before the build: bad inputs fail fast
     check_inputs(input_specs(mod), inputs, args.model, shape_bounds(mod), bound_reasons(mod))
     model = CompiledModel.from_module(mod, target, logs=args.logs, fuse=not args.no_fusion, label=args.model,
-                                      remove_padding=args.remove_padding)
+                                      remove_padding=args.remove_padding, precision=args.precision or "fp32")
     if args.logs is not None:
         print(model.compiled.records_note)
     return model.run(inputs)
@@ -70,4 +70,5 @@ def add_parser(sub) -> None:
     p.add_argument("--logs", help="ONNX file only: tuning-log directory to apply")
     p.add_argument("--no-fusion", action="store_true", help="ONNX file only: build without the fusion passes")
     add_remove_padding_arg(p)
+    add_precision_arg(p, "ONNX file only: ")
     p.set_defaults(func=cmd_run)

@@ -6,8 +6,11 @@ import os
 
 
 def cmd_tune(args) -> int:
+    from ..compile.precision import check_precision
     from ..frontend import load_onnx, parse_shape_arg
     from ..tune.driver import TuneOptions, tune
+
+    precision = check_precision(args.precision)  # before the model loads
     from ..tune.remote import make_runner
 
     if args.trials < 0:
@@ -29,7 +32,8 @@ def cmd_tune(args) -> int:
     opts = TuneOptions(trials=args.trials, space=args.space, scheduler=args.scheduler, runner=runner,
                        per_iter=args.per_iter, population=args.population, cost_model=args.cost_model,
                        seed=args.seed, warm_start=tuple(args.warm_start or ()))
-    manifest = tune(mod, args.target, logs=args.logs, workload=workload, options=opts, fuse=not args.no_fusion)
+    manifest = tune(mod, args.target, logs=args.logs, workload=workload, options=opts, fuse=not args.no_fusion,
+                    precision=precision)
     for name, task in sorted(manifest.get("tasks", {}).items()):
         best = task.get("best_us")
         q = task.get("quality") or {}
@@ -43,6 +47,7 @@ def cmd_tune(args) -> int:
 def _build_only(mod, args) -> int:
     import json
 
+    from ..compile.precision import check_precision
     from ..errors import FusionExtError
     from ..tune.check_candidates import check_candidates
 
@@ -51,7 +56,7 @@ def _build_only(mod, args) -> int:
     if args.rpc:
         raise FusionExtError("--build-only measures nothing: drop --rpc")
     report = check_candidates(mod, args.target, per_task=args.build_only, space=args.space, seed=args.seed,
-                              fuse=not args.no_fusion)
+                              fuse=not args.no_fusion, precision=check_precision(args.precision))
     tasks = report["tasks"].values()
     built = sum(t["built"] for t in tasks)
     rejected = sum(t["expert_rules"]["rejected_total"] for t in tasks)
@@ -99,4 +104,7 @@ def add_parser(subparsers) -> None:
                    help="measure nothing: build N candidates per task for the target (e.g. a GPU that is not "
                         "here) through the expert rules and report what was rejected and what compiled")
     p.add_argument("--json", action="store_true", help="with --build-only: print the per-task report as JSON")
+    p.add_argument("--precision", help="what the dense kernels compute in: fp32 | bf16 | int8 (default fp32); "
+                                       "records of a bf16/int8 build go to <model>-<precision>-<target>/ and serve "
+                                       "builds of that precision")
     p.set_defaults(func=cmd_tune)

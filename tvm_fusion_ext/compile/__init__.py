@@ -1,9 +1,11 @@
-"""One home for compilation: fuse → lower → schedule → finalize (see :mod:`.pipeline`).
+"""One home for compilation: fuse → precision → lower → schedule → finalize (see :mod:`.pipeline`).
 
 The stages sit at the top of the package; the passes each stage runs are grouped below it by what they do.
 
 =============================  =========================================================================================
 ``pipeline``                   :func:`compile_model` (the entry point), :func:`build`, :func:`prepare`, :func:`fuse`
+``precision``                  ``apply_precision``: the constant-weight dense kernels in bf16 or int8 (after fusion)
+``accuracy``                   the accuracy contract: a bf16/int8 build's outputs against the fp32 build's
 ``lower``                      Relax → unscheduled TIR, the lowering the tuner and the build share
 ``schedule``                   tuning records, then templates, then the fallback, then the run-time variants
 ``record_knobs``               template knobs read back from records, per kernel signature (for kernels no record

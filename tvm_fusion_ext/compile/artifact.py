@@ -30,17 +30,32 @@ from .pipeline import Compiled, compile_model
 def compile_artifact(model, out: str, target: TargetSpec = None, logs: Optional[str] = None,
                      shapes: Optional[Mapping[str, Sequence[int]]] = None,
                      max_shapes: Optional[Mapping[str, Sequence[int]]] = None, fuse_graph: bool = True,
-                     remove_padding: bool = False) -> dict:
+                     remove_padding: bool = False, precision: str = "fp32", samples=None,
+                     samples_source: str = "given", min_cosine: Optional[float] = None) -> dict:
     """Import the ONNX ``model``, compile it for ``target`` (tuning records from ``logs``) and write the artifact
     directory ``out``; returns its manifest. ``shapes`` pins input dims (a static build), ``max_shapes`` bounds
-    the symbolic ones (``NAME: [max dims]``, as ``--max-shape``)."""
+    the symbolic ones (``NAME: [max dims]``, as ``--max-shape``). ``precision`` other than fp32: the outputs
+    are measured against the fp32 build on ``samples`` (input dicts; ``samples_source`` says where they came
+    from) and the accuracy contract (:mod:`.accuracy`) goes into the manifest's ``precision`` entry, passed or
+    not (``manifest["precision"]["accuracy"]["passed"]``)."""
     from ..frontend import load_onnx
+    from .precision import check_precision
 
+    precision = check_precision(precision)
     check_destination(out)
     target = resolve_target(target)  # a bad target is refused before the model is read
     mod = load_onnx(model, shapes=shapes, max_shapes=max_shapes)
     compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse_graph, lift_weights=True,
-                             remove_padding=remove_padding)
+                             remove_padding=remove_padding, precision=precision)
+    if precision != "fp32" and compiled.precision.kernels:
+        if samples:
+            from .accuracy import measure
+
+            reference = compile_model(mod, target, fuse_graph=fuse_graph, lift_weights=True,
+                                      remove_padding=remove_padding, precision="fp32")
+            compiled.precision.accuracy = measure(mod, compiled, reference, samples, samples_source, min_cosine)
+        else:
+            compiled.precision.notes.append("accuracy against fp32 not measured: no sample inputs")
     source = None
     if isinstance(model, (str, os.PathLike)):
         path = os.path.abspath(os.fspath(model))
@@ -112,6 +127,8 @@ def build_manifest(compiled: Compiled, mod: tvm.IRModule, weights_index: list, f
                                                "padding_removed": report.padding_removed,
                                                "refused": len(report.refused)},
         "records": _records_entry(compiled),
+        "precision": (compiled.precision.to_dict() if compiled.precision is not None
+                      else {"precision": "fp32", "converted": {}, "kept_fp32": [], "notes": [], "features": []}),
         "weights": weights_index,
         "weights_alignment": ALIGNMENT,
         "files": files,

@@ -43,6 +43,12 @@ class Compiled:
     #: records under ``logs`` whose knobs could not transfer: ``{"not_transferred": N, "..._reasons": {...}}``
     transfer_refusals: dict = field(default_factory=dict)
     logs: Optional[str] = None               # the ``logs`` given (a record directory or a root of them)
+    #: the precision the dense kernels compute in, what it changed, its measured accuracy (compile/precision.py)
+    precision: Optional[object] = None       # PrecisionReport
+
+    @property
+    def precision_name(self) -> str:
+        return self.precision.precision if self.precision is not None else "fp32"
 
 
 def fuse(mod: tvm.IRModule, remove_padding: bool = False) -> Tuple[tvm.IRModule, FusionReport]:
@@ -56,28 +62,42 @@ def fuse(mod: tvm.IRModule, remove_padding: bool = False) -> Tuple[tvm.IRModule,
 
 def prepare(mod: tvm.IRModule, target: TargetSpec = None, fuse_graph: bool = True, remove_padding: bool = False,
             knobs: Optional[dict] = None, kernel_knobs=None,
-            templates: Optional[list] = None) -> Tuple[tvm.IRModule, Optional[FusionReport]]:
-    """Fuse (optionally; ``remove_padding`` as in :func:`SemanticFusion`) and lower: the unscheduled module every
-    later step starts from (``knobs`` / ``kernel_knobs`` / ``templates``: as the build will schedule, see
-    :func:`lower`)."""
+            templates: Optional[list] = None, precision: str = "fp32") -> Tuple[tvm.IRModule, Optional[FusionReport]]:
+    """Fuse (optionally; ``remove_padding`` as in :func:`SemanticFusion`), set the dense kernels' ``precision``
+    (:mod:`.precision`; the FusionReport's ``precision``) and lower: the unscheduled module every later step
+    starts from (``knobs`` / ``kernel_knobs`` / ``templates``: as the build will schedule, see :func:`lower`)."""
+    lowered, report, _ = _prepare(mod, target, fuse_graph, remove_padding, knobs, kernel_knobs, precision, templates)
+    return lowered, report
+
+
+def _prepare(mod, target, fuse_graph, remove_padding, knobs, kernel_knobs, precision, templates=None):
+    """:func:`prepare`, also returning the PrecisionReport (which exists without fusion too)."""
+    from .precision import apply_precision
+
     target = resolved_target(target)
     report = None
     if fuse_graph:
         mod, report = fuse(mod, remove_padding)
-    return lower(mod, target, knobs, kernel_knobs, templates=templates), report
+    mod, precision_report = apply_precision(mod, precision, target)
+    if report is not None:
+        report.precision = precision_report
+    return lower(mod, target, knobs, kernel_knobs, templates=templates), report, precision_report
 
 
-def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Target) -> Tuple[Optional[str], str]:
-    """The record directory under ``logs`` for ``mod`` on ``target`` (see :func:`~tvm_fusion_ext.records.select`)."""
+def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Target,
+                   precision: str = "fp32") -> Tuple[Optional[str], str]:
+    """The record directory under ``logs`` for ``mod`` on ``target`` in ``precision`` (see
+    :func:`~tvm_fusion_ext.records.select`)."""
     if logs is None:
         return None, "no tuning records given; template default knobs"
     from ..records import select
 
-    return select(logs, mod, target)
+    return select(logs, mod, target, precision)
 
 
 def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse_graph: bool = True,
-                  knobs: Optional[dict] = None, lift_weights: bool = False, remove_padding: bool = False) -> Compiled:
+                  knobs: Optional[dict] = None, lift_weights: bool = False, remove_padding: bool = False,
+                  precision: str = "fp32") -> Compiled:
     """Fuse, lower, schedule (records from ``logs``, templates, fallback) and build ``mod`` for ``target``.
 
     ``logs`` is a record directory or a root of them (the one whose manifest matches this model and target is
@@ -86,11 +106,14 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
     ``logs`` for this target (:mod:`.record_knobs`; :attr:`Compiled.transferred`). ``knobs`` maps a block
     rule (``"tfx.dense"``) to template knobs, for kernels neither covers. ``lift_weights``: the scheduled
     module's large constants become trailing parameters of ``main`` (:attr:`Compiled.weights`), so that an
-    artifact can store them beside the library (:mod:`.codegen.weights`)."""
+    artifact can store them beside the library (:mod:`.codegen.weights`). ``precision``: ``fp32`` (default),
+    ``bf16`` or ``int8`` for the constant-weight dense kernels (:mod:`.precision`; :attr:`Compiled.precision`)."""
     from ..schedules.registry import template_rules
+    from .precision import check_precision
 
+    precision = check_precision(precision)
     target = resolve_target(target)
-    records, note = select_records(logs, mod, target)
+    records, note = select_records(logs, mod, target, precision)
     transfer = None
     if logs is not None:
         from .record_knobs import collect
@@ -98,7 +121,8 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
         transfer = collect(logs, target)
     table = transfer.table if transfer is not None else None
     templates = template_rules(target, knobs, table)  # here: a bad knob is a one-line error, not a TVM one
-    lowered, report = prepare(mod, target, fuse_graph, remove_padding, templates=templates)
+    lowered, report, precision_report = _prepare(mod, target, fuse_graph, remove_padding, None, None, precision,
+                                                 templates)
     scheduled = schedule(lowered, target, records=records, templates=templates)
     if transfer is not None:
         if transfer.table.kernels and records is None:
@@ -113,7 +137,8 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
     executable = finalize(scheduled, target)
     return Compiled(executable, target, report, records, note, weights,
                     transferred=table.applied() if table is not None else [],
-                    transfer_refusals=transfer.summary() if transfer is not None else {}, logs=logs)
+                    transfer_refusals=transfer.summary() if transfer is not None else {}, logs=logs,
+                  precision=precision_report)
 
 
 def transfer_note(transfer) -> str:
@@ -127,12 +152,13 @@ def transfer_note(transfer) -> str:
 
 
 def build(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse: bool = True,
-          knobs: Optional[dict] = None, remove_padding: bool = False):
+          knobs: Optional[dict] = None, remove_padding: bool = False, precision: str = "fp32"):
     """:func:`compile_model`, returning just the executable (run it with ``relax.VirtualMachine(ex, dev)``).
 
     As a convenience for running in this process, a CPU build also sizes TVM's thread pool to the target's
     cores (:func:`~tvm_fusion_ext.deploy.threads.configure_cpu_threads`)."""
-    compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding)
+    compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding,
+                             precision=precision)
     info = TargetInfo.of(compiled.target)
     if info.is_cpu:
         from ..deploy.threads import configure_cpu_threads

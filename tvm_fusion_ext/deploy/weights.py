@@ -153,9 +153,17 @@ def cpu_views(arrays: Sequence[np.ndarray]) -> Optional[list]:
     import tvm
 
     try:
-        return [tvm.runtime.from_dlpack(a) for a in arrays]
+        return [_bf16_view(a) if a.dtype.name == "bfloat16" else tvm.runtime.from_dlpack(a) for a in arrays]
     except (TypeError, ValueError, BufferError, RuntimeError):  # an exotic numpy
         return None
+
+
+def _bf16_view(array: np.ndarray):
+    """A bfloat16 weight (``--precision bf16``; ml_dtypes' numpy dtype, which numpy's DLPack export refuses) as a
+    zero-copy view: its bits exported as uint16, the TVM tensor viewed back as bfloat16."""
+    import tvm
+
+    return tvm.runtime.from_dlpack(array.view(np.uint16))._create_view(array.shape, "bfloat16")
 
 
 def to_device(arrays: Sequence[np.ndarray], device) -> list:

@@ -53,6 +53,8 @@ class FusionEvent:
 class FusionReport:
     applied: list = field(default_factory=list)
     refused: list = field(default_factory=list)
+    #: the compilation's PrecisionReport (compile/precision.py), once the compile path has set the precision
+    precision: object = None
 
     # -- collection ---------------------------------------------------------------------------------
     @classmethod
@@ -120,6 +122,7 @@ class FusionReport:
             "attention_heads_in_place": self.attention_heads_in_place,
             "applied": [e.to_dict() for e in self.applied],
             "refused": [e.to_dict("reason") for e in self.refused],
+            **({"precision": self.precision.to_dict()} if self.precision is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -158,6 +161,8 @@ class FusionReport:
             rules = ", ".join(f"{r} {n}" for r, n in sorted(by_rule.items()))
             lines.append(f"Left in place on purpose: {len(expected)} ({rules}; the graph needs them, "
                          f"`tvm-fusion fuse` lists why)")
+        if self.precision is not None and self.precision.precision != "fp32":
+            lines.append(self.precision.summary())
         return "\n".join(lines)
 
 

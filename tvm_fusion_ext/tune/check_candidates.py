@@ -19,7 +19,7 @@ from .tasks import DEFAULT_MIN_FLOPS, extract_tasks
 
 def check_candidates(mod: tvm.IRModule, target, per_task: int = 8, space: str = "template", seed: int = 1,
                      fuse: bool = True, min_flops: float = DEFAULT_MIN_FLOPS, only: Sequence[str] = (),
-                     say: Optional[Callable[[str], None]] = print) -> dict:
+                     say: Optional[Callable[[str], None]] = print, precision: str = "fp32") -> dict:
     """Per task: candidates sampled, rejected by each expert rule, built, and the first build error.
     ``only``: check just the tasks whose names start with one of these."""
     import os
@@ -38,7 +38,7 @@ def check_candidates(mod: tvm.IRModule, target, per_task: int = 8, space: str = 
     fast = info.is_cpu or space == "template"
     report = {"target": info.arch if info.is_cuda and info.arch else info.kind, "space": space, "tasks": {}}
     with stub_tensor_intrinsics(fast):
-        lowered, _ = prepare(mod, target, fuse_graph=fuse)
+        lowered, _ = prepare(mod, target, fuse_graph=fuse, precision=precision)
         register_custom_rules()
         tasks, skipped = extract_tasks(lowered, target, min_flops)
         report["skipped"] = {name: why for name, why in skipped}

@@ -86,13 +86,19 @@ def _check_options(opts: TuneOptions) -> None:
 
 
 def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: str = "model",
-         options: Optional[TuneOptions] = None, fuse: bool = True) -> dict:
+         options: Optional[TuneOptions] = None, fuse: bool = True, precision: str = "fp32") -> dict:
     """Tune ``mod`` (a Relax module as imported, unfused when ``fuse``) into ``<logs>/<workload>-<target>/``.
 
     ``options.trials`` is the total for that directory: a rerun after an interruption measures only what is
-    missing and keeps every record already written. Returns the manifest (also written to the directory)."""
+    missing and keeps every record already written. Returns the manifest (also written to the directory).
+    ``precision``: the dense kernels' precision (``bf16``/``int8`` kernels are other workloads than fp32 ones:
+    their records go to ``<workload>-<precision>-<target>/``)."""
     from ..compile import prepare
+    from ..compile.precision import check_precision
 
+    precision = check_precision(precision)
+    if precision != "fp32":
+        workload = f"{workload}-{precision}"
     opts = options or TuneOptions()
     _check_options(opts)
     auto = opts.cost_model == "auto"
@@ -105,7 +111,7 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
 
     warm_dirs = [d for src in opts.warm_start for d in record_dirs(src)]  # bad paths fail before any work
     say = opts.progress or (lambda _msg: None)
-    mhash = records.model_hash(mod)
+    mhash = records.with_precision(records.model_hash(mod), precision)
     out = logs if records.is_record_dir(logs) else records.record_dir(logs, workload, target)
     previous = records.read_manifest(out)
     if previous is not None and not records.matches(previous, mhash, target):
@@ -119,7 +125,7 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")  # inherited by builder workers
     fast = opts.fast_import if opts.fast_import is not None else info.is_cpu
     with stub_tensor_intrinsics(fast):
-        lowered, _ = prepare(mod, target, fuse_graph=fuse)
+        lowered, _ = prepare(mod, target, fuse_graph=fuse, precision=precision)
         return _tune(lowered, target, out, workload, mhash, previous, opts, fast, say, warm_dirs, auto)
 
 

@@ -385,10 +385,10 @@ class DenseCPU(TemplateRule):
         return row_independent_knobs(static, ("j", "k", "unroll"))
 
     def prepare_operator(self, call, target):
-        """Constant weights pre-packed into the (N/nr, K, nr) panels the micro-kernel streams; rows known only
-        at run time, or static rows with no divisor near the register tile, padded to it (``row_block``, see
-        ops/dense.py and :func:`row_block_for`)."""
-        if call.op != "fused_dense":
+        """Constant weights (fp32, bf16 or int8) pre-packed into the (N/nr, K, nr) panels the micro-kernel
+        streams; rows known only at run time, or static rows with no divisor near the register tile, padded to it
+        (``row_block``, see ops/dense.py and :func:`row_block_for`)."""
+        if call.op not in ("fused_dense", "fused_dense_int8"):  # int8: ops/dense_int8.py, same loop nest
             return None
         inputs, params = {}, dict(call.params)
         w = call.constant("w")
@@ -396,7 +396,9 @@ class DenseCPU(TemplateRule):
             transpose_b = bool(params.get("transpose_b", False))
             n = int(w.shape[0] if transpose_b else w.shape[1])
             inputs["w"] = relax.const(pack_weight(w, pack_nr(n, target), transpose_b))
-            params.update(w_layout="packed", out_features=n, transpose_b=False)
+            params.update(w_layout="packed", out_features=n)
+            if "transpose_b" in params or call.op == "fused_dense":
+                params["transpose_b"] = False
         if params.get("row_block") is None:
             row_block = row_block_for(call, self.knobs.mr, self.knobs.i, target)
             if row_block is not None:

@@ -95,7 +95,8 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
                 torch_model: Optional[str] = None, stock_repeat: int = 3, stock_seconds: float = 10.0,
                 label: Optional[str] = None, spin: bool = False, out: Callable[[str], None] = print,
                 lengths: Optional[Tuple[int, int]] = None, seed: int = 0, remove_padding: bool = False,
-                feeds: Optional[Dict[str, np.ndarray]] = None, kernels: bool = False) -> dict:
+                feeds: Optional[Dict[str, np.ndarray]] = None, kernels: bool = False,
+                precision: str = "fp32") -> dict:
     """Build, check and time ``path`` against the runtimes in ``against``; returns the JSON-able result.
 
     ``lengths=(MIN, MAX)``: a variable-length batch (:mod:`.lengths`), padded to the longest drawn length (or to
@@ -107,6 +108,8 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
     file does not say so itself. ``spin``: see :func:`set_thread_spinning`. ``feeds``: the inputs to time on, by
     ONNX name (``--inputs``; a KV-cache decoder's past tensors), built for exactly their shapes. ``kernels``: also
     time each kernel of our call (:func:`~tvm_fusion_ext.deploy.profile_kernels`; the JSON's ``kernels``).
+    ``precision``: what our build's dense kernels compute in (``fp32``, ``bf16``, ``int8``); ``against`` may
+    also name ``ort-int8`` and ``torch-bf16`` (:mod:`.precision_peers`).
     """
     import tempfile
 
@@ -130,7 +133,7 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
         return _bench_loaded(path, shapes, first[0] if first else None, first[1] if len(first) > 1 else None, tgt,
                              threads, logs, against, repeat, info, stock_repeat, stock_seconds,
                              label or os.path.basename(path), spinning, out, None, seed, remove_padding, feeds,
-                             kernels=kernels)
+                             kernels=kernels, precision=precision)
     with tempfile.TemporaryDirectory(prefix="tfx-bench-") as tmp:
         static = _static_dims(path)
         first = next(iter(static.values()), [])
@@ -155,7 +158,7 @@ def bench_model(path: str, logs: Optional[str] = None, against: Sequence[str] = 
         shapes, n_batch, n_seq = _resolve_shapes(path, seq, batch)
         return _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, repeat, info,
                              stock_repeat, stock_seconds, label or os.path.basename(path), spinning, out,
-                             drawn, seed, remove_padding, kernels=kernels)
+                             drawn, seed, remove_padding, kernels=kernels, precision=precision)
 
 
 def _shapes_of(path: str, feeds: Dict[str, np.ndarray]) -> Dict[str, List[int]]:
@@ -177,7 +180,7 @@ def _shapes_of(path: str, feeds: Dict[str, np.ndarray]) -> Dict[str, List[int]]:
 
 def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, repeat, info, stock_repeat,
                   stock_seconds, label, spinning, out, drawn=None, seed=0, remove_padding=False,
-                  given=None, kernels=False) -> dict:
+                  given=None, kernels=False, precision="fp32") -> dict:
     from ...frontend import load_onnx
     from ...models import sample_inputs
     from ...runtime import CompiledModel
@@ -188,7 +191,8 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
     feeds = dict(given) if given is not None else sample_inputs(path, seed=0, shapes=shapes)
     if drawn is not None:
         feeds = apply_lengths(feeds, drawn, label)
-    ours = CompiledModel.from_module(mod, tgt, logs=logs, fuse=True, label=label, remove_padding=remove_padding)
+    ours = CompiledModel.from_module(mod, tgt, logs=logs, fuse=True, label=label, remove_padding=remove_padding,
+                                     precision=precision)
     build_s = time.perf_counter() - t0
     report = ours.report
     out(report.summary(list_expected=False))
@@ -213,7 +217,8 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
             return None
         return max_abs_diff(valid_positions(outputs, mask), valid_positions(reference, mask))
 
-    rows = [Row(OURS, max_abs_diff=diff([got[n] for n in ours.output_names]), extra={"build_seconds": build_s})]
+    rows = [Row(OURS, max_abs_diff=diff([got[n] for n in ours.output_names]), extra={"build_seconds": build_s},
+                note="" if precision == "fp32" else precision)]
     rows[0].timing = time_block(OURS, ours.bind(feeds), repeat=repeat)
     if report.padding_removed:
         # our own padded build, timed in the same run: what removing the padding gained
@@ -227,6 +232,15 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
                         note="reference", extra={"intra_op_threads": threads}))
     if "torch" in against:
         rows.append(torch_row(info, feeds, ref, threads, repeat, diff))
+    if "ort-int8" in against:
+        from .precision_peers import ort_int8_row
+
+        rows.append(ort_int8_row(path, feeds, threads, spinning["thread_spinning"], repeat, diff))
+    if "torch-bf16" in against:
+        from .precision_peers import torch_bf16_row
+
+        rows.append(torch_bf16_row(info, feeds, threads, repeat,
+                                   lambda outs: diff(outs, ref[:1]) if ref is not None else None))
     if "tvm" in against:
         t1 = time.perf_counter()
         stock = stock_tvm(mod, ours, out=out)
@@ -253,6 +267,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
         "seq": n_seq,
         "input_shapes": {k: list(v.shape) for k, v in feeds.items()},
         "logs": logs,
+        "precision": precision,
         "fused": dict(report.fused),
         "padding_removed": report.padding_removed,
         "varlen_attention": report.varlen_attention,

@@ -1,0 +1,239 @@
+"""The precision a model's dense kernels compute in: ``fp32`` (default), ``bf16`` or ``int8``.
+
+A property of one compilation (``compile_model(..., precision=)``), recorded in its :class:`PrecisionReport`, the
+fusion report and the artifact manifest. Only the weight-streaming operators change: every ``fused_dense`` (the
+fused QKV projection included: it is one ``fused_dense`` on the concatenated weights) and ``fused_gated_dense``
+whose weight is a compile-time constant. Norms, softmax, attention's matmuls, residual adds and the model's
+outputs stay fp32.
+
+``bf16``: the weight is stored as bfloat16 (half the bytes streamed per call) and the activation entering the
+kernel is rounded to bfloat16 (:func:`round_to_bf16`, an elementwise kernel in front of the call; FuseOps joins
+it to an elementwise producer, not to a fused layer norm or dense: MiniLM at 8 × 128 spends ~6 % of its call in
+them). The kernel widens each weight vector in registers (bf16 → fp32 is a 16-bit shift: ``vpmovzxwd`` +
+``vpslld`` on AVX2) and accumulates in fp32; the product of two bfloat16 values is exact in fp32, so this is the
+arithmetic of a bf16 dot-product instruction (``vdpbf16ps``), on any x86 with AVX2.
+
+``int8``: dynamic quantisation (:mod:`..ops.dense_int8`): weights int8 symmetric per output channel, activations
+uint8 asymmetric per row (token), quantised at run time by a small stock kernel in front of the dense (the
+ONNX Runtime ``quantize_dynamic`` scheme, whose activations are quantised per tensor: per row is finer), int32
+accumulation, the zero-point correction, scales, bias and activation in the dense kernel's epilogue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..errors import InputError
+from ..ops.registry import OperatorCall, call_op, inputs_of, op_of, params_of
+
+PRECISIONS = ("fp32", "bf16", "int8")
+#: the operators whose constant weights change precision
+LOW_PRECISION_OPS = ("fused_dense", "fused_gated_dense")
+#: LLVM features the kernels of each precision are built on, recorded when the target has them. The dot-product
+#: instructions (``vdpbf16ps``, ``vpdpbusd``, AMX) are not among them: LLVM does not form them from these loop
+#: nests (checked in the assembly for znver4 and sapphirerapids), so bf16 widens its weights and int8
+#: multiplies in int32 on every x86 host.
+PRECISION_FEATURES = {
+    "fp32": ("avx2", "fma", "avx512f"),
+    "bf16": ("avx2", "fma", "avx512f"),
+    "int8": ("avx2", "avx512bw"),
+}
+
+
+def check_precision(precision: Optional[str]) -> str:
+    """``precision`` if known (None means fp32), else one line naming the known ones."""
+    precision = "fp32" if precision is None else str(precision)
+    if precision not in PRECISIONS:
+        raise InputError(f"unknown precision '{precision}' (known: {', '.join(PRECISIONS)})")
+    return precision
+
+
+@dataclass
+class PrecisionReport:
+    """What a compilation's precision changed, and (once measured) its accuracy against fp32."""
+
+    precision: str = "fp32"
+    #: operator → calls whose weights were converted
+    converted: Dict[str, int] = field(default_factory=dict)
+    #: operator calls left in fp32 and why (a run-time weight, a non-fp32 input)
+    kept: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    #: the target's LLVM features the kernels of this precision can use
+    features: List[str] = field(default_factory=list)
+    #: :func:`~tvm_fusion_ext.compile.accuracy.measure` result, when measured
+    accuracy: Optional[dict] = None
+
+    @property
+    def kernels(self) -> int:
+        return sum(self.converted.values())
+
+    def to_dict(self) -> dict:
+        out = {"precision": self.precision, "converted": dict(self.converted), "kept_fp32": list(self.kept),
+               "notes": list(self.notes), "features": list(self.features)}
+        if self.accuracy is not None:
+            out["accuracy"] = self.accuracy
+        return out
+
+    def summary(self) -> str:
+        lines = [f"Precision: {self.precision}"]
+        if self.precision != "fp32":
+            done = ", ".join(f"{k} {v}" for k, v in self.converted.items()) or "none"
+            lines.append(f"  weights in {self.precision}: {done}")
+            if self.features:
+                lines.append(f"  CPU features used: {', '.join(self.features)}")
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.accuracy is not None:
+            from .accuracy import describe
+
+            lines += ["  " + line for line in describe(self.accuracy).splitlines()]
+        return "\n".join(lines)
+
+
+def target_features(target: tvm.target.Target, precision: str) -> List[str]:
+    """The features of :data:`PRECISION_FEATURES` that ``target`` enables (CPU targets; none on CUDA)."""
+    from tvm.target import codegen
+
+    from ..targets import TargetInfo
+
+    if not TargetInfo.of(target).is_cpu or precision == "fp32":
+        return []
+    have = {str(f) for f in codegen.llvm_get_cpu_features(target)}
+    return [f for f in PRECISION_FEATURES[precision] if f in have]
+
+
+@relax.expr_functor.mutator
+class _LowerPrecision(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, precision: str, report: PrecisionReport):
+        super().__init__(mod)
+        self.mod = mod
+        self.precision = precision
+        self.report = report
+        self.changed = 0
+
+    def _constant(self, expr):
+        if isinstance(expr, relax.Var):
+            bound = self.lookup_binding(expr)
+            expr = bound if bound is not None else expr
+        return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if call.op != tvm.ir.Op.get("relax.call_tir") or not isinstance(call.args[0], relax.GlobalVar):
+            return call
+        func = self.mod[call.args[0]]
+        op = op_of(func) if isinstance(func, tvm.tirx.PrimFunc) else None
+        if op not in LOW_PRECISION_OPS:
+            return call
+        inputs = dict(zip(inputs_of(func), call.args[1].fields))
+        params = params_of(func)
+        w = self._constant(inputs["w"])
+        x_dtype = str(inputs["x"].ty.dtype)
+        if w is None or w.dtype != np.float32 or x_dtype != "float32":
+            why = "a run-time weight" if w is None else f"{x_dtype} input" if x_dtype != "float32" else "fp32 weight"
+            self.report.kept.append(f"{op}: {why}")
+            return call
+        if params.get("w_layout", "plain") != "plain":
+            self.report.kept.append(f"{op}: weight already packed")
+            return call
+        if self.precision == "bf16":
+            new = self._bf16(op, inputs, params, w)
+        elif op == "fused_dense":
+            new = self._int8(inputs, params, w)
+        else:
+            new = None
+            self.report.kept.append(f"{op}: no int8 kernel for the gated projection pair; kept fp32")
+        if new is None:
+            return call
+        self.changed += 1
+        self.report.converted[op] = self.report.converted.get(op, 0) + 1
+        return new
+
+    def _bf16(self, op, inputs, params, w):
+        import ml_dtypes
+
+        x = self.builder_.emit_te(round_to_bf16, inputs["x"], primfunc_name_hint="round_to_bf16")
+        given = dict(inputs, x=x, w=relax.const(w.astype(ml_dtypes.bfloat16)))
+        return call_op(self.builder_, op, given, params)
+
+    def _int8(self, inputs, params, w):
+        from ..ops.dense_int8 import quantize_weight
+
+        transpose_b = bool(params.get("transpose_b", False))
+        wq, w_scale, w_sum = quantize_weight(w.T if transpose_b else w)  # (K, N) int8, (N,), (N,)
+        xq, x_scale, x_zero = quantize_rows(self.builder_, inputs["x"])
+        given = {"x": xq, "x_scale": x_scale, "x_zero": x_zero, "w": relax.const(wq),
+                 "w_scale": relax.const(w_scale), "w_sum": relax.const(w_sum), "bias": inputs.get("bias")}
+        kept = {k: v for k, v in params.items() if k in ("act", "out_dtype", "row_block", "row_clamp")}
+        return call_op(self.builder_, "fused_dense_int8", given, kept)
+
+
+def round_to_bf16(x):
+    """TE: float32 values rounded to the nearest bfloat16 (ties to even), kept in float32.
+
+    Bit arithmetic, not ``astype``: TVM folds ``float32(bfloat16(x))`` back to ``x`` (its bf16 legalisation
+    computes in float32 and rounds only where a bf16 buffer is stored), so the stock cast pair rounded nothing.
+    Infinities stay; a NaN may become an infinity (no model feeds one to a dense layer on purpose)."""
+    from tvm import te, tirx
+
+    def rounded(*idx):
+        u = tirx.reinterpret("uint32", x(*idx))
+        lsb = (u >> tirx.const(16, "uint32")) & tirx.const(1, "uint32")
+        u = (u + tirx.const(0x7FFF, "uint32") + lsb) & tirx.const(0xFFFF0000, "uint32")
+        return tirx.reinterpret("float32", u)
+
+    return te.compute(x.shape, rounded, name="round_to_bf16")
+
+
+def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr):
+    """Per-row (last axis) asymmetric uint8 quantisation, ONNX ``DynamicQuantizeLinear``'s arithmetic per row:
+    the range always holds 0 (so 0 is exact), scale = range / 255, zero point = round(-min / scale) clipped to
+    [0, 255], q = clip(round(x / scale) + zero point). Returns (q uint8, scale float32, zero point int32), the
+    last two of shape (..., 1)."""
+    f32 = lambda v: relax.const(v, "float32")  # noqa: E731
+    lo = bb.emit(relax.op.minimum(relax.op.min(x, axis=-1, keepdims=True), f32(0.0)))
+    hi = bb.emit(relax.op.maximum(relax.op.max(x, axis=-1, keepdims=True), f32(0.0)))
+    span = bb.emit(relax.op.divide(relax.op.subtract(hi, lo), f32(255.0)))
+    scale = bb.emit(relax.op.where(relax.op.equal(span, f32(0.0)), f32(1.0), span))
+    zero = bb.emit(relax.op.clip(relax.op.round(relax.op.divide(relax.op.negative(lo), scale)), 0, 255))
+    q = bb.emit(relax.op.astype(relax.op.clip(relax.op.add(relax.op.round(relax.op.divide(x, scale)), zero),
+                                              0, 255), "uint8"))
+    return q, scale, bb.emit(relax.op.astype(zero, "int32"))
+
+
+def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None) -> tvm.transform.Pass:  # noqa: N802
+    """Rewrite the constant-weight dense operators of every function to ``precision`` (module docstring);
+    what changed goes to ``report``. ``fp32``: nothing."""
+    precision = check_precision(precision)
+    report = report if report is not None else PrecisionReport(precision)
+
+    @tvm.transform.module_pass(opt_level=0, name="tfx.LowerPrecision")
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        if precision == "fp32":
+            return mod
+        mutator = _LowerPrecision(mod, precision, report)
+        for gv, func in list(mod.functions_items()):
+            if isinstance(func, relax.Function):
+                mutator.builder_.update_func(gv, mutator.visit_expr(func))
+        if not mutator.changed:
+            what = "dense or gated-dense operator with a constant fp32 weight"
+            report.notes.append(f"nothing to run in {precision}: no {what} (the model runs in fp32)")
+            return mod
+        return relax.transform.DeadCodeElimination()(mutator.builder_.get())
+
+    return _pass
+
+
+def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target):
+    """``(mod in precision, PrecisionReport)``."""
+    from ..targets import TargetInfo
+
+    precision = check_precision(precision)
+    if precision != "fp32" and not TargetInfo.of(target).is_cpu:
+        raise InputError(f"precision {precision}: implemented for CPU (llvm) targets only, not {target.kind.name}")
+    report = PrecisionReport(precision, features=target_features(target, precision))
+    return LowerPrecision(precision, report)(mod), report
