@@ -32,6 +32,27 @@ NON_NEGATIVE_ATTR = "tir_non_negative_var"
 BOUND_REASONS_ATTR = "tfx_bound_reasons"
 DEFAULT_BATCH_BOUND = 64
 DEFAULT_SEQ_BOUND = 512
+#: why a past length's range starts at 0 (manifest, ``info`` and range errors quote it)
+PAST_MAY_BE_EMPTY = "a past (KV cache) length: 0 on the first generation step"
+
+
+def past_length_dims(graph_inputs) -> set:
+    """Names of the symbolic dims that may be 0: those that measure only past (KV cache) inputs, a floating
+    input named ``*past*`` of rank >= 3 at an axis after the batch, and appear in no other input. Optimum's
+    runtime and ONNX Runtime GenAI feed such a past of length 0 on a generation's first call; every other dim
+    starts at 1."""
+    past, elsewhere = set(), set()
+    for vi in graph_inputs:
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        floating = tt.elem_type in (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+        is_past = floating and "past" in vi.name.lower() and len(tt.shape.dim) >= 3
+        for axis in range(len(tt.shape.dim)):
+            dim = _dim_at(vi, axis)
+            if dim is not None:
+                (past if is_past and axis > 0 else elsewhere).add(dim)
+    return past - elsewhere
 
 
 def input_dims(graph_inputs, shapes: Optional[Mapping[str, Sequence[int]]], label: str):
@@ -40,6 +61,7 @@ def input_dims(graph_inputs, shapes: Optional[Mapping[str, Sequence[int]]], labe
 
     shapes = dict(shapes or {})
     known = [i.name for i in graph_inputs]
+    empty_ok = past_length_dims(graph_inputs)  # a past length may be pinned to 0 (the first generation step)
     for name in shapes:
         if name not in known:
             raise InputError(f"{label}: shapes names unknown input {name!r}; model inputs are: {', '.join(known)}")
@@ -52,7 +74,7 @@ def input_dims(graph_inputs, shapes: Optional[Mapping[str, Sequence[int]]], labe
             continue
         declared = declared_dims(vi, label)
         if name in shapes:
-            given = [_as_dim(d, name, label) for d in shapes[name]]
+            given = [_as_dim(d, name, label, zero_ok=_dim_at(vi, k) in empty_ok) for k, d in enumerate(shapes[name])]
             if len(given) != len(declared):
                 raise InputError(f"{label}: shape {given} for input {name!r} has rank {len(given)} but the "
                                  f"model declares rank {len(declared)} {declared}")
@@ -123,6 +145,9 @@ def infer_bounds(mod, dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping
             bounds[name], why = narrowed[name], ranges.reasons[name]["upper"]  # what the graph needs
         reasons[name] = {"upper": why}
     if ranges is not None:
+        for name, low in ranges.lower_bounds().items():
+            if low == 0:
+                reasons[name]["lower"] = PAST_MAY_BE_EMPTY
         for name, low in ranges.narrowed_lower().items():
             if low > bounds[name]:
                 raise ModelLoadError(f"{label}: no {name} fits the model: {ranges.reasons[name]['lower']} needs "
@@ -133,7 +158,7 @@ def infer_bounds(mod, dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping
 
 def shape_bounds(mod) -> Dict[str, Tuple[int, int]]:
     """``{dim name: (lower, upper)}`` of a module's symbolic input dims (empty for a static module); the lower
-    bound is 1 unless the importer narrowed it (:class:`DimRanges`)."""
+    bound is 1 unless the importer narrowed it (:class:`DimRanges`), or 0 for a past length left open."""
     attrs = mod["main"].attrs
     if attrs is None or BOUND_ATTR not in attrs:
         return {}
@@ -175,9 +200,11 @@ class DimRanges:
 
     OPEN = 1 << 40  # an upper bound no real input reaches, so an unbounded dim has a finite range to reason in
 
-    def __init__(self, dim_vars: Mapping, upper: Optional[Mapping[str, int]] = None):
+    def __init__(self, dim_vars: Mapping, upper: Optional[Mapping[str, int]] = None, may_be_empty=()):
         self.vars = dict(dim_vars)
-        self.lower = {name: 1 for name in self.vars}
+        #: where each range starts: 1, or 0 for a past length (:func:`past_length_dims`)
+        self.start = {name: 0 if name in may_be_empty else 1 for name in self.vars}
+        self.lower = dict(self.start)
         self.upper = {name: int((upper or {}).get(name, self.OPEN)) for name in self.vars}
         #: ``{dim name: (side "lower"/"upper", what needed it)}`` for each range :meth:`require` narrowed
         self.reasons: Dict[str, Dict[str, str]] = {}
@@ -248,8 +275,13 @@ class DimRanges:
         return {n: u for n, u in self.upper.items() if u < self.OPEN and "upper" in self.reasons.get(n, {})}
 
     def narrowed_lower(self) -> Dict[str, int]:
-        """The lower bounds above 1 that :meth:`require` set."""
-        return {n: low for n, low in self.lower.items() if low > 1}
+        """The lower bounds :meth:`require` raised above where the range starts (1, or 0 for a past length)."""
+        return {n: low for n, low in self.lower.items() if low > self.start[n]}
+
+    def lower_bounds(self) -> Dict[str, int]:
+        """Every lower bound other than 1 (the model's ``tir_var_lower_bound``): narrowed ones, and the 0 of a past
+        length left open."""
+        return {n: low for n, low in self.lower.items() if low != 1}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -277,13 +309,16 @@ def _dim_at(vi, axis: int) -> Optional[str]:
     return _identifier(d.dim_param or f"{vi.name}_dim{axis}")
 
 
-def _as_dim(d, name, label) -> int:
+def _as_dim(d, name, label, zero_ok: bool = False) -> int:
     try:
         v = int(d)
     except (TypeError, ValueError):
         raise InputError(f"{label}: shape of input {name!r} has non-integer dimension {d!r}") from None
+    if v == 0 and zero_ok and v == d:
+        return 0
     if v <= 0 or v != d:
-        raise InputError(f"{label}: shape of input {name!r} has invalid dimension {d!r} (must be a positive integer)")
+        raise InputError(f"{label}: shape of input {name!r} has invalid dimension {d!r} (must be a positive integer; "
+                         f"only a past (KV cache) length may be 0)")
     return v
 
 

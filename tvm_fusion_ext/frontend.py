@@ -45,7 +45,7 @@ from .ort_contrib import MICROSOFT_OPS as ORT_CONTRIB_OPS
 from .ort_contrib import ONNX_DOMAIN_OPS as ORT_ONNX_DOMAIN_OPS
 from .ort_contrib import convert as convert_ort_contrib
 from .ort_contrib import is_contrib, unsupported_reason
-from .dims import DimRanges, given_bounds, infer_bounds, input_dims, with_bounds
+from .dims import DimRanges, given_bounds, infer_bounds, input_dims, past_length_dims, with_bounds
 from .errors import InputError, ModelLoadError
 
 ONNX_INPUT_NAMES_ATTR = "onnx_input_names"
@@ -84,7 +84,8 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
     shape_dict, dim_vars = input_dims(graph_inputs, shapes, label)
     dtype_dict = _check_dtypes(graph_inputs, dtypes, label)
     _check_ops(graph, label)
-    ranges = DimRanges(dim_vars, given_bounds(dim_vars, graph_inputs, max_shapes, label))
+    ranges = DimRanges(dim_vars, given_bounds(dim_vars, graph_inputs, max_shapes, label),
+                       may_be_empty=past_length_dims(graph_inputs))
     try:
         mod = _import(proto, label, shape_dict, dtype_dict, opset, ranges)
     except NodeImportError as err:
@@ -105,7 +106,7 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
     })
     if dim_vars:
         bounds, reasons = infer_bounds(mod, dim_vars, graph_inputs, max_shapes, label, ranges)
-        main = with_bounds(main, bounds, ranges.narrowed_lower(), reasons)
+        main = with_bounds(main, bounds, ranges.lower_bounds(), reasons)
     elif max_shapes:
         raise InputError(f"{label}: max shapes given, but no input dim is dynamic")
     mod["main"] = main
@@ -164,8 +165,8 @@ def parse_shape_arg(text: str) -> dict[str, list[int]]:
             raise InputError(f"bad shape item {item.strip()!r} in {text!r}; expected NAME:DxD e.g. input_ids:1x128")
         name = m.group("name")
         dims = [int(d) for d in re.split(r"\s*[x×]\s*", m.group("dims"))]
-        if any(d <= 0 for d in dims):
-            raise InputError(f"shape item {item.strip()!r} has a dimension <= 0")
+        if any(d < 0 for d in dims):  # 0 is a past (KV cache) length's first step; load_onnx refuses it elsewhere
+            raise InputError(f"shape item {item.strip()!r} has a dimension < 0")
         if name in out:
             raise InputError(f"input {name!r} is given twice in shape argument {text!r}")
         out[name] = dims
