@@ -98,7 +98,7 @@ def _bench_decode(args, out):
         raise InputError("--decode needs a MODEL.onnx or an artifact directory")
     other = [flag for flag, value in (("--seq", args.seq), ("--lengths", args.lengths), ("--inputs", args.inputs),
                                       ("--gated", args.gated), ("--dense", args.dense),
-                                      ("--attention-only", args.attention_only), ("--kernels", args.kernels),
+                                      ("--attention-only", args.attention_only),
                                       ("--plot", args.plot), ("--torch", args.torch),
                                       ("--remove-padding", args.remove_padding), ("--target", args.target != "llvm"))
              if value]
@@ -108,7 +108,7 @@ def _bench_decode(args, out):
         raise InputError("--repeat must be positive")
     return bench_decode(args.model, past=args.past, batch=1 if args.batch is None else args.batch, onnx=args.onnx,
                         repeat=args.repeat or 20, against=parse_against(args.against, DECODE_RUNTIMES),
-                        spin=args.spin, logs=args.logs, seed=args.seed, out=out)
+                        spin=args.spin, logs=args.logs, seed=args.seed, kernels=args.kernels, out=out)
 
 
 def _bench_artifact(args, seq, out, feeds=None):

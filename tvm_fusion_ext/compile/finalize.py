@@ -34,10 +34,11 @@ def finalize(mod: tvm.IRModule, target: tvm.target.Target):
     """``tvm.compile`` of a scheduled module: the executable (``relax.VirtualMachine(ex, dev)`` runs it)."""
     if TargetInfo.of(target).is_cuda:
         return tvm.compile(mod, target, relax_pipeline=finalize_pipeline(target))
+    from .serial_when_small import SerialWhenSmall
     from .weight_prefetch import TIR_PIPELINE, InsertWeightPrefetch
 
-    return tvm.compile(InsertWeightPrefetch()(mod), target, relax_pipeline=finalize_pipeline(target),
-                       tir_pipeline=TIR_PIPELINE)
+    return tvm.compile(SerialWhenSmall()(InsertWeightPrefetch()(mod)), target,
+                       relax_pipeline=finalize_pipeline(target), tir_pipeline=TIR_PIPELINE)
 
 
 def _ShapeFunctionsNoAlias() -> tvm.transform.Pass:  # noqa: N802

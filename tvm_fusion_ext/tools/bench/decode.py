@@ -27,16 +27,17 @@ from .bandwidth import read_bandwidth, streamed_weight_bytes
 from .decode_inputs import decode_feeds, decode_shapes, onnx_specs, past_bytes
 from .model import max_abs_diff
 from .peers import environment, ort_session, set_thread_spinning
-from .report import ORT, OURS, Row
+from .report import ORT, OURS, Row, kernel_profile
 
 DECODE_RUNTIMES = ("ort",)
 
 
 def bench_decode(path: str, past: int, batch: int = 1, onnx: Optional[str] = None, repeat: int = 20,
                  against: Sequence[str] = DECODE_RUNTIMES, spin: bool = False, logs: Optional[str] = None,
-                 seed: int = 0, out: Callable[[str], None] = print) -> dict:
+                 seed: int = 0, kernels: bool = False, out: Callable[[str], None] = print) -> dict:
     """Time one decode step of ``path`` (ONNX file or artifact) at ``batch`` rows against ``past`` cached tokens;
-    returns the JSON-able result (``mode`` "decode")."""
+    returns the JSON-able result (``mode`` "decode"). ``kernels``: also time each kernel of our step inside the
+    VM (the JSON's ``kernels``: where a step's time goes, attention and the cache's concatenation included)."""
     if past < 0:
         raise InputError(f"--past must be >= 0, got {past}")
     if batch <= 0:
@@ -102,6 +103,7 @@ def bench_decode(path: str, past: int, batch: int = 1, onnx: Optional[str] = Non
     out(f"host read bandwidth ({host['method']} over {_mb(host['bytes'])}, same run): {host['gb_per_s']:.1f} GB/s"
         f" -> limit {limit_ms:.3f} ms per step")
     out(format_decode(rows, limit_ms))
+    profile = kernel_profile(model, feeds, repeat, out) if kernels else None
     return {
         "mode": "decode",
         "model": label,
@@ -125,6 +127,7 @@ def bench_decode(path: str, past: int, batch: int = 1, onnx: Optional[str] = Non
         "runtimes": [r.to_dict(ort_median) for r in rows],
         "threading": spinning,
         "environment": environment(),
+        "kernels": profile,
     }
 
 
