@@ -1,4 +1,4 @@
-"""The symbolic CPU attention kernel with and without its long-request query tiles (compile/query_tiles.py).
+"""The symbolic CPU attention kernel with and without its long-request query tiles (compile/variants/query_tiles.py).
 
     python scripts/bench_query_tiles.py [--shapes 1x80,1x96,1x100,1x128,1x384,8x128] [--heads 12] [--head-dim 32]
         [--rounds 9]
@@ -23,7 +23,7 @@ def _build(heads: int, head_dim: int, with_tiles: bool):
     from tvm import relax, tirx
 
     from tvm_fusion_ext.compile import build
-    from tvm_fusion_ext.compile import query_tiles
+    from tvm_fusion_ext.compile.variants import query_tiles
     from tvm_fusion_ext.ops import call_op
     from tvm_fusion_ext.schedules.cpu.attention import SYMBOLIC_QUERY_TILE
     from tvm_fusion_ext.targets import resolve_target
@@ -59,7 +59,7 @@ def _chosen_tile(heads: int, head_dim: int, batch: int, seq: int) -> int:
     """The tile the dispatch picks for this request (the same test the kernel makes)."""
     from tvm import relax, tirx
 
-    from tvm_fusion_ext.compile import query_tiles
+    from tvm_fusion_ext.compile.variants import query_tiles
     from tvm_fusion_ext.ops.registry import make_prim_func
     from tvm_fusion_ext.schedules.cpu.attention import SYMBOLIC_QUERY_TILE
     from tvm_fusion_ext.targets import TargetInfo, resolve_target

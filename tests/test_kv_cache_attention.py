@@ -6,7 +6,7 @@ torch's dynamo exporter, given a decoder with ``past_key_values`` and automatic 
 Q + S``) although the second matmul makes them equal whenever the graph runs, and the build died inside TVM
 (``FuseTIR``'s ``RenewDefs``) on a fused group that read the past length only as a scalar. Now the attention fuses
 with v match-cast to k's key count (checked at run time, with a one-line error naming the inputs' dims), and a
-kernel that reads a dim only as a scalar stays out of fused groups (``compile/scalar_calls.py``).
+kernel that reads a dim only as a scalar stays out of fused groups (``compile/lowering/scalar_calls.py``).
 
 The e2e versions (tiny LLaMA and GPT-2 with a cache, both exporters) are in ``tests/e2e/test_kv_cache_decoders.py``.
 """
@@ -19,7 +19,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 from tvm_fusion_ext.compile import fuse
-from tvm_fusion_ext.compile.scalar_calls import scalar_only_callees
+from tvm_fusion_ext.compile.lowering.scalar_calls import scalar_only_callees
 from tvm_fusion_ext.deploy.io import shape_check_error
 from tvm_fusion_ext.errors import InputError
 from tvm_fusion_ext.frontend import load_onnx

@@ -46,10 +46,10 @@ def model_hash(mod) -> str:
 
 def target_label(target) -> str:
     """Short, filename-safe target identity: ``llvm-znver3``, ``cuda-sm_90``."""
-    kind = target.kind.name
-    attrs = target.attrs
-    detail = attrs.get("arch") if kind == "cuda" else attrs.get("mcpu")
-    label = f"{kind}-{detail}" if detail else kind
+    from .targets import TargetInfo
+
+    info = TargetInfo.of(target)  # arch: a CUDA target's sm_XX, a CPU target's LLVM cpu name
+    label = f"{info.kind}-{info.arch}" if info.arch else info.kind
     return re.sub(r"[^A-Za-z0-9_.-]", "_", label)
 
 

@@ -28,7 +28,7 @@ class CompiledModel:
         self.label = label
         #: ``{symbolic dim: (lower, upper)}`` (empty for a static model)
         self.bounds = dict(bounds or {})
-        #: ``{symbolic dim: {"upper"|"lower": where that bound came from}}`` (:func:`~tvm_fusion_ext.dims.bound_reasons`)
+        #: ``{symbolic dim: {"upper"|"lower": where that bound came from}}`` (:func:`~tvm_fusion_ext.frontend.dims.bound_reasons`)
         self.bound_reasons = dict(bound_reasons or {})
         #: the :class:`~tvm_fusion_ext.compile.Compiled` it came from (fusion report, records used), if known
         self.compiled = compiled
@@ -44,7 +44,7 @@ class CompiledModel:
                     label: str = "model", knobs: Optional[dict] = None,
                     remove_padding: bool = False) -> "CompiledModel":
         from .compile import compile_model
-        from .dims import bound_reasons, shape_bounds
+        from .frontend.dims import bound_reasons, shape_bounds
         from .frontend import input_specs, output_names
 
         compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding)

@@ -4,16 +4,17 @@ that says what a target can do (:class:`TargetInfo`).
 TVM 0.27 refuses string targets like ``"cuda -arch=sm_90"``, and a CUDA target built from a bare dict lacks
 the limits (shared memory, threads, registers) that templates and MetaSchedule's ``VerifyGPUCode`` read.
 Everything that needs a target goes through :func:`resolve_target`; everything that needs a *fact* about a
-target (its family, vector width, core count, per-block limits) reads :meth:`TargetInfo.of`, so each fact is
-written once, here.
+target (its family, vector width and registers, core count, cache sizes, per-block and per-thread limits) reads
+:meth:`TargetInfo.of`, so each fact is written once, here.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import tvm
 
@@ -27,6 +28,10 @@ _CUDA_LIMITS = {
     "thread_warp_size": 32,
     "registers_per_block": 65536,
 }
+#: Registers one CUDA thread may use, on every architecture since Kepler (the programming guide's table).
+CUDA_MAX_REGISTERS_PER_THREAD = 255
+#: Cache sizes assumed when the host does not say (``/sys/devices/system/cpu`` unreadable): L1d, L2, L3.
+_DEFAULT_CACHES = (32 * 1024, 512 * 1024, 0)
 #: The widest access one CUDA thread issues as a single instruction (float4 / uint4); TVM's codegen has no
 #: wider vector types either (8 fp32 lanes become ulonglong4 hacks that nvcc rejects).
 CUDA_VECTOR_BYTES = 16
@@ -44,7 +49,11 @@ class TargetInfo:
 
     ``family`` is ``"cpu"`` (llvm) or ``"cuda"``; other kinds keep their kind name and have no templates.
     ``kind`` is TVM's kind name (``"llvm"``/``"cuda"``), which MetaSchedule's rule/postproc presets are keyed by.
-    ``vector_bits`` is the widest vector one instruction (CPU) or one thread (CUDA) handles.
+    ``vector_bits`` is the widest vector one instruction (CPU) or one thread (CUDA) handles;
+    ``vector_registers`` how many such registers a CPU core has (AVX2: 16 ymm; AVX-512: 32 zmm).
+    ``l1_bytes``/``l2_bytes``/``l3_bytes``: a CPU target's data caches per level, this host's (the machine a
+    CPU build is compiled on is the one it is tuned and measured on); 0 for a CUDA target, whose per-block
+    limits are its ``max_*`` fields. ``max_registers_per_thread``: CUDA's per-thread register limit.
     """
 
     family: str
@@ -56,6 +65,11 @@ class TargetInfo:
     max_shared_memory_per_block: int = 0
     warp_size: int = 0
     registers_per_block: int = 0
+    max_registers_per_thread: int = 0
+    vector_registers: int = 0
+    l1_bytes: int = 0
+    l2_bytes: int = 0
+    l3_bytes: int = 0
 
     @classmethod
     def of(cls, target: tvm.target.Target) -> "TargetInfo":
@@ -68,9 +82,12 @@ class TargetInfo:
             get = lambda k: int(attrs[k]) if attrs.get(k) is not None else _CUDA_LIMITS[k]  # noqa: E731
             return cls(family, kind, str(attrs.get("arch") or "") or None, _cores(host), CUDA_VECTOR_BYTES * 8,
                        get("max_threads_per_block"), get("max_shared_memory_per_block"), get("thread_warp_size"),
-                       get("registers_per_block"))
+                       get("registers_per_block"), max_registers_per_thread=CUDA_MAX_REGISTERS_PER_THREAD)
         mcpu = str(attrs.get("mcpu") or "") if attrs is not None else ""
-        return cls(family, kind, mcpu or None, _cores(target), _cpu_vector_bits(target))
+        bits = _cpu_vector_bits(target)
+        l1, l2, l3 = host_caches()
+        return cls(family, kind, mcpu or None, _cores(target), bits, vector_registers=32 if bits >= 512 else 16,
+                   l1_bytes=l1, l2_bytes=l2, l3_bytes=l3)
 
     @property
     def is_cpu(self) -> bool:
@@ -80,6 +97,11 @@ class TargetInfo:
     def is_cuda(self) -> bool:
         return self.family == "cuda"
 
+    @property
+    def vector_register_bytes(self) -> int:
+        """A CPU core's vector register file: ``vector_registers`` registers of ``vector_bits``."""
+        return self.vector_registers * self.vector_bits // 8
+
     def lanes(self, dtype: str = "float32") -> int:
         """Elements of ``dtype`` in one vector (fp32: 8 on AVX2, 16 on AVX-512, 4 per CUDA thread)."""
         return max(1, self.vector_bits // tvm.runtime.DataType(dtype).bits)
@@ -88,6 +110,32 @@ class TargetInfo:
         """CUDA per-block limits under the short names templates use."""
         return {"threads": self.max_threads_per_block, "smem": self.max_shared_memory_per_block,
                 "warp": self.warp_size, "registers": self.registers_per_block}
+
+
+@functools.lru_cache(maxsize=None)
+def host_caches() -> Tuple[int, int, int]:
+    """This host's L1 data, L2 and L3 cache sizes in bytes (cpu0's, from ``/sys/devices/system/cpu``; 32 KiB,
+    512 KiB and 0 for a level it does not list)."""
+    return tuple(_cache_bytes(level, default) for level, default in zip((1, 2, 3), _DEFAULT_CACHES))
+
+
+def _cache_bytes(level: int, default: int) -> int:
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(base)):
+            path = os.path.join(base, entry)
+            with open(os.path.join(path, "level")) as f:
+                lvl = int(f.read())
+            with open(os.path.join(path, "type")) as f:
+                kind = f.read().strip()
+            if lvl == level and kind in ("Data", "Unified"):
+                with open(os.path.join(path, "size")) as f:
+                    text = f.read().strip().upper()
+                scale = {"K": 1024, "M": 1024 ** 2}.get(text[-1], 1)
+                return int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    return default
 
 
 def _cores(target: tvm.target.Target) -> int:
@@ -170,6 +218,13 @@ def resolve_target(spec: TargetSpec = None) -> tvm.target.Target:
         except Exception:  # noqa: BLE001
             pass
     raise TargetError(f"unknown target '{text}' (use llvm, llvm:CPU, cuda or cuda:sm_80 / cuda:sm_90)")
+
+
+def resolved_target(spec: TargetSpec) -> tvm.target.Target:
+    """A :class:`tvm.target.Target` as it is (an entry point resolved it already); any other spec through
+    :func:`resolve_target`. What the compile steps below an entry point call, so that a compilation resolves its
+    target once and each building block (``lower``, ``schedule``, ...) still takes ``"llvm"`` when called alone."""
+    return spec if isinstance(spec, tvm.target.Target) else resolve_target(spec)
 
 
 def default_target(kind: str = "llvm") -> tvm.target.Target:

@@ -240,3 +240,51 @@ def test_a_reshape_tvm_cannot_view_stays_a_copy():
     xv = np.random.default_rng(1).standard_normal((2, 7, 16)).astype("float32")
     got = _run(build(bb.get(), "llvm", fuse=False), xv, np.zeros(3, "float32"))
     np.testing.assert_array_equal(got, 2 * xv.reshape(2, 28, 4))
+
+
+def test_target_facts_come_from_target_info():
+    """Cache sizes, vector registers and CUDA's per-thread registers are TargetInfo's, for every reader."""
+    from tvm_fusion_ext.targets import TargetInfo, host_caches, resolved_target
+
+    cpu = TargetInfo.of(default_target())
+    assert (cpu.l1_bytes, cpu.l2_bytes, cpu.l3_bytes) == host_caches() and cpu.l1_bytes > 0 and cpu.l2_bytes > 0
+    avx512 = "avx512f" in open("/proc/cpuinfo").read()
+    assert cpu.vector_registers == (32 if avx512 else 16)
+    assert cpu.vector_register_bytes == cpu.vector_registers * cpu.vector_bits // 8
+    assert TargetInfo.of(as_target("llvm:x86-64-v4")).vector_register_bytes == 32 * 64  # AVX-512: 32 zmm
+    cuda = TargetInfo.of(as_target("cuda:sm_90"))
+    assert cuda.max_registers_per_thread == 255 and cuda.l1_bytes == 0 and cuda.vector_registers == 0
+    # a resolved target passes through the compile steps as it is; a spec is resolved
+    t = default_target()
+    assert resolved_target(t) is t and resolved_target("llvm").kind.name == "llvm"
+
+
+def test_record_directory_names_unchanged():
+    """Record directories are named from TargetInfo's kind and arch: the shipped ``tuning_logs`` names."""
+    from tvm_fusion_ext.records import target_label
+
+    assert target_label(as_target("llvm:x86-64-v3")) == "llvm-x86-64-v3"
+    assert target_label(as_target("cuda:sm_90")) == "cuda-sm_90"
+    assert target_label(tvm.target.Target({"kind": "llvm"})) == "llvm"
+
+
+def test_compile_model_builds_its_template_rules_once(monkeypatch):
+    """One list of template rules serves the lowering (operator parameters) and the scheduling (and every
+    run-time variant), so knobs are validated and applied once per compilation."""
+    from tvm_fusion_ext.compile import compile_model
+    from tvm_fusion_ext.schedules import registry
+
+    calls = []
+    real = registry.template_rules
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "template_rules", counting)
+    mod, reference = _model(np.random.default_rng(0), S=8, K=16, N=16, batch=1)
+    compiled = compile_model(mod, default_target(), fuse_graph=False)
+    assert len(calls) == 1
+    rng = np.random.default_rng(1)
+    x, r, w2 = (rng.standard_normal(s).astype("float32") for s in ((1, 8, 16), (1, 8, 16), (16, 16)))
+    np.testing.assert_allclose(_run(compiled.executable, x, r, w2), reference(x, r, w2), rtol=1e-4, atol=1e-4)

@@ -1,4 +1,4 @@
-"""Gather/scatter indices (``compile/gather_checks.py``): negative ones counted from the end as ONNX means them,
+"""Gather/scatter indices (``compile/checks/gather_indices.py``): negative ones counted from the end as ONNX means them,
 and any outside the data refused at run time in one line, where TVM's kernels read (or write) past the buffer.
 References: ONNX Runtime on the same file and numpy. The computed case is the dynamo KV-cache export's mask
 gather, small: positions from ``Range(0, len(x))`` read from ``data``, with ``data`` shorter than ``x``."""
@@ -174,7 +174,7 @@ def test_constant_indices_in_range_get_no_check(tmp_path):
     added where they are computed (the counter proves the pass fired)."""
     from tvm import relax
 
-    from tvm_fusion_ext.compile.gather_checks import CheckGatherIndices
+    from tvm_fusion_ext.compile.checks.gather_indices import CheckGatherIndices
     from tvm_fusion_ext.testing import build_module
 
     data = relax.Var("data", relax.TensorType([2, 5], "float32"))

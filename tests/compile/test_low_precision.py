@@ -1,4 +1,4 @@
-"""float16 matmuls, convolutions and summing reductions that no rule fused (``compile/low_precision.py``) accumulate in float32, as
+"""float16 matmuls, convolutions and summing reductions that no rule fused (``compile/lowering/low_precision.py``) accumulate in float32, as
 the package's own operators and ONNX Runtime do: against a float64 numpy reference, the error is that of the
 float16 output's rounding, several times below TVM's own lowering (a float16 ``te.sum``, whose error grows with
 the reduction length). Also: float32 and explicitly widened calls are left alone, and CUDA builds compile."""
@@ -13,7 +13,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from tvm_fusion_ext.compile.low_precision import AccumulateInFloat32
+from tvm_fusion_ext.compile.lowering.low_precision import AccumulateInFloat32
 from tvm_fusion_ext.runtime import CompiledModel
 from tvm_fusion_ext.testing import build_module
 
@@ -53,7 +53,7 @@ def _run(mod, inputs, widen=True, monkeypatch=None):
     from tvm_fusion_ext.compile.pipeline import compile_model
 
     if not widen:  # TVM's own lowering, for the comparison that shows what the pass buys
-        import tvm_fusion_ext.compile.low_precision as lp
+        import tvm_fusion_ext.compile.lowering.low_precision as lp
 
         monkeypatch.setattr(lp, "AccumulateInFloat32", lambda: tvm.transform.Sequential([]))
     compiled = compile_model(mod, None, fuse_graph=False)

@@ -1,4 +1,4 @@
-"""Symbolic CPU attention picks 64-, 32- or 16-row query tiles at run time (compile/query_tiles.py): the choice
+"""Symbolic CPU attention picks 64-, 32- or 16-row query tiles at run time (compile/variants/query_tiles.py): the choice
 at the lengths that decide it, every branch against numpy, and the kernels it must leave alone."""
 
 import warnings
@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from tvm_fusion_ext.compile import query_tiles
+from tvm_fusion_ext.compile.variants import query_tiles
 from tvm_fusion_ext.compile.pipeline import compile_model, prepare
 from tvm_fusion_ext.compile.schedule import schedule
 from tvm_fusion_ext.ops import call_op

@@ -50,7 +50,7 @@ def test_a_reshape_valid_for_some_lengths_is_checked_at_run_time():
 
 
 def test_size_preserving_reshapes_get_no_check():
-    from tvm_fusion_ext.compile.reshape_checks import CheckReshapeSizes
+    from tvm_fusion_ext.compile.checks.reshape_sizes import CheckReshapeSizes
     from tvm_fusion_ext.models import build_encoder_onnx
 
     import tvm_ffi

@@ -7,7 +7,7 @@ from tvm import relax, tirx
 
 from tvm_fusion_ext.compile.pipeline import compile_model, prepare
 from tvm_fusion_ext.compile.schedule import schedule
-from tvm_fusion_ext.compile.serial_when_small import MIN_PARALLEL_WORK, SerialWhenSmall
+from tvm_fusion_ext.compile.codegen.serial_when_small import MIN_PARALLEL_WORK, SerialWhenSmall
 from tvm_fusion_ext.targets import resolve_target
 from tvm_fusion_ext.testing import build_module
 from tvm_fusion_ext.tir_nodes import collect

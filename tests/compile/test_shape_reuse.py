@@ -1,4 +1,4 @@
-"""Each run-time shape is made once per call (compile/shape_reuse.py), and never reused outside the branch that made
+"""Each run-time shape is made once per call (compile/codegen/shape_reuse.py), and never reused outside the branch that made
 it."""
 
 import re

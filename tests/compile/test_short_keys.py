@@ -1,4 +1,4 @@
-"""Symbolic CPU attention branches to 8-, 32- and 64-key-block variants for short requests (compile/short_keys.py):
+"""Symbolic CPU attention branches to 8-, 32- and 64-key-block variants for short requests (compile/variants/short_keys.py):
 every branch against numpy at the lengths on both sides of each boundary, and the kernels it must leave alone."""
 
 import warnings
@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from tvm_fusion_ext.compile import short_keys
+from tvm_fusion_ext.compile.variants import short_keys
 from tvm_fusion_ext.compile.pipeline import compile_model, prepare
 from tvm_fusion_ext.compile.schedule import ApplyTemplates, schedule
 from tvm_fusion_ext.ops import call_op
@@ -52,7 +52,7 @@ def test_the_kernel_branches_on_its_key_count():
     script = kernel.script()
     for keys in (8, 32, 64):
         assert f"if seq <= T.int64({keys}):" in script
-    # six copies of the flash loop: the 128-key kernel in 16-, 32- and 64-row query tiles (compile/query_tiles.py)
+    # six copies of the flash loop: the 128-key kernel in 16-, 32- and 64-row query tiles (compile/variants/query_tiles.py)
     # and the three short-key variants
     assert script.count('T.sblock("attn_online_update")') == 6
 
@@ -117,7 +117,7 @@ def test_a_variant_the_template_cannot_schedule_drops_the_branch_not_the_build(m
     def unscheduled(mod):  # as if no template took the variant
         return mod
 
-    caplog.set_level("INFO", logger="tvm_fusion_ext.compile.short_keys")
+    caplog.set_level("INFO", logger="tvm_fusion_ext.compile.variants.short_keys")
     assert short_keys.dispatch(plain, unscheduled) is None
     assert "8-key variant was not scheduled by a template" in caplog.text
 

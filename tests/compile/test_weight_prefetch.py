@@ -1,4 +1,4 @@
-"""The CPU dense kernel prefetches the panel its thread's next task reads (compile/weight_prefetch.py), and keeps its
+"""The CPU dense kernel prefetches the panel its thread's next task reads (compile/codegen/weight_prefetch.py), and keeps its
 accumulator tile on the stack so that the prefetch call inside the k loop does not push the tile out of registers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tvm import relax, tirx
 from tvm_fusion_ext.compile.finalize import finalize
 from tvm_fusion_ext.compile.pipeline import prepare
 from tvm_fusion_ext.compile.schedule import schedule
-from tvm_fusion_ext.compile.weight_prefetch import InsertWeightPrefetch
+from tvm_fusion_ext.compile.codegen.weight_prefetch import InsertWeightPrefetch
 from tvm_fusion_ext.ops import call_op
 from tvm_fusion_ext.targets import resolve_target
 from tvm_fusion_ext.testing import build_module

@@ -7,7 +7,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_fusion_ext.compile.weights import LIFT_MIN_BYTES, NUM_INPUT_ATTR, lift_weights
+from tvm_fusion_ext.compile.codegen.weights import LIFT_MIN_BYTES, NUM_INPUT_ATTR, lift_weights
 from tvm_fusion_ext.testing import build_module
 
 

@@ -2,7 +2,7 @@
 convolution, which no rule fuses) and GPT-2 (a causal decoder). The build must stay as close to torch's float32
 answer as torch's own float16 run and ONNX Runtime are: before session 18 TVM's lowering summed float16
 convolutions and unfused matmuls in float16, and the ViT drifted 0.014 where ONNX Runtime drifted 0.0024
-(``compile/low_precision.py``). GPT-2's causal mask, written with float16's lowest value, must fuse as
+(``compile/lowering/low_precision.py``). GPT-2's causal mask, written with float16's lowest value, must fuse as
 ``causal`` (``transform/attention_mask.hides_keys``). LLaMA with Hugging Face's eager attention, through torch's
 legacy exporter (as Optimum exports), puts a float16 → float32 → float16 round trip between the softmax and the
 second matmul: dropped (``canonical/round_trip_cast.py``), its attention fuses."""

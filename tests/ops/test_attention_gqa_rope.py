@@ -1,5 +1,5 @@
 """fused_attention with grouped-query K/V and rotary Q/K, on CPU (template defaults) against numpy; the causal
-key-block bound (compile/causal_skip.py) on the scheduled kernel; CUDA compile checks of the same kernels."""
+key-block bound (compile/variants/causal_skip.py) on the scheduled kernel; CUDA compile checks of the same kernels."""
 
 import re
 import shutil
@@ -10,7 +10,7 @@ import pytest
 import tvm
 from tvm import relax, s_tir
 
-from tvm_fusion_ext.compile.causal_skip import SkipMaskedKeyBlocks
+from tvm_fusion_ext.compile.variants.causal_skip import SkipMaskedKeyBlocks
 from tvm_fusion_ext.ops.registry import make_prim_func
 from tvm_fusion_ext.schedules.cpu.attention import attention_cpu
 

@@ -11,7 +11,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 
-from tvm_fusion_ext.compile.causal_skip import SkipMaskedKeyBlocks
+from tvm_fusion_ext.compile.variants.causal_skip import SkipMaskedKeyBlocks
 from tvm_fusion_ext.compile.pipeline import compile_model, prepare
 from tvm_fusion_ext.compile.schedule import schedule
 from tvm_fusion_ext.ops import call_op

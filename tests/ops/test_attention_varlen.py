@@ -127,9 +127,9 @@ def test_malformed_packed_calls_are_refused(overrides, message):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_key_block_loop_stops_at_the_tiles_sequences(causal):
-    """The flash loop of a query tile runs over the key blocks its sequences span (compile/causal_skip.py), not
+    """The flash loop of a query tile runs over the key blocks its sequences span (compile/variants/causal_skip.py), not
     over the longest length's: a data-dependent bound read from row_seq and cu_seqlens."""
-    from tvm_fusion_ext.compile.causal_skip import SkipMaskedKeyBlocks
+    from tvm_fusion_ext.compile.variants.causal_skip import SkipMaskedKeyBlocks
     from tvm_fusion_ext.compile.pipeline import prepare
     from tvm_fusion_ext.compile.schedule import schedule
 

@@ -72,7 +72,7 @@ REGRESSION_CASES = (
     "test_spacetodepth_crd_mode_example",              # CRD mode
     "test_split_to_sequence_nokeepdims",               # a sequence graph output: refused
     "test_training_dropout_mask",                      # training mode: refused
-    # ONNX's Attention / RotaryEmbedding (onnx_attention.py, onnx_rotary.py), once all refused
+    # ONNX's Attention / RotaryEmbedding (frontend/converters/attention.py, rotary.py), once all refused
     "test_attention_4d_gqa_causal_nonpad_decode",      # grouped heads, causal from per-batch key counts
     "test_attention_3d_with_past_and_present_qk_matmul",  # 3-D, cache in front, present and scores outputs
     "test_attention_23_boolmask_fullymasked_row_nan_robustness_expanded",  # ReduceMax of -inf; Concat of sizes

@@ -316,7 +316,7 @@ def test_select_api_on_foreign_and_corrupt(tiny_encoder_path, tmp_path):
 @pytest.mark.slow  # 22 s through the CLI; tests/compile/test_gather_checks.py checks the refusal by default
 def test_out_of_range_token_ids_are_refused_not_a_crash(tiny_encoder_path, tmp_path, good_inputs, run_ort):
     """ids = vocab + 1000 and int64 min, through ``tvm-fusion run`` in a subprocess (a segfault would show as a
-    negative return code): exit 2 and one line naming ``input_ids`` (``compile/gather_checks.py``; before session
+    negative return code): exit 2 and one line naming ``input_ids`` (``compile/checks/gather_indices.py``; before session
     18 the embedding ``take`` clamped them, and the model answered with the table's last or first row). A
     negative id inside ``[-vocab, -1]`` is valid ONNX (counts from the end) and is honoured, as onnxruntime
     honours it."""

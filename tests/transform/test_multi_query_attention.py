@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tvm import relax
 
-from tvm_fusion_ext.symbolic_values import Evaluator
+from tvm_fusion_ext.frontend.symbolic_values import Evaluator
 from tvm_fusion_ext.testing import build_module, fuse, fused_calls, random_inputs, run_before_after
 from tvm_fusion_ext.transform.canonical.gather_nd_slice import GatherNDToSlice
 from tvm_fusion_ext.transform.canonicalize import Canonicalize

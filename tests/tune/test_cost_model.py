@@ -92,12 +92,12 @@ def test_warm_start_trains_xgb_on_records_of_this_target(random_logs):
     from tvm.s_tir import meta_schedule as ms
 
     from tvm_fusion_ext.targets import resolve_target
-    from tvm_fusion_ext.tune.driver import _stub_tensor_intrin
+    from tvm_fusion_ext.tune.intrin_stub import stub_tensor_intrinsics
     from tvm_fusion_ext.tune.warm_start import warm_start
 
     target = resolve_target("llvm")
     model = ms.cost_model.XGBModel(num_warmup_samples=2)
-    with _stub_tensor_intrin(True):  # as the driver does on llvm: TuneContext imports a 30 s registry otherwise
+    with stub_tensor_intrinsics(True):  # as the driver does on llvm: TuneContext imports a 30 s registry otherwise
         stats = warm_start(model, [random_logs[1]], target)
         mod, cands = _candidates(random_logs[1])
         ctx = ms.TuneContext(mod=mod, target=target, task_name="check", num_threads=1)
@@ -113,12 +113,12 @@ def test_warm_start_skips_records_of_another_target(random_logs):
     from tvm.s_tir import meta_schedule as ms
 
     from tvm_fusion_ext.targets import resolve_target
-    from tvm_fusion_ext.tune.driver import _stub_tensor_intrin
+    from tvm_fusion_ext.tune.intrin_stub import stub_tensor_intrinsics
     from tvm_fusion_ext.tune.warm_start import warm_start
 
     other = resolve_target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
     model = ms.cost_model.XGBModel(num_warmup_samples=2)
-    with _stub_tensor_intrin(True):
+    with stub_tensor_intrinsics(True):
         stats = warm_start(model, [random_logs[1]], other)
     assert stats.records == 0 and stats.other_target == 4 and model.booster is None
 
@@ -189,7 +189,7 @@ def _tiny_dense_candidates(n):
     from tvm.s_tir.schedule import Trace
 
     from tvm_fusion_ext.targets import resolve_target
-    from tvm_fusion_ext.tune.pool import prepare_task
+    from tvm_fusion_ext.tools.tuning_lab.collect import prepare_task
 
     target = resolve_target("llvm")
     task = prepare_task("tiny-dense", "template", target)
@@ -212,11 +212,11 @@ def test_rank_model_learns_the_order_of_candidates_it_has_not_seen():
     from scipy.stats import spearmanr
     from tvm.s_tir import meta_schedule as ms
 
-    from tvm_fusion_ext.tune.driver import _stub_tensor_intrin
+    from tvm_fusion_ext.tune.intrin_stub import stub_tensor_intrinsics
     from tvm_fusion_ext.tune.expert_features import FEATURE_NAMES, candidate_features
     from tvm_fusion_ext.tune.rank_model import RankModel
 
-    with _stub_tensor_intrin(True):
+    with stub_tensor_intrinsics(True):
         target, task, cands = _tiny_dense_candidates(36)
         assert len(cands) == 36
         feats = [dict(zip(FEATURE_NAMES, candidate_features(c.sch.mod, target))) for c in cands]
@@ -266,11 +266,11 @@ def test_rank_model_warm_start_is_a_fixed_base_that_the_run_continues(tmp_path):
     from scipy.stats import spearmanr
     from tvm.s_tir import meta_schedule as ms
 
-    from tvm_fusion_ext.tune.driver import _stub_tensor_intrin
+    from tvm_fusion_ext.tune.intrin_stub import stub_tensor_intrinsics
     from tvm_fusion_ext.tune.expert_features import FEATURE_NAMES, candidate_features
     from tvm_fusion_ext.tune.rank_model import RankModel
 
-    with _stub_tensor_intrin(True):
+    with stub_tensor_intrinsics(True):
         target, task, cands = _tiny_dense_candidates(36)
         feats = [dict(zip(FEATURE_NAMES, candidate_features(c.sch.mod, target))) for c in cands]
         cost = np.array([1e-6 * (1 + 4 * (1 - f["vector_fraction"]) + 2 / (1 + f["register_tile_ratio"])
@@ -302,11 +302,11 @@ def test_handover_model_hands_each_kernel_over_after_its_own_trials(tmp_path):
     kernel only, and the warm-start protocol (``last_train_size``, ``freeze_as_base``) reaches both parts."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tvm_fusion_ext.tune.driver import _stub_tensor_intrin
+    from tvm_fusion_ext.tune.intrin_stub import stub_tensor_intrinsics
     from tvm_fusion_ext.tune.handover_model import HandoverModel
     from tvm_fusion_ext.tune.rank_model import RankModel
 
-    with _stub_tensor_intrin(True):
+    with stub_tensor_intrinsics(True):
         target, task, cands = _tiny_dense_candidates(24)
         ctx = ms.TuneContext(mod=task.mod, target=target, task_name="handover", num_threads=1)
         rank = RankModel(target, num_warmup_samples=2, pretrain_rounds=20)

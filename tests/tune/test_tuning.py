@@ -262,11 +262,11 @@ def test_expert_rules_reject_over_limit_shared_memory_before_build():
     assert stats.to_dict()["rejected"]["shared_memory"] == 1 and stats.checked == 2
 
     # Inside MetaSchedule: the candidate is dropped while candidates are generated, i.e. before any builder.
-    from tvm_fusion_ext.tune.driver import _stub_tensor_intrin
+    from tvm_fusion_ext.tune.intrin_stub import stub_tensor_intrinsics
 
     space = ms.space_generator.ScheduleFn(lambda sch: _cuda_matmul(128, sch), sch_rules=[],
                                           postprocs=[ExpertRules(stats)], mutator_probs={})
-    with _stub_tensor_intrin(True):  # TuneContext imports the 30 s tensor-intrinsic registry otherwise
+    with stub_tensor_intrinsics(True):  # TuneContext imports the 30 s tensor-intrinsic registry otherwise
         ctx = ms.TuneContext(mod=_matmul_mod(), target=target, space_generator=space,
                              search_strategy=ms.search_strategy.ReplayTrace(), task_name="over", rand_state=1,
                              num_threads=1)

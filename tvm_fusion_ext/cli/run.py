@@ -34,7 +34,7 @@ def _run_artifact(args, inputs):
 
 def _run_onnx(args, inputs):
     from ..deploy.io import check_inputs
-    from ..dims import bound_reasons, shape_bounds
+    from ..frontend.dims import bound_reasons, shape_bounds
     from ..frontend import input_specs
     from ..runtime import CompiledModel
     from ..targets import resolve_target

@@ -2,7 +2,7 @@
 TVM's runtime is installed (layout and checks: :mod:`tvm_fusion_ext.deploy.manifest`).
 
 The compilation is :func:`.compile_model` with ``lift_weights=True`` (weights beside the library, see
-:mod:`.weights`). The artifact is written into a temporary directory next to ``out`` and renamed into place
+:mod:`.codegen.weights`). The artifact is written into a temporary directory next to ``out`` and renamed into place
 at the end, so a failed or interrupted compile leaves no partial artifact, and an existing artifact at
 ``out`` is replaced only by a complete one.
 """
@@ -23,7 +23,7 @@ from ..deploy.manifest import (FORMAT, FORMAT_VERSION, LIBRARY_FILE, MANIFEST_FI
                                is_artifact, seal, sha256_of_file)
 from ..deploy.weights import ALIGNMENT, write_weights
 from ..errors import ArtifactError
-from ..targets import TargetInfo, TargetSpec
+from ..targets import TargetInfo, TargetSpec, resolve_target
 from .pipeline import Compiled, compile_model
 
 
@@ -37,6 +37,7 @@ def compile_artifact(model, out: str, target: TargetSpec = None, logs: Optional[
     from ..frontend import load_onnx
 
     check_destination(out)
+    target = resolve_target(target)  # a bad target is refused before the model is read
     mod = load_onnx(model, shapes=shapes, max_shapes=max_shapes)
     compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse_graph, lift_weights=True,
                              remove_padding=remove_padding)
@@ -127,7 +128,7 @@ def _target_entry(target: tvm.target.Target) -> dict:
     triple = str(llvm.attrs.get("mtriple") or codegen.llvm_get_system_triple())
     return {
         "family": info.family,
-        "kind": target.kind.name,
+        "kind": info.kind,
         "arch": info.arch,
         "string": str(target),
         "config": _plain(target.export()),
@@ -157,7 +158,7 @@ def _io_specs(mod: tvm.IRModule):
                 "shape": _dims(ty.shape) if getattr(ty, "shape", None) is not None else None}
                for name, ty in zip(output_names(mod), fields)]
     names = sorted({d for i in inputs for d in i["shape"] if isinstance(d, str) and d.isidentifier()})
-    from ..dims import bound_reasons, shape_bounds
+    from ..frontend.dims import bound_reasons, shape_bounds
 
     bounds, reasons = shape_bounds(mod), bound_reasons(mod)
     dims = {}

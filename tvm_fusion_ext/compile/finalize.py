@@ -1,6 +1,12 @@
 """The last step: a scheduled module → a TVM executable, with the backend's own dataflow-lowering and
 finalisation passes only. Legalisation, fusion and scheduling have happened already (the stock CPU
-``tvm.compile`` pipeline would do no fusion and no scheduling at all)."""
+``tvm.compile`` pipeline would do no fusion and no scheduling at all).
+
+Ours around the backend's (:mod:`.codegen`): CPU weight prefetch and stacked accumulators
+(:mod:`.codegen.weight_prefetch`, before and inside TIR lowering), parallel loops of run-time extent kept serial
+for small calls (:mod:`.codegen.serial_when_small`), the guarded reshape-to-view rewrite
+(:mod:`.lowering.reshape_views`), shape values computed once (:mod:`.codegen.shape_reuse`) and ``noalias``
+shape functions (:mod:`.codegen.shape_functions`)."""
 
 from __future__ import annotations
 
@@ -14,13 +20,14 @@ def finalize_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
         from tvm.relax.backend.cuda import pipeline as backend
     else:
         from tvm.relax.backend.cpu_generic import pipeline as backend
-    from .lower import ReshapesAsViews
-    from .shape_reuse import ReuseShapeValues
+    from .codegen.shape_functions import ShapeFunctionsNoAlias
+    from .codegen.shape_reuse import ReuseShapeValues
+    from .lowering.reshape_views import ReshapesAsViews
 
     # the backend runs RewriteDataflowReshape again: the same guard against TVM's assertion (see ReshapesAsViews)
     passes = [ReshapesAsViews() if p.info.name == "RewriteDataflowReshape" else p
               for p in backend.dataflow_lower_passes(target)]
-    passes += backend.finalize_passes(target) + [ReuseShapeValues(), _ShapeFunctionsNoAlias()]
+    passes += backend.finalize_passes(target) + [ReuseShapeValues(), ShapeFunctionsNoAlias()]
 
     @tvm.transform.module_pass(opt_level=0, name="tfx.finalize")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -34,31 +41,8 @@ def finalize(mod: tvm.IRModule, target: tvm.target.Target):
     """``tvm.compile`` of a scheduled module: the executable (``relax.VirtualMachine(ex, dev)`` runs it)."""
     if TargetInfo.of(target).is_cuda:
         return tvm.compile(mod, target, relax_pipeline=finalize_pipeline(target))
-    from .serial_when_small import SerialWhenSmall
-    from .weight_prefetch import TIR_PIPELINE, InsertWeightPrefetch
+    from .codegen.serial_when_small import SerialWhenSmall
+    from .codegen.weight_prefetch import TIR_PIPELINE, InsertWeightPrefetch
 
     return tvm.compile(SerialWhenSmall()(InsertWeightPrefetch()(mod)), target,
                        relax_pipeline=finalize_pipeline(target), tir_pipeline=TIR_PIPELINE)
-
-
-def _ShapeFunctionsNoAlias() -> tvm.transform.Pass:  # noqa: N802
-    """Mark the VM's generated shape functions ``tirx.noalias``.
-
-    A model with symbolic dims gets a ``shape_func`` PrimFunc (VMShapeLower) without that attribute, and in
-    TVM 0.27's LLVM codegen one function without it in the module costs every kernel its ``noalias``
-    arguments: the compute function is then inlined into its packed wrapper and LLVM can no longer keep a
-    workspace-allocated accumulator tile in registers (measured: the symbolic CPU dense kernel 2.3x slower,
-    and back to the static kernel's speed with this pass). A shape function reads and writes one shape heap
-    only, so nothing it touches can alias."""
-
-    @tvm.transform.module_pass(opt_level=0, name="tfx.ShapeFunctionsNoAlias")
-    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        out = None
-        for gv, func in mod.functions_items():
-            if (isinstance(func, tvm.tirx.PrimFunc) and gv.name_hint.startswith("shape_func")
-                    and not (func.attrs is not None and "tirx.noalias" in func.attrs)):
-                out = out if out is not None else mod.clone()
-                out[gv] = func.with_attr("tirx.noalias", True)
-        return out if out is not None else mod
-
-    return _pass

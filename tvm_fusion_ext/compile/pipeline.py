@@ -3,6 +3,11 @@
 Everything that compiles (``build``, the tuner, ``bench``, ``inspect-cuda``, ``tvm-fusion compile``) goes through
 :func:`compile_model` (or, for the tuner, its first two steps :func:`prepare`), so the graph the tuner saw is
 the graph the build schedules, and fusion runs once per compilation, with its report kept.
+
+The target is resolved here, once, at the entry points (:func:`compile_model`, :func:`build`, :func:`prepare`);
+the steps below take the resolved :class:`tvm.target.Target`. The template rules (with the compilation's knobs
+and the knobs transferred from records) are built once too, and the same list serves lowering (operator
+parameters) and scheduling.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import List, Optional, Tuple
 
 import tvm
 
-from ..targets import TargetInfo, TargetSpec, resolve_target
+from ..targets import TargetInfo, TargetSpec, resolve_target, resolved_target
 from ..transform.report import FusionReport
 from .finalize import finalize
 from .lower import lower
@@ -50,14 +55,16 @@ def fuse(mod: tvm.IRModule, remove_padding: bool = False) -> Tuple[tvm.IRModule,
 
 
 def prepare(mod: tvm.IRModule, target: TargetSpec = None, fuse_graph: bool = True, remove_padding: bool = False,
-            knobs: Optional[dict] = None, kernel_knobs=None) -> Tuple[tvm.IRModule, Optional[FusionReport]]:
+            knobs: Optional[dict] = None, kernel_knobs=None,
+            templates: Optional[list] = None) -> Tuple[tvm.IRModule, Optional[FusionReport]]:
     """Fuse (optionally; ``remove_padding`` as in :func:`SemanticFusion`) and lower: the unscheduled module every
-    later step starts from (``knobs`` / ``kernel_knobs``: as the build will schedule, see :func:`lower`)."""
-    target = resolve_target(target)
+    later step starts from (``knobs`` / ``kernel_knobs`` / ``templates``: as the build will schedule, see
+    :func:`lower`)."""
+    target = resolved_target(target)
     report = None
     if fuse_graph:
         mod, report = fuse(mod, remove_padding)
-    return lower(mod, target, knobs, kernel_knobs), report
+    return lower(mod, target, knobs, kernel_knobs, templates=templates), report
 
 
 def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Target) -> Tuple[Optional[str], str]:
@@ -79,7 +86,9 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
     ``logs`` for this target (:mod:`.record_knobs`; :attr:`Compiled.transferred`). ``knobs`` maps a block
     rule (``"tfx.dense"``) to template knobs, for kernels neither covers. ``lift_weights``: the scheduled
     module's large constants become trailing parameters of ``main`` (:attr:`Compiled.weights`), so that an
-    artifact can store them beside the library (:mod:`.weights`)."""
+    artifact can store them beside the library (:mod:`.codegen.weights`)."""
+    from ..schedules.registry import template_rules
+
     target = resolve_target(target)
     records, note = select_records(logs, mod, target)
     transfer = None
@@ -88,8 +97,9 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
 
         transfer = collect(logs, target)
     table = transfer.table if transfer is not None else None
-    lowered, report = prepare(mod, target, fuse_graph, remove_padding, knobs=knobs, kernel_knobs=table)
-    scheduled = schedule(lowered, target, records=records, knobs=knobs, kernel_knobs=table)
+    templates = template_rules(target, knobs, table)  # here: a bad knob is a one-line error, not a TVM one
+    lowered, report = prepare(mod, target, fuse_graph, remove_padding, templates=templates)
+    scheduled = schedule(lowered, target, records=records, templates=templates)
     if transfer is not None:
         if transfer.table.kernels and records is None:
             note = note.replace("; building untuned", "")
@@ -97,7 +107,7 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
     logger.info(note)
     weights = []
     if lift_weights:
-        from .weights import lift_weights as lift
+        from .codegen.weights import lift_weights as lift
 
         scheduled, weights = lift(scheduled)
     executable = finalize(scheduled, target)

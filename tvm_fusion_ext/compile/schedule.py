@@ -1,31 +1,39 @@
 """Scheduling a lowered module, in order of trust: tuning records, then our templates (expert default knobs or
-given ones), then a generic fallback for every other kernel (CPU: ours; CUDA: dlight's)."""
+given ones), then a generic fallback for every other kernel (CPU: ours; CUDA: dlight's).
+
+After them, the run-time variants (:mod:`.variants`): causal attention's key-block loops bounded by their query
+tiles (:mod:`.variants.causal_skip`, CPU), then symbolic CPU attention's long-request query tiles
+(:mod:`.variants.query_tiles`) and attention and dense kernels' short-request branches
+(:mod:`.variants.short_keys`, :mod:`.variants.short_rows`), each scheduled by the same template rules."""
 
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import List, Optional
 
 import tvm
 from tvm import relax
 
 from ..errors import TuningLogError
-from ..targets import TargetInfo, TargetSpec, resolve_target
+from ..targets import TargetInfo, TargetSpec, resolved_target
 
 
 def ApplyTemplates(target: TargetSpec = None, knobs: Optional[dict] = None,  # noqa: N802
-                   fallback: bool = True, kernel_knobs=None) -> tvm.transform.Pass:
+                   fallback: bool = True, kernel_knobs=None, templates: Optional[List] = None) -> tvm.transform.Pass:
     """Schedule every not-yet-scheduled PrimFunc with the first rule that takes it: the target's templates
     (``knobs`` maps a block rule such as ``"tfx.dense"`` to its knobs; ``kernel_knobs``, a
     :class:`~tvm_fusion_ext.schedules.kernel_knobs.KernelKnobs`, gives tuned knobs per kernel signature over
-    them), then, with ``fallback``, the generic rules. Marks what it scheduled; never changes the caller's
-    module."""
+    them), then, with ``fallback``, the generic rules. ``templates``: the compilation's template rules when the
+    caller built them already (then ``knobs`` and ``kernel_knobs`` are theirs). Marks what it scheduled; never
+    changes the caller's module."""
     from tvm.s_tir import dlight as dl
 
     from ..schedules.registry import fallback_rules, template_rules
 
-    target = resolve_target(target)
-    rules = template_rules(target, knobs, kernel_knobs) + (fallback_rules(target) if fallback else [])
+    target = resolved_target(target)
+    if templates is None:
+        templates = template_rules(target, knobs, kernel_knobs)
+    rules = list(templates) + (fallback_rules(target) if fallback else [])
     apply = dl.ApplyDefaultSchedule(*rules)
 
     @tvm.transform.module_pass(opt_level=0, name="tfx.ApplyTemplates")
@@ -56,18 +64,22 @@ def apply_records(mod: tvm.IRModule, target: tvm.target.Target, record_dir: str)
 
 
 def schedule(mod: tvm.IRModule, target: TargetSpec = None, records: Optional[str] = None,
-             knobs: Optional[dict] = None, kernel_knobs=None) -> tvm.IRModule:
+             knobs: Optional[dict] = None, kernel_knobs=None, templates: Optional[List] = None) -> tvm.IRModule:
     """Schedule a lowered module: ``records`` (a record directory) first, then templates (with ``knobs`` and
     the per-kernel ``kernel_knobs`` transferred from records), then the fallback; then bound causal attention's
     key-block loops by their query tiles (whichever schedule made them), and give symbolic CPU attention its
-    long-request query tiles (:mod:`.query_tiles`) and attention and dense kernels their short-request variants
-    (:mod:`.short_keys`, :mod:`.short_rows`)."""
-    from .causal_skip import SkipMaskedKeyBlocks
-    from .query_tiles import DispatchQueryTiles
-    from .short_keys import DispatchShortKeys
-    from .short_rows import DispatchShortRows
+    long-request query tiles (:mod:`.variants.query_tiles`) and attention and dense kernels their short-request
+    variants (:mod:`.variants.short_keys`, :mod:`.variants.short_rows`). ``templates``: the compilation's template rules
+    when the caller built them already (:func:`~.pipeline.compile_model` does: the same list its lowering used)."""
+    from ..schedules.registry import template_rules
+    from .variants.causal_skip import SkipMaskedKeyBlocks
+    from .variants.query_tiles import DispatchQueryTiles
+    from .variants.short_keys import DispatchShortKeys
+    from .variants.short_rows import DispatchShortRows
 
-    target = resolve_target(target)
+    target = resolved_target(target)
+    if templates is None:
+        templates = template_rules(target, knobs, kernel_knobs)
     if records is not None:
         mod = apply_records(mod, target, records)
 
@@ -76,10 +88,9 @@ def schedule(mod: tvm.IRModule, target: TargetSpec = None, records: Optional[str
     # bound is an optimisation and the per-key causal test the semantics, so CUDA keeps the full key loop
     skip = (lambda m: m) if TargetInfo.of(target).is_cuda else SkipMaskedKeyBlocks()
 
-    def templates(m: tvm.IRModule, fallback: bool = True) -> tvm.IRModule:
-        return skip(ApplyTemplates(target, knobs, fallback, kernel_knobs=kernel_knobs)(m))
-
+    with_fallback = ApplyTemplates(target, fallback=True, templates=templates)
     # a variant's kernel never has a record (records name static kernels): templates and transferred knobs
-    variants = lambda m: templates(m, fallback=False)  # noqa: E731
-    scheduled = DispatchQueryTiles(target, variants)(templates(mod))
+    templates_only = ApplyTemplates(target, fallback=False, templates=templates)
+    variants = lambda m: skip(templates_only(m))  # noqa: E731
+    scheduled = DispatchQueryTiles(target, variants)(skip(with_fallback(mod)))
     return DispatchShortRows(target, variants)(DispatchShortKeys(target, variants)(scheduled))

@@ -139,7 +139,7 @@ _SHAPE_CHECK = re.compile(r"\((\d+) vs\. (\d+)\).*?ErrorContext\(\w+, ty=R\.Tens
                           r"mismatch", re.S)
 
 
-#: compile/gather_checks.py's run-time count of out-of-range indices is match-cast to the shape
+#: compile/checks/gather_indices.py's run-time count of out-of-range indices is match-cast to the shape
 #: ``[0, INDEX_CHECK_TAG, op code, data input + 1, axis, indices input + 1, static dim or 0, data reshaped]``: the tag tells its
 #: failure from the VM's other shape checks, the rest names what failed (the op by its code in INDEX_CHECK_OPS)
 INDEX_CHECK_TAG = 7734
@@ -150,7 +150,7 @@ _INDEX_CHECK = re.compile(r"\((\d+) vs\. 0\)\s*:\s*ErrorContext\(match_cast, ty=
 
 def index_check_error(err: BaseException, specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray],
                       label: str = "model") -> Optional[InputError]:
-    """A gather/scatter bounds check (``compile/gather_checks.py``), failed at run time, as one line naming the
+    """A gather/scatter bounds check (``compile/checks/gather_indices.py``), failed at run time, as one line naming the
     op and the input at fault where the indices or the data is one; else None."""
     found = _INDEX_CHECK.search(str(err))
     if found is None:

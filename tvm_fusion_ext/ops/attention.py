@@ -20,7 +20,7 @@ Semantics the graph-side rules rely on:
   ``softcap · tanh(s / softcap)`` before any mask is added (``cap`` above; the identity when 0).
 * ``mask`` (rank ≤ 4) is broadcast right-aligned against (B, H, S, T) and added to the scaled scores.
 * ``causal``: key ``j`` is visible to query ``i`` iff ``j <= i + T - S``. Key blocks no row of a query tile
-  can see are skipped by the compiled kernel (:mod:`..compile.causal_skip`): about half the work.
+  can see are skipped by the compiled kernel (:mod:`..compile.variants.causal_skip`): about half the work.
 * Grouped-query attention: K and V may have fewer heads ``Hkv`` than Q (``H % Hkv == 0``); query head ``h``
   reads K/V head ``h // (H / Hkv)`` in place (``repeat_kv``'s order), so no repeated K/V exists.
 * Head ranges (``heads``, ``kv_heads``, ``q_head_start``, ``k_head_start``, ``v_head_start``): an operand may
@@ -49,7 +49,7 @@ the varlen counterpart of a key-only additive mask. ``causal`` compares position
 The kernel has the stages of the padded form with a batch of one (so the same templates schedule it): K (and V)
 are cut into key blocks per sequence (``attn_kt[n, ...]``), query rows read the blocks of ``row_seq[i]``. As
 defined, a row visits ``L / key_block`` blocks whatever its sequence's length; the build bounds each query tile's
-loop by the blocks its sequences span (:mod:`..compile.causal_skip`).
+loop by the blocks its sequences span (:mod:`..compile.variants.causal_skip`).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ LOW_PRECISION = ("float16", "bfloat16")
 #: box (MiniLM's 12 heads × 32, query tile 16, against the static kernel at each length): 32-key blocks were
 #: 1.30× / 1.31× / 1.12× at S = 16 / 128 / 384 (the flash loop's per-block rescale runs 4× as often), 128-key
 #: blocks 3.2× / 1.09× / 0.83×. A short request would pay for its padded keys: the CPU build gives the kernel
-#: branches with 8-, 32- and 64-key blocks for ≤ 8, ≤ 32 and ≤ 64 keys (:mod:`..compile.short_keys`)
+#: branches with 8-, 32- and 64-key blocks for ≤ 8, ≤ 32 and ≤ 64 keys (:mod:`..compile.variants.short_keys`)
 SYMBOLIC_KEY_BLOCK = 128
 
 

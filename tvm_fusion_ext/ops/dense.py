@@ -13,7 +13,7 @@ over the rows flattened and padded up to a multiple of ``row_block`` (the ``dens
 reads it in place, the CUDA template gathers it per tile), the padding rows reading the last real row (a few
 wasted FMAs, no out-of-bounds read), and the epilogue writes only the real rows. A template can then tile rows by ``row_block`` with no tail predicate inside its micro-kernel, which would otherwise keep
 its accumulator tile out of registers. On CPU a request of fewer rows than the tile runs a copy of the kernel
-built with a thinner ``row_block`` (:mod:`..compile.short_rows`), not 8 padded rows. ``row_clamp`` says how a
+built with a thinner ``row_block`` (:mod:`..compile.variants.short_rows`), not 8 padded rows. ``row_clamp`` says how a
 padding row is clamped to the last real one (:func:`real_row`).
 """
 
@@ -88,16 +88,16 @@ def fused_dense(x, w, bias=None, *, act="none", transpose_b=False, w_layout="pla
         acc = te.compute((*batch, N), matmul, name="dense", attrs={"schedule_rule": "tfx.dense"})
         at = lambda *idx: acc(*idx)  # noqa: E731  (a full index gives a PrimExpr; a tuple gives a TensorSlice)
     else:
-        rows = _product(batch)
+        rows = dims_product(batch)
         padded = (rows + (int(row_block) - 1)) // int(row_block) * int(row_block)
         # The padded rows as their own (inlinable) stage: a row tile of it is a rectangle, which a template can
         # stage in shared memory; read through x's (batch, seq) dims the same tile is a bounding box in (b, s).
-        padded_x = te.compute((padded, K), lambda r, c: x[(*_unflatten(real_row(r, rows, row_clamp), batch), c)],
+        padded_x = te.compute((padded, K), lambda r, c: x[(*unflatten_index(real_row(r, rows, row_clamp), batch), c)],
                               name="dense_rows", attrs={"schedule_rule": "None"})
         acc = te.compute((padded, N), lambda r, j: te.sum(
             padded_x[r, k].astype(acc_dtype) * weight(j).astype(acc_dtype),
             axis=k), name="dense", attrs={"schedule_rule": "tfx.dense"})
-        at = lambda *idx: acc(_flatten(idx[:-1], batch), idx[-1])  # noqa: E731
+        at = lambda *idx: acc(flatten_index(idx[:-1], batch), idx[-1])  # noqa: E731
 
     def epilogue(*idx):
         v = at(*idx)
@@ -128,21 +128,21 @@ def real_row(r, rows, row_clamp: str = "min"):
     return tirx.min(r, rows - 1)
 
 
-def _product(dims):
+def dims_product(dims):
     out = dims[0]
     for d in dims[1:]:
         out = out * d
     return out
 
 
-def _flatten(idx, dims):
+def flatten_index(idx, dims):
     row = idx[0]
     for i, d in zip(idx[1:], dims[1:]):
         row = row * d + i
     return row
 
 
-def _unflatten(row, dims):
+def unflatten_index(row, dims):
     out = []
     for d in reversed(dims[1:]):
         out.append(tirx.floormod(row, d))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from .dense import _flatten, _product, _unflatten, activation, real_row
+from .dense import activation, dims_product, flatten_index, real_row, unflatten_index
 from .registry import register_op
 
 #: activations a gated MLP applies to its gate (SwiGLU: silu; GeGLU: gelu, erf or tanh form)
@@ -66,7 +66,7 @@ def fused_gated_dense(x, w, bias=None, *, act="silu", w_layout="plain", out_feat
         N = acc_width = w.shape[1]
     if int(w.shape[-1]) != 2:
         raise ValueError(f"fused_gated_dense: weight {list(w.shape)} does not end in the (gate, up) pair")
-    rows = _product(batch)
+    rows = dims_product(batch)
     padded = rows if row_block is None else (rows + (int(row_block) - 1)) // int(row_block) * int(row_block)
     k = te.reduce_axis((0, K), name="k")
 
@@ -75,10 +75,10 @@ def fused_gated_dense(x, w, bias=None, *, act="silu", w_layout="plain", out_feat
 
     if row_block is None:
         def row(r, c):
-            return x[(*_unflatten(r, batch), c)]
+            return x[(*unflatten_index(r, batch), c)]
     else:
         # the padded rows as their own stage, as in fused_dense (``dense_rows``: templates copy or inline it)
-        padded_x = te.compute((padded, K), lambda r, c: x[(*_unflatten(real_row(r, rows, row_clamp), batch), c)],
+        padded_x = te.compute((padded, K), lambda r, c: x[(*unflatten_index(real_row(r, rows, row_clamp), batch), c)],
                               name="dense_rows", attrs={"schedule_rule": "None"})
 
         def row(r, c):
@@ -89,7 +89,7 @@ def fused_gated_dense(x, w, bias=None, *, act="silu", w_layout="plain", out_feat
         name="gated_dense", attrs={"schedule_rule": "tfx.gated_dense"})
 
     def epilogue(*idx):
-        r, j = _flatten(idx[:-1], batch), idx[-1]
+        r, j = flatten_index(idx[:-1], batch), idx[-1]
         gate, up = acc(r, j, gate_at), acc(r, j, up_at)
         if bias is not None:
             gate, up = gate + bias[j, gate_at].astype(acc_dtype), up + bias[j, up_at].astype(acc_dtype)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import List
+from typing import List, Optional, Sequence
 
 import tvm
 from tvm import s_tir
 
 
 #: loop annotation "BUFFER:AHEAD" on a GEMM's k-step loop: each step prefetches its row of the packed weight
-#: panel AHEAD panels on (compile/weight_prefetch.py inserts the prefetches)
+#: panel AHEAD panels on (compile/codegen/weight_prefetch.py inserts the prefetches)
 PREFETCH_KEY = "tfx.prefetch_weight"
 
 
@@ -85,6 +85,11 @@ def categorical(sch: s_tir.Schedule, candidates, knob: str, default, knobs):
     """A categorical sample; its knob is the candidate *index* (what MetaSchedule records)."""
     decision = (knobs or {}).get(knob, list(candidates).index(default))
     return sch.sample_categorical(list(candidates), [1.0 / len(candidates)] * len(candidates), decision=decision)
+
+
+def knob_decision(given: Optional[Sequence[int]], default: List[int]) -> List[int]:
+    """A tile's ``sample_perfect_tile`` decision: the factors a knob gives (as ints), else the template's."""
+    return [int(v) for v in given] if given is not None else default
 
 
 def flatten_rows_map(batch_shape, extra: int, index_dtype: str):

@@ -103,7 +103,7 @@ def signature(op: str, params: dict, inputs: Dict[str, Tuple[str, list]]) -> Opt
     return f"{op}({json.dumps(kept, sort_keys=True)}; {', '.join(f'{k}: {v}' for k, v in shapes.items())})"
 
 
-#: attribute of a short-request copy of a kernel (compile/kernel_variants.py): the signature of the kernel it copies
+#: attribute of a short-request copy of a kernel (compile/variants/branches.py): the signature of the kernel it copies
 VARIANT_OF = "tfx.variant_of"
 
 

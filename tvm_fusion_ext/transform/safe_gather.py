@@ -4,7 +4,7 @@ TVM's ONNX importer lowers ``Gather`` to ``R.take(..., mode="fast")``, which doe
 outside the vocabulary reads (or segfaults on) memory past the table. ``mode="clip"`` clamps ids into range
 instead: identical results for every valid id, a defined result (the first or last row) for an invalid one,
 and the cost of one min/max per index. An invalid id never gets that far in a build: ``lower`` runs
-``compile/gather_checks.py`` first, whose run-time check refuses it in one line, as ONNX Runtime does; this pass
+``compile/checks/gather_indices.py`` first, whose run-time check refuses it in one line, as ONNX Runtime does; this pass
 is the guarantee that no read goes past the table whatever calls the kernel.
 """
 

@@ -28,7 +28,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir.expr import Expr as PrimExpr
 
-from ..symbolic_values import Evaluator
+from ..frontend.symbolic_values import Evaluator
 from .graph import op_name
 
 # ---------------------------------------------------------------------------------------------------------

@@ -12,18 +12,9 @@ from typing import Callable, Optional, Sequence
 
 import tvm
 
-from .driver import (
-    DEFAULT_MIN_FLOPS,
-    _fixed_space_class,
-    _mutators,
-    _one_line,
-    _postprocs,
-    _stub_tensor_intrin,
-    choose_space,
-    extract_tasks,
-    register_custom_rules,
-    skip_tensor_intrin,
-)
+from .intrin_stub import skip_tensor_intrin, stub_tensor_intrinsics
+from .spaces import choose_space, fixed_space_class, mutators, one_line, postprocs, register_custom_rules
+from .tasks import DEFAULT_MIN_FLOPS, extract_tasks
 
 
 def check_candidates(mod: tvm.IRModule, target, per_task: int = 8, space: str = "template", seed: int = 1,
@@ -45,13 +36,13 @@ def check_candidates(mod: tvm.IRModule, target, per_task: int = 8, space: str = 
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")  # inherited by builder workers
     # TVM's own tensor intrinsics (~30 s to register) serve only MetaSchedule's generated CUDA sketches
     fast = info.is_cpu or space == "template"
-    report = {"target": str(target.attrs.get("arch", target.kind.name)), "space": space, "tasks": {}}
-    with _stub_tensor_intrin(fast):
+    report = {"target": info.arch if info.is_cuda and info.arch else info.kind, "space": space, "tasks": {}}
+    with stub_tensor_intrinsics(fast):
         lowered, _ = prepare(mod, target, fuse_graph=fuse)
         register_custom_rules()
         tasks, skipped = extract_tasks(lowered, target, min_flops)
         report["skipped"] = {name: why for name, why in skipped}
-        FixedSpace = _fixed_space_class()
+        FixedSpace = fixed_space_class()
         builder = ms.builder.LocalBuilder(max_workers=1, timeout_sec=300,
                                           initializer=skip_tensor_intrin if fast else None)
         for task in tasks:
@@ -61,8 +52,8 @@ def check_candidates(mod: tvm.IRModule, target, per_task: int = 8, space: str = 
                 report["skipped"][task.name] = task.note or "no design space"
                 continue
             ctx = ms.TuneContext(mod=task.mod, target=target,
-                                 space_generator=FixedSpace(task.spaces, _postprocs(target, task.space, task.stats),
-                                                            _mutators(target, task.space)),
+                                 space_generator=FixedSpace(task.spaces, postprocs(target, task.space, task.stats),
+                                                            mutators(target, task.space)),
                                  search_strategy=ms.search_strategy.ReplayTrace(), task_name=task.name,
                                  rand_state=seed, num_threads=1)
             ctx.pre_tuning(max_trials=per_task, num_trials_per_iter=per_task)
@@ -73,7 +64,7 @@ def check_candidates(mod: tvm.IRModule, target, per_task: int = 8, space: str = 
             stats = task.stats.to_dict()
             report["tasks"][task.name] = {
                 "space": task.space, "candidates": len(candidates), "built": len(results) - len(errors),
-                "build_errors": len(errors), "first_error": _one_line(RuntimeError(errors[0])) if errors else None,
+                "build_errors": len(errors), "first_error": one_line(RuntimeError(errors[0])) if errors else None,
                 "expert_rules": stats,
             }
             say(f"  {task.name:<40} {task.space:<8} sampled {stats['checked']:>4}  rejected by expert rules "

@@ -1,34 +1,32 @@
-"""The tuning driver: tasks from ``build.lower`` → MetaSchedule (templates | auto sketches) → JSON database.
+"""The tuning driver: tasks of ``compile.prepare``'s lowered module → MetaSchedule (templates | auto sketches) →
+JSON database.
 
 One run::
 
-    Relax model ─ SemanticFusion ─ build.lower ─ extract_tasks ─┬─ skip light tasks (reshape, elementwise)
-                                                                └─ per task, a design space:
+    Relax model ─ SemanticFusion ─ compile.prepare ─ extract_tasks ─┬─ skip light tasks (reshape, elementwise)
+                                                                    └─ per task, a design space (spaces.py):
          "template": our template's knobs (ApplyCustomRule only, minimal postprocs)
          "auto":     MetaSchedule's generated sketches (default rules); where they cannot be generated
                      (MultiLevelTiling crashes on the attention kernel on llvm) the task falls back to its
                      template, and a task without a template uses "auto" in either mode
-    + expert hard rules (postproc, before building) ─ XGBModel (or RandomModel) ─ EvolutionarySearch ─ "gradient" |
-    "round-robin" task scheduler ─ tuning_logs/<workload>-<target>/ (see ``logs.py``)
+    + expert hard rules (postproc, before building) ─ cost model (rank_model.py, handover_model.py, XGBModel
+    or RandomModel) ─ EvolutionarySearch ─ "gradient" | "round-robin" task scheduler ─
+    tuning_logs/<workload>-<target>/ (see ``records.py``)
 
-XGBModel starts from the records already measured when there are any: the directory's own on a resume, and
-``--warm-start`` directories (``warm_start.py``).
+The cost model starts from the records already measured when there are any: the directory's own on a
+resume, and ``--warm-start`` directories (``warm_start.py``).
 
-Because tasks come from the same ``lower`` the build runs, ``build(mod, target, logs=dir)`` finds every
-record again. Design spaces are generated once, before tuning, and handed to MetaSchedule as a fixed space:
-that is how one run mixes template and auto tasks (the registered custom rule either applies the template
-or, for an auto task, removes the block's ``schedule_rule`` so that the default rules see the block).
+Tasks (``tasks.py``) come from the same lowering the build runs, so ``build(mod, target, logs=dir)`` finds
+every record again. Design spaces are generated once, before tuning, and handed to MetaSchedule as a fixed
+space: that is how one run mixes template and auto tasks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import sys
 import time
-import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 import tvm
@@ -36,290 +34,19 @@ import tvm
 from ..errors import FusionExtError
 from .. import records
 from ..targets import TargetInfo, resolve_target
-from .expert import ExpertRules, RuleStats
+from .intrin_stub import skip_tensor_intrin, stub_tensor_intrinsics
+from .spaces import (SPACES, choose_space, fixed_space_class, mutators, postprocs, register_custom_rules,
+                     replay)
 from .task_logs import task_loggers
+from .tasks import DEFAULT_MIN_FLOPS, Task, estimate_flops, extract_tasks, light_reason
 
-SPACES = ("template", "auto")
+# The names above stay importable from the driver (``tune.driver.extract_tasks`` etc.), as before the split.
+__all__ = ["SPACES", "SCHEDULERS", "COST_MODELS", "DEFAULT_MIN_FLOPS", "Task", "TuneOptions", "choose_space",
+           "estimate_flops", "extract_tasks", "light_reason", "measure_template_defaults", "register_custom_rules",
+           "replay", "skip_tensor_intrin", "stub_tensor_intrinsics", "tune"]
+
 SCHEDULERS = ("gradient", "round-robin")
 COST_MODELS = ("auto", "rank", "handover", "xgb", "random")
-# Below this many FLOPs a kernel costs less than a launch / the VM call around it: not worth a trial.
-DEFAULT_MIN_FLOPS = 1000.0
-
-
-# ----------------------------------------------------------------------------------------------- fast builds
-
-def skip_tensor_intrin() -> None:
-    """Builder-worker initializer: stub ``tvm.s_tir.tensor_intrin`` (a 30 s import on 2 cores that every
-    builder pool would pay) when nothing is tensorized (llvm, SIMT CUDA)."""
-    sys.modules.setdefault("tvm.s_tir.tensor_intrin", types.ModuleType("tvm.s_tir.tensor_intrin"))
-
-
-@contextlib.contextmanager
-def _stub_tensor_intrin(enabled: bool):
-    """The same stub in this process (TuneContext imports the package) for the run only, so a later
-    tensor-core user in the same process still gets the real registry."""
-    added = enabled and "tvm.s_tir.tensor_intrin" not in sys.modules
-    if added:
-        skip_tensor_intrin()
-    try:
-        yield
-    finally:
-        if added and getattr(sys.modules.get("tvm.s_tir.tensor_intrin"), "__file__", None) is None:
-            sys.modules.pop("tvm.s_tir.tensor_intrin", None)
-
-
-# ----------------------------------------------------------------------------------------------- custom rules
-
-class _RuleState:
-    """What the registered custom rules do when design spaces are generated (single-threaded, by us)."""
-
-    target: Optional[tvm.target.Target] = None
-    mode = "template"
-
-
-_REGISTERED: set = set()
-
-
-def register_custom_rules() -> List[str]:
-    """Register every template as ``s_tir.meta_schedule.<family>.<rule>`` for MetaSchedule's ApplyCustomRule."""
-    import tvm_ffi
-
-    from ..schedules.registry import registered
-
-    names = []
-    for (rule, family), template in registered().items():
-        name = f"s_tir.meta_schedule.{family}.{rule}"
-        names.append(name)
-        if name not in _REGISTERED:
-            tvm_ffi.register_global_func(name, _custom_rule(template), override=True)
-            _REGISTERED.add(name)
-    return names
-
-
-def _custom_rule(template):
-    from ..schedules.rule import root_blocks
-
-    def apply(sch, block):
-        if _RuleState.mode == "auto" or template.decline(sch, block, _RuleState.target) is not None:
-            # Remove every schedule_rule (the epilogue's "None" too): PostOrderApply lets the default rules
-            # touch only unannotated blocks. Unannotate is in the trace, so records replay on the original.
-            for blk in root_blocks(sch):
-                if "schedule_rule" in sch.get(blk).annotations:
-                    sch.unannotate(blk, "schedule_rule")
-            return [sch]
-        template(sch, block, _RuleState.target, None)
-        return [sch]
-
-    return apply
-
-
-# ----------------------------------------------------------------------------------------------- tasks
-
-@dataclass
-class Task:
-    name: str
-    weight: int
-    mod: tvm.IRModule
-    flops: Optional[float]           # None where MetaSchedule cannot count them
-    rule: Optional[str]              # the template's schedule_rule, None without one
-    space: str = ""                  # "template" | "auto", after probing
-    note: str = ""                   # why the space differs from the one asked for
-    spaces: list = field(default_factory=list)
-    stats: RuleStats = field(default_factory=RuleStats)
-
-
-def _blocks(func):
-    from .expert import _children
-
-    stack = [func.body]
-    while stack:
-        node = stack.pop()
-        if type(node).__name__ == "SBlock":
-            yield node
-        stack.extend(_children(node))
-
-
-def _template_rule(func, target) -> Optional[str]:
-    from ..schedules.registry import get_template
-    from ..schedules.rule import block_rule_of
-
-    rule = block_rule_of(func)
-    return rule if rule is not None and get_template(rule, target) is not None else None
-
-
-def light_reason(func, has_template: bool, min_flops: float = DEFAULT_MIN_FLOPS) -> Optional[str]:
-    """Why a task is not worth trials (None if it is): reshapes become views, pure elementwise/copy kernels
-    are memory-bound and the fallback schedule already streams them, tiny kernels cost less than a call."""
-    from tvm import relax
-
-    if relax.analysis.has_reshape_pattern(func):
-        return "reshape"
-    if has_template:
-        return None
-    if not any(int(iv.iter_type) == tvm.tirx.IterVar.CommReduce for blk in _blocks(func) for iv in blk.iter_vars):
-        return "elementwise"
-    flops = estimate_flops(tvm.IRModule({"main": func}))
-    if flops is not None and flops < min_flops:
-        return "light"
-    return None
-
-
-def estimate_flops(mod: tvm.IRModule) -> Optional[float]:
-    """MetaSchedule's FLOP estimate, None where it cannot count (it refuses e.g. ``Let`` expressions)."""
-    from tvm.s_tir.analysis import estimate_tir_flops
-
-    try:
-        return float(estimate_tir_flops(mod))
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def extract_tasks(lowered: tvm.IRModule, target, min_flops: float = DEFAULT_MIN_FLOPS
-                  ) -> Tuple[List[Task], List[Tuple[str, str]]]:
-    """Tuning tasks of a ``build.lower`` output: ``(tasks, [(skipped task, reason), ...])``."""
-    from tvm.s_tir import meta_schedule as ms
-
-    tasks, skipped = [], []
-    for ext in ms.relax_integration.extract_tasks(lowered, target):
-        mod = ext.dispatched[0]
-        func = mod["main"]
-        rule = _template_rule(func, target)
-        reason = light_reason(func, rule is not None, min_flops)
-        if reason is None and estimate_flops(mod) is None:
-            # MetaSchedule's task scheduler estimates every task's FLOPs and aborts the whole run where it
-            # cannot (e.g. a Let expression, as in fused_attention's fast exp): leave it to its template.
-            reason = "MetaSchedule cannot estimate its FLOPs (Let expression); built with template defaults"
-        if reason:
-            skipped.append((ext.task_name, reason))
-            continue
-        tasks.append(Task(ext.task_name, int(ext.weight), mod, estimate_flops(mod), rule))
-    return tasks, skipped
-
-
-# ----------------------------------------------------------------------------------------------- spaces
-
-def _family(target) -> str:
-    """MetaSchedule's preset name for the target's rules, postprocs and mutators ("llvm" | "cuda")."""
-    return TargetInfo.of(target).kind
-
-
-def _postprocs(target, space: str, stats: RuleStats) -> list:
-    from tvm.s_tir import meta_schedule as ms
-
-    expert = ExpertRules(stats, target)
-    gpu = TargetInfo.of(target).is_cuda
-    if space == "template":
-        # The templates parallelise/vectorise themselves: RewriteParallelVectorizeUnroll would fight them
-        # (every sample failed on the parallel dense kernel: "Cannot sample enough initial population").
-        post = [ms.postproc.DisallowDynamicLoop()]
-        if gpu:
-            post += [ms.postproc.RewriteCooperativeFetch(), ms.postproc.RewriteUnboundBlock()]
-        post += [ms.postproc.RewriteReductionBlock()]
-    else:
-        # RewriteLayout would move weight layouts into the graph; our dense weights are pre-packed already.
-        post = [p for p in ms.postproc.Postproc.create(_family(target)) if "RewriteLayout" not in type(p).__name__]
-    if gpu and space == "template":
-        post.append(ms.postproc.VerifyGPUCode())
-    # Expert rules first among the checks, after the rewrites that produce the final loop nest.
-    verify = [p for p in post if "Verify" in type(p).__name__]
-    return [p for p in post if p not in verify] + [expert] + verify
-
-
-def _mutators(target, space: str) -> dict:
-    from tvm.s_tir import meta_schedule as ms
-
-    if space == "template":
-        # MutateTileSize changes sample_perfect_tile knobs; categorical knobs are re-sampled by evolution.
-        return {ms.mutator.MutateTileSize(): 1.0}
-    return ms.mutator.Mutator.create(_family(target))
-
-
-def _probe_space(target, space: str, stats: RuleStats):
-    from tvm.s_tir import meta_schedule as ms
-
-    rules = [ms.schedule_rule.ApplyCustomRule()] if space == "template" else \
-        ms.schedule_rule.ScheduleRule.create(_family(target))
-    return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=_postprocs(target, space, stats),
-                                             mutator_probs=_mutators(target, space))
-
-
-def _generate(task: Task, target, space: str, seed: int) -> list:
-    from tvm.s_tir import meta_schedule as ms
-
-    _RuleState.target, _RuleState.mode = target, space
-    try:
-        ctx = ms.TuneContext(mod=task.mod, target=target, space_generator=_probe_space(target, space, task.stats),
-                             task_name=task.name, rand_state=seed, num_threads=1)
-        return list(ctx.generate_design_space())
-    finally:
-        _RuleState.mode = "template"
-
-
-def choose_space(task: Task, target, space: str, seed: int = 1) -> bool:
-    """Generate the task's design spaces in ``space`` (with the fallbacks above); False: nothing to tune."""
-    order = [space] + [s for s in SPACES if s != space]
-    if task.rule is None:
-        order = ["auto"]
-    for kind in order:
-        try:
-            spaces = _generate(task, target, kind, seed)
-        except Exception as err:  # noqa: BLE001  (ScheduleError etc. from MetaSchedule's rules)
-            task.note = f"{kind} space failed: {_one_line(err)}"
-            continue
-        if spaces:
-            if kind != space:
-                task.note = (task.note + "; " if task.note else "") + f"using {kind}"
-            task.space, task.spaces = kind, spaces
-            return True
-    return False
-
-
-def _one_line(err: BaseException) -> str:
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else type(err).__name__)[:200]
-
-
-def replay(mod: tvm.IRModule, sch):
-    """A fresh copy of design space ``sch`` of ``mod``: its trace replayed on the module.
-
-    ``Schedule.copy()`` fails in 0.27 on every tensorized schedule ("unordered_map::at": our fp16/bf16 dense
-    and attention templates); the replay gives a structurally equal module, and it is what MetaSchedule's
-    search does with traces anyway."""
-    from tvm import s_tir
-
-    fresh = s_tir.Schedule(mod)
-    sch.trace.apply_to_schedule(fresh, remove_postproc=False)
-    return fresh
-
-
-def _fixed_space_class():
-    from tvm.ir.utils import derived_object
-    from tvm.s_tir.meta_schedule.space_generator import PySpaceGenerator
-
-    @derived_object
-    class FixedSpace(PySpaceGenerator):
-        """Design spaces generated beforehand (by :func:`choose_space`), with their postprocs and mutators."""
-
-        def __init__(self, spaces, postprocs, mutator_probs):
-            super().__init__()
-            self.spaces, self.postprocs, self.mutator_probs = list(spaces), postprocs, mutator_probs
-            self.sch_rules = []
-
-        def _initialize_with_tune_context(self, context) -> None:
-            # What SpaceGenerator's own initialisation does; mutators read the target (e.g. MutateParallel).
-            for p in self.postprocs:
-                p._initialize_with_tune_context(context)  # noqa: SLF001
-            for m in self.mutator_probs:
-                m._initialize_with_tune_context(context)  # noqa: SLF001
-
-        def generate_design_space(self, mod):
-            return [replay(mod, s) for s in self.spaces]
-
-        def clone(self):
-            return FixedSpace(self.spaces, [p.clone() for p in self.postprocs],
-                              {m.clone(): float(v) for m, v in self.mutator_probs.items()})
-
-    return FixedSpace
 
 
 # ----------------------------------------------------------------------------------------------- the run
@@ -391,7 +118,7 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
     if info.is_cuda:
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")  # inherited by builder workers
     fast = opts.fast_import if opts.fast_import is not None else info.is_cpu
-    with _stub_tensor_intrin(fast):
+    with stub_tensor_intrinsics(fast):
         lowered, _ = prepare(mod, target, fuse_graph=fuse)
         return _tune(lowered, target, out, workload, mhash, previous, opts, fast, say, warm_dirs, auto)
 
@@ -452,10 +179,10 @@ def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fa
 def _search(tunable, loggers, target, out, database, opts, fast, progress, cost_model, budget, say):
     from tvm.s_tir import meta_schedule as ms
 
-    FixedSpace = _fixed_space_class()
+    FixedSpace = fixed_space_class()
     contexts = []
     for task, logger, rand in zip(tunable, loggers, ms.utils.fork_seed(opts.seed, n=len(tunable))):
-        space = FixedSpace(task.spaces, _postprocs(target, task.space, task.stats), _mutators(target, task.space))
+        space = FixedSpace(task.spaces, postprocs(target, task.space, task.stats), mutators(target, task.space))
         strategy = ms.search_strategy.EvolutionarySearch(population_size=opts.population, genetic_num_iters=2,
                                                          init_min_unmeasured=min(50, opts.population))
         contexts.append(ms.TuneContext(mod=task.mod, target=target, space_generator=space,

@@ -36,7 +36,6 @@ RULES = ("shared_memory", "threads", "registers", "tensor_core", "vector_width")
 # A thread needs registers beyond its arrays (indices, addresses, loop counters): ptxas reports ~24-40 for
 # our simple kernels (guide §5), so 32 is the base of the estimate.
 BASE_REGISTERS = 32
-MAX_REGISTERS_PER_THREAD = 255
 FRAGMENT_VALUES = LOCAL  # values per lane of a 16×16 mma fragment
 FRAGMENT_TILES = {"wmma.matrix_a": 16, "wmma.matrix_b": 16, "wmma.accumulator": 16,
                   "m16n8k8.matrixA": 8, "m16n8k8.matrixB": 8, "m16n8k8.matrixC": 8}
@@ -64,7 +63,8 @@ class RuleStats:
 
 # ----------------------------------------------------------------------------------------------- IR walks
 
-def _children(node):
+def child_stmts(node):
+    """The statements directly under ``node``: one step of a walk over a TIR body."""
     for name in ("body", "then_case", "else_case", "block", "init"):
         child = getattr(node, name, None)
         if isinstance(child, tvm.tirx.Stmt):
@@ -74,14 +74,14 @@ def _children(node):
         yield from seq
 
 
-def _loops(stmt):
+def for_loops(stmt):
     """Every For node under ``stmt`` (s_tir functions: loops sit inside SBlockRealize/SBlock bodies)."""
     stack = [stmt]
     while stack:
         node = stack.pop()
         if isinstance(node, tvm.tirx.For):
             yield node
-        stack.extend(_children(node))
+        stack.extend(child_stmts(node))
 
 
 def _int(expr) -> Optional[int]:
@@ -99,10 +99,10 @@ def _fragment_buffers(func):
         node = stack.pop()
         for buf in getattr(node, "alloc_buffers", None) or []:
             yield buf
-        stack.extend(_children(node))
+        stack.extend(child_stmts(node))
 
 
-def _lower_for_limits(func, target) -> tvm.IRModule:
+def lower_for_limits(func, target) -> tvm.IRModule:
     """The buffer-compaction part of MetaSchedule's VerifyGPUCode lowering: enough to size allocations."""
     from tvm.s_tir import transform as st
     from tvm.tirx import transform as tt
@@ -122,7 +122,7 @@ def check(func, target) -> Optional[str]:
     info = TargetInfo.of(target)
     gpu = info.is_cuda
     threads: Dict[str, int] = {}
-    for loop in _loops(func.body):
+    for loop in for_loops(func.body):
         extent = _int(loop.extent)
         if loop.kind == ForKind.THREAD_BINDING and loop.thread_binding is not None:
             tag = str(loop.thread_binding.thread_tag)
@@ -144,7 +144,7 @@ def check(func, target) -> Optional[str]:
         if tile and any(d is None or d % tile for d in dims):
             return "tensor_core"
     try:
-        lowered = _lower_for_limits(func, target)
+        lowered = lower_for_limits(func, target)
     except Exception:  # noqa: BLE001  (unlowerable here = VerifyGPUCode rejects it too; not our rule)
         return None
     from tvm.s_tir.analysis import calculate_allocated_bytes
@@ -154,15 +154,15 @@ def check(func, target) -> Optional[str]:
     if shared > info.max_shared_memory_per_block:
         return "shared_memory"
     local = sizes.get("local", 0)
-    warp_wide = _warp_fragment_bytes(func, lowered["main"])
+    warp_wide = warp_fragment_bytes(func, lowered["main"])
     local += warp_wide // WARP - warp_wide  # each lane holds 1/32 of a warp-wide fragment
     regs = BASE_REGISTERS + (local + 3) // 4
-    if regs > MAX_REGISTERS_PER_THREAD or regs * per_block > info.registers_per_block:
+    if regs > info.max_registers_per_thread or regs * per_block > info.registers_per_block:
         return "registers"
     return None
 
 
-def _warp_fragment_bytes(func, lowered) -> int:
+def warp_fragment_bytes(func, lowered) -> int:
     """Bytes of the local buffers that hold mma fragments of a whole warp.
 
     Our tensor-core templates (``schedules/cuda/tensorcore.py``) declare a 16×16 fragment as a [32 lanes,
@@ -178,7 +178,7 @@ def _warp_fragment_bytes(func, lowered) -> int:
             for d in node.buffer.shape:
                 n *= _int(d) or 0
             total += n * _bits(node.buffer.dtype) // 8
-        stack.extend(_children(node))
+        stack.extend(child_stmts(node))
     return total
 
 
@@ -204,7 +204,7 @@ def _store_bits(loop) -> int:
         if type(node).__name__ == "SBlock":
             if len(node.writes):
                 return _bits(_region_buffer(node.writes[0]).dtype)
-        stack.extend(_children(node))
+        stack.extend(child_stmts(node))
     return 32
 
 

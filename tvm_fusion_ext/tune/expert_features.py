@@ -40,21 +40,20 @@ iteration of the loops around it; the sum over blocks, divided by the bytes the 
 interval arithmetic on the region bounds (``tvm.sym``): exact for the affine indexing our templates and
 MetaSchedule's tiling produce, an over-estimate where loops are fused (floordiv / floormod).
 
-Cache sizes are this machine's (``/sys/devices/system/cpu``, else 32 KiB / 512 KiB): features are about the
-machine the candidates run on, as the measurements are.
+Cache sizes, vector width and registers are :class:`~tvm_fusion_ext.targets.TargetInfo`'s (a CPU target's caches
+are this machine's): features are about the machine the candidates run on, as the measurements are.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import numpy as np
 import tvm
 
+from ..targets import TargetInfo
 from ..tir_nodes import collect, substitute
 
 FEATURE_NAMES = (
@@ -64,7 +63,6 @@ FEATURE_NAMES = (
     "task_working_set_l2_log2", "l1_traffic_log2", "l2_traffic_log2", "unroll_log2",
     "threads_per_block_ratio", "shared_memory_ratio", "register_ratio",
 )
-MAX_REGISTERS_PER_THREAD = 255
 
 
 @dataclass(frozen=True)
@@ -76,42 +74,16 @@ class Machine:
     l2_bytes: int
 
 
-def _cache_bytes(level: int, default: int) -> int:
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for entry in sorted(os.listdir(base)):
-            path = os.path.join(base, entry)
-            with open(os.path.join(path, "level")) as f:
-                lvl = int(f.read())
-            with open(os.path.join(path, "type")) as f:
-                kind = f.read().strip()
-            if lvl == level and kind in ("Data", "Unified"):
-                with open(os.path.join(path, "size")) as f:
-                    text = f.read().strip().upper()
-                scale = {"K": 1024, "M": 1024 ** 2}.get(text[-1], 1)
-                return int(text.rstrip("KM")) * scale
-    except (OSError, ValueError):
-        pass
-    return default
-
-
-@functools.lru_cache(maxsize=None)
-def _caches():
-    return _cache_bytes(1, 32 * 1024), _cache_bytes(2, 512 * 1024)
-
-
 def machine_of(target) -> Machine:
-    from ..targets import TargetInfo
-
+    """The facts the features divide by, all from :class:`~tvm_fusion_ext.targets.TargetInfo`. On CUDA one
+    thread block is the unit: its register file is one thread's registers, and both cache levels stand for
+    the block's shared memory."""
     info = TargetInfo.of(target)
     if info.is_cuda:
-        return Machine(cores=1, lanes=info.vector_bits // 32, register_bytes=4 * MAX_REGISTERS_PER_THREAD,
+        return Machine(cores=1, lanes=info.lanes(), register_bytes=4 * info.max_registers_per_thread,
                        l1_bytes=info.max_shared_memory_per_block, l2_bytes=info.max_shared_memory_per_block)
-    l1, l2 = _caches()
-    # AVX2: 16 ymm registers of 32 bytes; AVX-512: 32 zmm of 64 bytes
-    wide = info.vector_bits >= 512
-    return Machine(cores=info.cores, lanes=info.vector_bits // 32,
-                   register_bytes=(32 if wide else 16) * info.vector_bits // 8, l1_bytes=l1, l2_bytes=l2)
+    return Machine(cores=info.cores, lanes=info.lanes(), register_bytes=info.vector_register_bytes,
+                   l1_bytes=info.l1_bytes, l2_bytes=info.l2_bytes)
 
 
 # ----------------------------------------------------------------------------------------------- IR walk
@@ -129,7 +101,7 @@ class _Block:
 
 
 def _blocks(func) -> List[_Block]:
-    from .expert import _children
+    from .expert import child_stmts
 
     out: List[_Block] = []
 
@@ -141,7 +113,7 @@ def _blocks(func) -> List[_Block]:
             for lp in loops:
                 volume *= _extent(lp)
             out.append(_Block(str(node.block.name_hint), loops, node, volume))
-        for child in _children(node):
+        for child in child_stmts(node):
             visit(child, loops)
 
     visit(func.body, [])
@@ -264,7 +236,7 @@ def expert_features(func, target, machine: Optional[Machine] = None) -> np.ndarr
     feats["l1_traffic_log2"] = math.log2(max(l1, 1.0) / max(compulsory, 1.0))
     feats["l2_traffic_log2"] = math.log2(max(l2, 1.0) / max(compulsory, 1.0))
     feats["unroll_log2"] = math.log2(1 + _max_unroll(blocks))
-    if target.kind.name == "cuda":
+    if TargetInfo.of(target).is_cuda:
         feats.update(_cuda_pressure(func, target))
     return np.array([feats[n] for n in FEATURE_NAMES], dtype=np.float32)
 
@@ -335,12 +307,11 @@ def _max_unroll(blocks: List[_Block]) -> int:
 
 def _cuda_pressure(func, target) -> dict:
     """Threads, shared memory and registers against the target's limits (the expert rules' estimates)."""
-    from ..targets import TargetInfo
     from . import expert
 
     info = TargetInfo.of(target)
     threads: Dict[str, int] = {}
-    for loop in expert._loops(func.body):  # noqa: SLF001
+    for loop in expert.for_loops(func.body):
         if loop.kind == tvm.tirx.ForKind.THREAD_BINDING and loop.thread_binding is not None:
             tag = str(loop.thread_binding.thread_tag)
             if tag.startswith("threadIdx"):
@@ -350,16 +321,16 @@ def _cuda_pressure(func, target) -> dict:
     try:
         from tvm.s_tir.analysis import calculate_allocated_bytes
 
-        lowered = expert._lower_for_limits(func, target)  # noqa: SLF001
+        lowered = expert.lower_for_limits(func, target)
         sizes = {str(k): int(v) for k, v in dict(calculate_allocated_bytes(lowered["main"])).get("main", {}).items()}
     except Exception:  # noqa: BLE001  (not lowerable here: VerifyGPUCode decides; no pressure figure)
         return out
     out["shared_memory_ratio"] = sum(v for k, v in sizes.items() if k.startswith("shared")) / \
         info.max_shared_memory_per_block
     local = sizes.get("local", 0)
-    warp_wide = expert._warp_fragment_bytes(func, lowered["main"])  # noqa: SLF001
+    warp_wide = expert.warp_fragment_bytes(func, lowered["main"])
     local += warp_wide // expert.WARP - warp_wide
-    out["register_ratio"] = (expert.BASE_REGISTERS + (local + 3) // 4) / MAX_REGISTERS_PER_THREAD
+    out["register_ratio"] = (expert.BASE_REGISTERS + (local + 3) // 4) / info.max_registers_per_thread
     return out
 
 

@@ -15,8 +15,8 @@ the *order* of its predictions matters. This model learns that order directly:
 * retrained from scratch after every batch of measurements (a tuning run has at most a few thousand rows;
   training takes well under a second).
 
-The replay benchmark (``tune/replay.py``, strategies ``rank*``) runs the same learner over pre-measured
-pools; ``tune/replay_models.py::RankXGB`` is that offline twin.
+The replay benchmark (``tools/tuning_lab/replay.py``, strategies ``rank*``) runs the same learner over pre-measured
+pools; ``tools/tuning_lab/replay_models.py::RankXGB`` is that offline twin.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Shape of the schedule::
                                                                      # (rotated there for rotary K)
 
 For causal attention the build bounds the key-block loop by the tile's last row
-(:mod:`...compile.causal_skip`); grouped-query attention reads K/V head ``h // group`` in place.
+(:mod:`...compile.variants.causal_skip`); grouped-query attention reads K/V head ``h // group`` in place.
 
 Everything under the key-block loop is sized (query tile × key block) or (query tile × head dim): no
 buffer of S×T elements exists. Row max / row sum are rfactored into vector-lane partials.
@@ -107,7 +107,7 @@ def default_query_tile(rows) -> int:
 
 def _default_tile(sch, rows) -> int:
     """Symbolic rows are padded to the operator's ``query_block``: the tile is that block (a short-request
-    variant pads to fewer rows than :data:`SYMBOLIC_QUERY_TILE`, see compile/short_keys.py)."""
+    variant pads to fewer rows than :data:`SYMBOLIC_QUERY_TILE`, see compile/variants/short_keys.py)."""
     block = op_params(sch).get("query_block")
     if not isinstance(rows, (int, tirx.IntImm)) and block in QUERY_TILES:
         return int(block)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import tvm
 from tvm import relax, s_tir
@@ -38,6 +38,7 @@ from ..common import (
     flatten_rows_map,
     has_symbolic_rows,
     inline_consumers,
+    knob_decision,
     op_params,
     padded_rows_stage,
     prefetch_annotation,
@@ -63,13 +64,13 @@ _WIDE_PACK_NR = (32, 16, 64, 8)
 _WIDE_MR = (8, 6, 4, 5, 7, 3, 2)
 
 
-def _wide(target: Optional[tvm.target.Target]) -> bool:
+def wide_vectors(target: Optional[tvm.target.Target]) -> bool:
     return target is not None and TargetInfo.of(target).lanes() >= 16
 
 
 def pack_nr(n: int, target: Optional[tvm.target.Target] = None) -> int:
     """Panel width used when the build path pre-packs a constant (K, n) weight for this template."""
-    if _wide(target):
+    if wide_vectors(target):
         # wide panels, but two per core at least: the panels are the parallel tasks when rows are few
         fits = [nr for nr in _WIDE_PACK_NR if n % nr == 0]
         tasks = 2 * TargetInfo.of(target).cores
@@ -86,7 +87,7 @@ def default_mr(m: int, target: Optional[tvm.target.Target] = None) -> int:
     # AVX2: prefer 4..6 rows (8..12 accumulators with nr=16); AVX-512: 8 rows (16 with nr=32). Else the largest
     # divisor that fits the registers.
     ds = [d for d in divisors(m) if d <= MR_MAX]
-    for want in _WIDE_MR if _wide(target) else (4, 6, 5, 8, 3, 7, 2):
+    for want in _WIDE_MR if wide_vectors(target) else (4, 6, 5, 8, 3, 7, 2):
         if want in ds:
             return want
     return max(ds)
@@ -137,7 +138,7 @@ def provable_row_block(static: int, mr: int) -> int:
 
 def symbolic_mr(target: Optional[tvm.target.Target] = None) -> int:
     """Rows per register tile (the operator's ``row_block``) when the rows are known only at run time."""
-    return MR_MAX if _wide(target) else SYMBOLIC_MR
+    return MR_MAX if wide_vectors(target) else SYMBOLIC_MR
 
 
 def default_nr(n: int) -> int:
@@ -202,7 +203,7 @@ def default_ip(m_tiles: int, n_tiles: int, cores: int, tile_bytes: int = 0) -> i
     return m_tiles
 
 
-def _extent(sch: s_tir.Schedule, loop):
+def loop_extent(sch: s_tir.Schedule, loop):
     """The loop's extent: an ``int``, or the ``PrimExpr`` of a symbolic one (rows = batch × sequence)."""
     extent = sch.get(loop).extent
     return int(extent) if isinstance(extent, tvm.tirx.IntImm) else extent
@@ -238,7 +239,7 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
     *batch, j, k = sch.get_loops(block)
     if not batch:
         batch = [sch.add_unit_loop(j)]  # x is a vector: one row
-    batch_shape = [_extent(sch, lp) for lp in batch]
+    batch_shape = [loop_extent(sch, lp) for lp in batch]
     idx_dtype = str(sch.get(j).extent.ty)
     if len(batch) > 1:
         # Rows are the flattened batch dims. Flatten the block's iteration space (not just its loops): the
@@ -248,20 +249,20 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         *_, i, j, k = sch.get_loops(block)
     else:
         i = batch[0]
-    M, N, K = _extent(sch, i), _extent(sch, j), _extent(sch, k)
+    M, N, K = loop_extent(sch, i), loop_extent(sch, j), loop_extent(sch, k)
     if packed_nr is None:
         nr = default_nr(N)
-        j_dec = _decision(knobs.get("j"), [N // nr, nr])
+        j_dec = knob_decision(knobs.get("j"), [N // nr, nr])
         j0, j1 = sch.split(j, sch.sample_perfect_tile(j, n=2, max_innermost_factor=max(NR_MAX, j_dec[-1]),
                                                       decision=j_dec))
         n_tiles = N // nr
     else:
         # Layout-fixed panel width; a partial last panel is predicated (its padding is zeros).
         j0, j1 = sch.split(j, [None, packed_nr])
-        n_tiles = _extent(sch, j0)
+        n_tiles = loop_extent(sch, j0)
 
     kc = default_kc(K)
-    k_dec = _decision(knobs.get("k"), [K // kc, kc])
+    k_dec = knob_decision(knobs.get("k"), [K // kc, kc])
     k0, k1 = sch.split(k, sch.sample_perfect_tile(k, n=2, max_innermost_factor=max(KC_MAX, k_dec[-1]),
                                                   decision=k_dec))
     row_block = op_params(sch).get("row_block")
@@ -269,7 +270,7 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         mr = default_mr(M, target)
         ip = default_ip(M // mr, n_tiles, TargetInfo.of(target).cores,
                         mr * K * _itemsize(sch, block))
-        i_dec = _decision(knobs.get("i"), [ip, M // (ip * mr), mr])
+        i_dec = knob_decision(knobs.get("i"), [ip, M // (ip * mr), mr])
         ip_, i0, i1 = sch.split(i, sch.sample_perfect_tile(i, n=3, max_innermost_factor=max(MR_MAX, i_dec[-1]),
                                                            decision=i_dec))
         sch.reorder(ip_, j0, i0, k0, k1, i1, j1)
@@ -278,7 +279,7 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         # row tiles split exactly and the micro-kernel carries no tail predicate; column panels are the
         # parallel tasks. Only the write-back of the last tile is predicated (see _write_back_real_rows).
         i0, i1 = sch.split(i, [None, int(row_block)])
-        group = panel_group(n_tiles, K * _extent(sch, j1) * _itemsize(sch, block), TargetInfo.of(target).cores)
+        group = panel_group(n_tiles, K * loop_extent(sch, j1) * _itemsize(sch, block), TargetInfo.of(target).cores)
         if group > 1:
             # a task runs `group` column panels under each row tile: x is streamed once per group, not per panel
             par, tile = sch.split(j0, [None, group])
@@ -306,7 +307,7 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
 
 def prefetch_next_task(sch: s_tir.Schedule, block, k_steps, panels_ahead: int) -> None:
     """Each k step prefetches its row of the panel this thread's next task reads (``panels_ahead`` panels on), so
-    that task does not wait on DRAM for its first row tile (compile/weight_prefetch.py). Packed weights only: a
+    that task does not wait on DRAM for its first row tile (compile/codegen/weight_prefetch.py). Packed weights only: a
     plain (K, N) weight's next columns are not the next bytes."""
     if op_params(sch).get("w_layout") == "packed":
         sch.annotate(k_steps, PREFETCH_KEY, prefetch_annotation(sch.get(block).reads[1].source.name, panels_ahead))
@@ -345,16 +346,13 @@ def _finish(sch: s_tir.Schedule, block, par, i1, j1, k0, knobs, write_back) -> N
     sch.annotate(par, "pragma_unroll_explicit", 1)
 
 
-def _row_independent_knobs(static: dict, names) -> dict:
+def row_independent_knobs(static: dict, names) -> dict:
     """The knobs ``names`` of a static record, plus its register-tile row count as ``mr``."""
     out = {name: static[name] for name in names if name in static}
     if static.get("i"):
         out["mr"] = int(static["i"][-1])
     return out
 
-
-def _decision(given: Optional[Sequence[int]], default: List[int]) -> List[int]:
-    return [int(v) for v in given] if given is not None else default
 
 
 @dataclass(frozen=True)
@@ -384,7 +382,7 @@ class DenseCPU(TemplateRule):
     def transferable_knobs(self, static):
         """``k`` (K static in both), ``j`` (N), ``unroll``; a static row split's register tile ``i[-1]`` is the
         symbolic path's ``mr``. The row split itself (``ip``, ``i0``) is a tiling of the tuned row count."""
-        return _row_independent_knobs(static, ("j", "k", "unroll"))
+        return row_independent_knobs(static, ("j", "k", "unroll"))
 
     def prepare_operator(self, call, target):
         """Constant weights pre-packed into the (N/nr, K, nr) panels the micro-kernel streams; rows known only

@@ -30,10 +30,10 @@ from tvm import relax, s_tir
 
 from ...ops.gated_dense import pack_gated_weight
 from ...targets import TargetInfo
-from ..common import flatten_rows_map, op_params, static_extents_reason
+from ..common import flatten_rows_map, knob_decision, op_params, static_extents_reason
 from ..rule import Knobs, TemplateRule
-from .dense import (KC_MAX, MR_MAX, UNROLL_STEPS, _decision, _extent, _row_independent_knobs, _wide, default_ip,
-                    default_kc, default_mr, panel_group, prefetch_next_task, read_padded_rows_in_place, row_block_for)
+from .dense import (KC_MAX, MR_MAX, UNROLL_STEPS, default_ip, default_kc, default_mr, loop_extent, panel_group,
+                    prefetch_next_task, read_padded_rows_in_place, row_block_for, row_independent_knobs, wide_vectors)
 
 #: columns per panel: 2·nr accumulators per row, so mr=4 rows of 8 columns keep 8 AVX2 (4 AVX-512) registers
 #: of accumulators with room for the weight panel and the broadcast
@@ -43,7 +43,7 @@ GATED_NR = 8
 def gated_pack_nr(n: int, target: Optional[tvm.target.Target] = None) -> int:
     """Panel width for a (K, n, 2) weight: a divisor of n when one fits, else a zero-padded last panel. A panel
     row is 2·nr floats: one AVX2 register pair at 8, two AVX-512 registers at 16 (see dense.py's tile)."""
-    for nr in (16, GATED_NR, 4) if _wide(target) else (GATED_NR, 16, 4):
+    for nr in (16, GATED_NR, 4) if wide_vectors(target) else (GATED_NR, 16, 4):
         if n % nr == 0:
             return nr
     return GATED_NR
@@ -58,23 +58,23 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
     params = op_params(sch)
     read_padded_rows_in_place(sch, block)
     _, j_acc, _, k = sch.get_loops(block)
-    K = _extent(sch, k)
+    K = loop_extent(sch, k)
     epilogue = sch.get_consumers(block)[0]
     rows, cols = _flat_epilogue_loops(sch, epilogue, str(sch.get(j_acc).extent.ty))
     if params.get("w_layout") == "packed":
         nr = int(sch.get(block).reads[1].source.shape[2])
     else:  # a run-time weight, read in place: the widest panel dividing N
-        N = _extent(sch, cols)
+        N = loop_extent(sch, cols)
         nr = next(d for d in (GATED_NR, 16, 4, 2, 1) if N % d == 0)
     j0, j1 = sch.split(cols, [None, nr])
-    n_tiles = _extent(sch, j0)
+    n_tiles = loop_extent(sch, j0)
     row_block = params.get("row_block")
     if row_block is None:
-        M = _extent(sch, rows)
+        M = loop_extent(sch, rows)
         mr = default_mr(M, target)
         ip = default_ip(M // mr, n_tiles, TargetInfo.of(target).cores,
                         mr * K * tvm.DataType(sch.get(block).reads[0].source.dtype).bits // 8)
-        i_dec = _decision(knobs.get("i"), [ip, M // (ip * mr), mr])
+        i_dec = knob_decision(knobs.get("i"), [ip, M // (ip * mr), mr])
         ip_, i0, i1 = sch.split(rows, sch.sample_perfect_tile(
             rows, n=3, max_innermost_factor=max(MR_MAX, i_dec[-1]), decision=i_dec))
         sch.reorder(ip_, j0, i0, i1, j1)
@@ -98,7 +98,7 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
     sch.compute_at(block, tile, preserve_unit_loops=True)
     a_rows, a_cols, a_half, a_k = sch.get_loops(block)[-4:]
     kc = default_kc(K)
-    k_dec = _decision(knobs.get("k"), [K // kc, kc])
+    k_dec = knob_decision(knobs.get("k"), [K // kc, kc])
     k0, k1 = sch.split(a_k, sch.sample_perfect_tile(a_k, n=2, max_innermost_factor=max(KC_MAX, k_dec[-1]),
                                                     decision=k_dec))
     sch.reorder(k0, k1, a_rows, a_cols, a_half)
@@ -153,7 +153,7 @@ class GatedDenseCPU(TemplateRule):
 
     def transferable_knobs(self, static):
         """As the dense template: ``k``, ``unroll``, and ``i[-1]`` as ``mr`` (the panel width is the layout's)."""
-        return _row_independent_knobs(static, ("k", "unroll"))
+        return row_independent_knobs(static, ("k", "unroll"))
 
     def prepare_operator(self, call, target):
         """Constant weights packed into (N/nr, K, nr, 2) panels; symbolic rows, or static rows with no divisor near

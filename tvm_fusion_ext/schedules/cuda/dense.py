@@ -28,7 +28,7 @@ That path is SIMT for every dtype (the tensor-core path needs static 16-multiple
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import tvm
 from tvm import s_tir
@@ -39,6 +39,7 @@ from ..common import (
     flatten_rows_map,
     flatten_write_rows,
     inline_consumers,
+    knob_decision,
     largest_divisor,
     op_params,
     pad_symbolic_rows,
@@ -59,9 +60,6 @@ KC = 16
 #: rows per tile when the row count is symbolic: one 8 × 4 thread-row tile, little work wasted on padding
 SYMBOLIC_ROW_BLOCK = 32
 
-
-def _decision(given: Optional[Sequence[int]], default: List[int]) -> List[int]:
-    return [int(v) for v in given] if given is not None else default
 
 
 def simt_defaults(M: int, N: int, K: int, lim: dict) -> dict:
@@ -118,13 +116,13 @@ def dense_simt(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Opt
     N, K = (int(sch.get(lp).extent) for lp in (j, k))
     d = simt_defaults(M, N, K, lim)
 
-    tj = sch.sample_perfect_tile(j, n=3, max_innermost_factor=8, decision=_decision(knobs.get("j"), d["j"]))
-    tk = sch.sample_perfect_tile(k, n=2, max_innermost_factor=64, decision=_decision(knobs.get("k"), d["k"]))
+    tj = sch.sample_perfect_tile(j, n=3, max_innermost_factor=8, decision=knob_decision(knobs.get("j"), d["j"]))
+    tk = sch.sample_perfect_tile(k, n=2, max_innermost_factor=64, decision=knob_decision(knobs.get("k"), d["k"]))
     if padded_rows is None:
-        ti = sch.sample_perfect_tile(i, n=3, max_innermost_factor=8, decision=_decision(knobs.get("i"), d["i"]))
+        ti = sch.sample_perfect_tile(i, n=3, max_innermost_factor=8, decision=knob_decision(knobs.get("i"), d["i"]))
     else:
         # a symbolic extent has no perfect tiles: the thread-row tile is fixed, the tile count is the rest
-        ti = [None, *_decision(knobs.get("i"), d["i"])[1:]]
+        ti = [None, *knob_decision(knobs.get("i"), d["i"])[1:]]
         if M % (ti[1] * ti[2]):
             raise ValueError(f"row tile {ti[1]}x{ti[2]} does not divide the row block {M}")
     by, ty, yi = sch.split(i, ti)

@@ -27,13 +27,13 @@ import tvm
 from tvm import s_tir
 
 from ...targets import TargetInfo
-from ..common import flatten_rows_map, op_params, pad_symbolic_rows, padded_rows_stage, static_extents_reason
+from ..common import (flatten_rows_map, knob_decision, op_params, pad_symbolic_rows, padded_rows_stage,
+                      static_extents_reason)
 from ..rule import TemplateRule
 from .dense import (
     UNROLL_STEPS,
     VECTOR_WIDTHS,
     DenseCudaKnobs,
-    _decision,
     simt_defaults,
     simt_transferable_knobs,
     stage_in_shared,
@@ -64,12 +64,12 @@ def gated_dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target
     # inside the register file with its operand fragments (checked: no spills, tests/ops/test_gated_dense_op.py)
     d = simt_defaults(M, N, K, lim)
     if symbolic:  # one thread block per padded row tile; the last one's epilogue is predicated
-        ti = [None, *_decision(knobs.get("i"), d["i"])[1:]]
+        ti = [None, *knob_decision(knobs.get("i"), d["i"])[1:]]
         if M % (ti[1] * ti[2]):
             raise ValueError(f"row tile {ti[1]}x{ti[2]} does not divide the row block {M}")
     else:
-        ti = sch.sample_perfect_tile(rows, n=3, max_innermost_factor=8, decision=_decision(knobs.get("i"), d["i"]))
-    tj = sch.sample_perfect_tile(cols, n=3, max_innermost_factor=8, decision=_decision(knobs.get("j"), d["j"]))
+        ti = sch.sample_perfect_tile(rows, n=3, max_innermost_factor=8, decision=knob_decision(knobs.get("i"), d["i"]))
+    tj = sch.sample_perfect_tile(cols, n=3, max_innermost_factor=8, decision=knob_decision(knobs.get("j"), d["j"]))
     by, ty, yi = sch.split(rows, ti)
     bx, tx, xi = sch.split(cols, tj)
     sch.reorder(by, bx, ty, tx, yi, xi)
@@ -81,7 +81,7 @@ def gated_dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target
     sch.set_scope(block, 0, "local")  # the (rows, N, 2) pair lives in registers, never in global memory
     sch.compute_at(block, tx, preserve_unit_loops=True)
     a_rows, a_cols, a_half, a_k = sch.get_loops(block)[-4:]
-    tk = sch.sample_perfect_tile(a_k, n=2, max_innermost_factor=64, decision=_decision(knobs.get("k"), d["k"]))
+    tk = sch.sample_perfect_tile(a_k, n=2, max_innermost_factor=64, decision=knob_decision(knobs.get("k"), d["k"]))
     ko, ki = sch.split(a_k, tk)
     sch.reorder(ko, ki, a_rows, a_cols, a_half)
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import InputError
 from ..timing import time_block
-from .model import DEFAULT_BATCH, DEFAULT_SEQ, _torch_row, hf_export_info, max_abs_diff
+from .model import DEFAULT_BATCH, DEFAULT_SEQ, hf_export_info, max_abs_diff, torch_row
 from .peers import environment, ort_session, set_thread_spinning
 from .report import ORT, OURS, Row, format_table, kernel_profile, ort_kernel_profile
 
@@ -158,7 +158,7 @@ def bench_artifact(path: str, onnx: Optional[str] = None, against: Sequence[str]
         info = hf_export_info(onnx_path) if onnx_path is not None else None
         if torch_model is not None:
             info = dict(info or {}, kind=torch_model)
-        rows.append(_torch_row(info, feeds, ref, threads, repeat))
+        rows.append(torch_row(info, feeds, ref, threads, repeat))
     if "build" in against:
         rows.append(_inprocess_row(manifest, onnx_path, onnx_note, feeds, diff, repeat))
     if "static" in against:

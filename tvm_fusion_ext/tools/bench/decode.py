@@ -151,7 +151,7 @@ def format_decode(rows, limit_ms: float) -> str:
 def _build(path: str, specs, shapes: Dict[str, list], logs: Optional[str], out):
     """The ONNX file built with its symbolic dims, each bound wide enough for this step (and no narrower than
     the defaults a plain ``compile`` gives)."""
-    from ...dims import DEFAULT_BATCH_BOUND, DEFAULT_SEQ_BOUND
+    from ...frontend.dims import DEFAULT_BATCH_BOUND, DEFAULT_SEQ_BOUND
     from ...frontend import load_onnx
     from ...runtime import CompiledModel
 

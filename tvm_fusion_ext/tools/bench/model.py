@@ -181,6 +181,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
     from ...frontend import load_onnx
     from ...models import sample_inputs
     from ...runtime import CompiledModel
+    from ...targets import TargetInfo
 
     t0 = time.perf_counter()
     mod = load_onnx(path, shapes=shapes)
@@ -225,7 +226,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
         rows.append(Row(ORT, time_block(ORT, lambda: sess.run(None, ort_feeds), repeat=repeat), 0.0,
                         note="reference", extra={"intra_op_threads": threads}))
     if "torch" in against:
-        rows.append(_torch_row(info, feeds, ref, threads, repeat, diff))
+        rows.append(torch_row(info, feeds, ref, threads, repeat, diff))
     if "tvm" in against:
         t1 = time.perf_counter()
         stock = stock_tvm(mod, ours)
@@ -246,7 +247,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
         "mode": "model",
         "model": label,
         "path": os.path.abspath(path),
-        "target": str(tgt.kind.name),
+        "target": TargetInfo.of(tgt).kind,
         "threads": threads,
         "batch": n_batch,
         "seq": n_seq,
@@ -271,7 +272,8 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
     }
 
 
-def _torch_row(info, feeds, ref, threads, repeat, diff=max_abs_diff) -> Row:
+def torch_row(info, feeds, ref, threads, repeat, diff=max_abs_diff) -> Row:
+    """The PyTorch eager row of a bench table for a transformers export (``info``), or why there is none."""
     if info is None or "kind" not in info:
         return Row(TORCH, note="n/a (not a transformers export)")
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:

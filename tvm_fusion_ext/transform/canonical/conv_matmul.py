@@ -44,7 +44,7 @@ MIN_GROUP_OUTPUTS = 8
 _LAYOUTS = {"relax.nn.conv1d": ("NCW", "OIW"), "relax.nn.conv2d": ("NCHW", "OIHW")}
 
 
-def _ints(arr) -> List[int]:
+def int_list(arr) -> List[int]:
     return [int(v) for v in arr]
 
 
@@ -82,7 +82,7 @@ def _constant(graph: FunctionGraph, e) -> Optional[np.ndarray]:
     return None
 
 
-def _channel_bias(b: np.ndarray, out_channels: int, rank: int) -> Optional[np.ndarray]:
+def channel_bias(b: np.ndarray, out_channels: int, rank: int) -> Optional[np.ndarray]:
     """``b`` as a vector of the output channels, if it varies along the channel axis only (else None)."""
     if b.ndim > rank:
         return None
@@ -152,7 +152,7 @@ class ConvAsMatmul(ConvRewrite):
             return f"{op} of a symbolic image size {x}"
         if not isinstance(x[1], int) or x[1] != w.shape[1] * groups:
             return f"{op}: input channels {x[1]} against the filter's {w.shape[1]} × {groups} groups"
-        if m.has("bias") and _channel_bias(m["bias"], w.shape[0], len(x)) is None:
+        if m.has("bias") and channel_bias(m["bias"], w.shape[0], len(x)) is None:
             return f"{op}'s bias of shape {m['bias'].shape} varies along other axes than the channels"
         out = shape_dims(conv)
         if out is not None and all(isinstance(d, int) for d in out):
@@ -173,7 +173,7 @@ class ConvAsMatmul(ConvRewrite):
         x = m.arg("x")
         dims = m.dims("x")
         rank = len(dims)
-        strides, dilation, padding = _ints(a.strides), _ints(a.dilation), _ints(a.padding)
+        strides, dilation, padding = int_list(a.strides), int_list(a.dilation), int_list(a.padding)
         spatial_rank = rank - 2
         if spatial_rank == 1 and groups == 1:
             return self._conv1d_channels_last(m, bb, x, w, strides, dilation, padding)
@@ -192,7 +192,7 @@ class ConvAsMatmul(ConvRewrite):
         taps = int(np.prod(kernel))
         patches = bb.emit(relax.op.take(x, index, axis=2, mode="clip"))          # [N, C, P, taps]
         positions = out_dims[0] if spatial_rank == 1 else out_dims[0] * out_dims[1]
-        bias = _channel_bias(m["bias"], out_channels, rank).astype(w.dtype) if m.has("bias") else None
+        bias = channel_bias(m["bias"], out_channels, rank).astype(w.dtype) if m.has("bias") else None
         if groups == 1:
             patches = bb.emit(relax.op.permute_dims(patches, [0, 2, 1, 3]))       # [N, P, C, taps]
             patches = bb.emit(relax.op.reshape(patches, [dims[0], positions, channels * taps]))
@@ -237,7 +237,7 @@ class ConvAsMatmul(ConvRewrite):
         filters = np.ascontiguousarray(w.transpose(2, 1, 0).reshape(taps * channels, out_channels))
         y = bb.emit(relax.op.matmul(patches, relax.const(filters)))               # [N, L_out, O]
         if m.has("bias"):
-            bias = _channel_bias(m["bias"], out_channels, 3).astype(w.dtype)
+            bias = channel_bias(m["bias"], out_channels, 3).astype(w.dtype)
             y = bb.emit(relax.op.add(y, relax.const(bias)))
         return relax.op.permute_dims(y, [0, 2, 1])                                # [N, O, L_out]
 

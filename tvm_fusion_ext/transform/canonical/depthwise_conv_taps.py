@@ -32,7 +32,7 @@ from tvm import relax
 
 from ..graph import op_name, same_dims, shape_dims
 from ..rule import Match
-from .conv_matmul import ConvRewrite, _channel_bias, _ints
+from .conv_matmul import ConvRewrite, channel_bias, int_list
 from .layout_chain import TRIALS, apply_layout_chain, at_size
 
 #: taps of one filter, at most: each is a slice and a multiply-add in the graph (a 9×9 filter is 81)
@@ -135,7 +135,7 @@ class DepthwiseConvAsTaps(ConvRewrite):
         taps = int(np.prod(w_shape[2:]))
         if taps > MAX_TAPS:
             return f"{op}'s filter has {taps} taps (more than {MAX_TAPS})"
-        if m.has("bias") and _channel_bias(m["bias"], w_shape[0], len(x)) is None:
+        if m.has("bias") and channel_bias(m["bias"], w_shape[0], len(x)) is None:
             return f"{op}'s bias of shape {m['bias'].shape} varies along other axes than the channels"
         return None
 
@@ -146,7 +146,7 @@ class DepthwiseConvAsTaps(ConvRewrite):
         channels, _, *kernel = w.shape
         rank = len(m.dims("x"))
         spatial = rank - 2
-        strides, dilation, padding = _ints(a.strides), _ints(a.dilation), _ints(a.padding)
+        strides, dilation, padding = int_list(a.strides), int_list(a.dilation), int_list(a.padding)
         out = shape_dims(conv)[2:]
         permuted = _permuted_input(m) is not None
         last = channels_last_source(m) if permuted else None
@@ -185,7 +185,7 @@ class DepthwiseConvAsTaps(ConvRewrite):
             term = bb.emit(relax.op.multiply(shifted, relax.const(np.ascontiguousarray(column))))
             total = term if total is None else bb.emit(relax.op.add(total, term))
         if m.has("bias"):
-            bias = _channel_bias(m["bias"], channels, rank).astype(w.dtype)
+            bias = channel_bias(m["bias"], channels, rank).astype(w.dtype)
             total = bb.emit(relax.op.add(total, relax.const(bias.reshape(column_shape))))
         if last is not None or to_rows:  # back to the conv's channels-first output (a following permute cancels it)
             return relax.op.permute_dims(total, [0, rank - 1, *range(1, rank - 1)])

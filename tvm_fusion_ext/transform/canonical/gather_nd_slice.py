@@ -9,7 +9,7 @@ what the gather means.
 
 Pattern: ``gather_nd(x, idx, batch_dims=0)``.
 Check (in the matcher): ``idx`` has the static shape ``[1, m]`` and evaluates, from the sizes it is computed
-from (:class:`~tvm_fusion_ext.symbolic_values.Evaluator`), to constants inside x's leading ``m`` extents
+from (:class:`~tvm_fusion_ext.frontend.symbolic_values.Evaluator`), to constants inside x's leading ``m`` extents
 (after the negative-index rule); anything else is a real gather and matches nothing.
 Rewrite: ``strided_slice(x, axes 0..m-1, [i, i+1))`` (shape ``[1, ..., 1, *rest]``), reshaped to gather_nd's
 ``[1, *rest]``.
@@ -21,7 +21,7 @@ from typing import List, Optional
 
 from tvm import relax, tirx
 
-from ...symbolic_values import Evaluator
+from ...frontend.symbolic_values import Evaluator
 from ..graph import FunctionGraph, op_name, shape_dims
 from ..rule import Found, FusionRule, Match, Matcher, Variant
 
