@@ -103,6 +103,13 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
     elif max_shapes:
         raise InputError(f"{label}: max shapes given, but no input dim is dynamic")
     mod["main"] = main
+    if any(node.op_type == "If" for node in graph.node):
+        # an If (not folded above) cannot sit in a dataflow block, so TVM imports the whole graph as plain
+        # bindings, and its branches too: every fusion rule works on dataflow blocks and found nothing (a merged
+        # decoder's use_cache_branch). Each run of pure bindings, in the branches and around them, becomes one.
+        from tvm import relax
+
+        mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
     return mod
 
 
@@ -354,6 +361,7 @@ def _importer_class():
                     if sym is None:
                         sym = self._cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
                                                                        [self._nodes, self._params])
+                sym = _first_of_one_output(sym, op_name, attrs)
                 if isinstance(sym, of.relax.Expr):
                     sym = self._shape_as_tensor_if_needed(self.bb.normalize(sym))
                 if op_name == "Reshape" and inputs and isinstance(sym, of.relax.Expr):
@@ -457,3 +465,21 @@ def _attr_list(func, key):
     if attrs is None or key not in attrs:
         return None
     return [str(x) for x in attrs[key]]
+
+
+#: ops whose one ONNX output is a sequence (a Relax tuple): never cut to its first field
+_SEQUENCE_OUTPUT_OPS = frozenset({"Optional", "OptionalGetElement", "SequenceConstruct", "SequenceEmpty",
+                                  "SequenceErase", "SequenceInsert", "ConcatFromSequence", "SplitToSequence"})
+
+
+def _first_of_one_output(sym, op_name: str, attrs: dict):
+    """A converter's tuple for a node that names one output (LayerNormalization's ``(Y, Mean, InvStdDev)`` when
+    only Y is asked for), cut to that output. The top-level graph does this after the converter; TVM's import of
+    an ``If`` branch does not, and its consumer then received the whole tuple (a Relu: "relax.nn.relu requires
+    argument 0 (x) to be a tensor")."""
+    from tvm import relax
+
+    wanted = (attrs.get("tvm_custom") or {}).get("num_outputs")
+    if wanted == 1 and isinstance(sym, relax.Tuple) and len(sym.fields) > 1 and op_name not in _SEQUENCE_OUTPUT_OPS:
+        return sym.fields[0]
+    return sym
