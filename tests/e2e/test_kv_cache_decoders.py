@@ -116,6 +116,14 @@ def test_kv_cache_export_fuses_and_matches_torch(export_dir, kind, exporter):
     assert report.fused["attention"] == LAYERS, report.summary()
     if kind == "llama":
         assert report.fused["rope"] == 2 * LAYERS and report.fused["gated_mlp"] == LAYERS, report.summary()
+    if kind == "gpt2" and exporter == "legacy":
+        # the bounds come from the model: positions past .. past + new - 1 gathered from its 128-row table
+        from tvm_fusion_ext.frontend.dims import bound_reasons, shape_bounds
+
+        bounds, reasons = shape_bounds(mod), bound_reasons(mod)
+        assert (bounds["past"], bounds["new"], bounds["total"]) == ((0, 127), (1, 128), (1, 128)), bounds
+        assert "constant table of 128 rows" in reasons["past"]["upper"], reasons
+        assert reasons["total"]["upper"].startswith("past + new <= 128"), reasons
     compiled = CompiledModel.from_module(mod)
     # decode steps (one new token) at several cache lengths, and prefill chunks; batch 1 to 3; an empty cache
     # (the first call of Optimum's and ONNX Runtime GenAI's loops: a prompt, or one token, against 0 past keys)
