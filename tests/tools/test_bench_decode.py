@@ -79,3 +79,12 @@ def test_decode_bench_writes_contract_json(tiny_causal_lm, tmp_path, capsys):
 def test_decode_bench_bad_flags_are_one_line_errors(tiny_causal_lm, capsys, argv, needle):
     assert main(["bench", tiny_causal_lm, *argv]) == 2
     _one_line_error(capsys, needle)
+
+
+def test_decode_bench_times_the_first_step_against_an_empty_cache(tiny_causal_lm):
+    from tvm_fusion_ext.tools.bench import bench_decode
+
+    r = bench_decode(tiny_causal_lm, past=0, batch=1, repeat=2, out=lambda _: None)
+    assert r["cache_bytes"] == 0 and r["input_shapes"]["past_key_values.0.key"] == [1, 2, 0, 16]
+    assert r["max_abs_diff_vs_ort"] < 1e-4
+    assert r["host_read_bandwidth"]["gb_per_s"] >= r["host_read_bandwidth"]["median_gb_per_s"]

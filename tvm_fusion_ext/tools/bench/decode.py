@@ -149,18 +149,20 @@ def format_decode(rows, limit_ms: float) -> str:
 
 
 def _build(path: str, specs, shapes: Dict[str, list], logs: Optional[str], out):
-    """The ONNX file built with its symbolic dims, each bound wide enough for this step (and no narrower than
-    the defaults a plain ``compile`` gives)."""
+    """The ONNX file built with its symbolic dims as a plain ``compile`` bounds them (by the model, else the
+    defaults), widened only where this step needs more (a past beyond the default sequence bound)."""
     from ...frontend.dims import DEFAULT_BATCH_BOUND, DEFAULT_SEQ_BOUND
     from ...frontend import load_onnx
     from ...runtime import CompiledModel
 
     max_shapes = {}
     for name, (dims, _) in specs.items():
-        max_shapes[name] = [d if isinstance(d, int) else max(s, DEFAULT_BATCH_BOUND if k == 0 else DEFAULT_SEQ_BOUND)
-                            for k, (d, s) in enumerate(zip(dims, shapes[name]))]
+        defaults = [DEFAULT_BATCH_BOUND if k == 0 else DEFAULT_SEQ_BOUND for k in range(len(dims))]
+        if any(not isinstance(d, int) and s > low for d, s, low in zip(dims, shapes[name], defaults)):
+            max_shapes[name] = [d if isinstance(d, int) else max(s, low)
+                                for d, s, low in zip(dims, shapes[name], defaults)]
     t0 = time.perf_counter()
-    mod = load_onnx(path, max_shapes=max_shapes)
+    mod = load_onnx(path, max_shapes=max_shapes or None)
     model = CompiledModel.from_module(mod, "llvm", logs=logs, fuse=True, label=os.path.basename(path))
     out(f"built {path} with fusion + templates in {time.perf_counter() - t0:.1f} s "
         f"(fused: {', '.join(f'{k} {v}' for k, v in model.report.fused.items() if v) or 'nothing'})")
