@@ -3,7 +3,7 @@
     python scripts/bench_artifact_interleaved.py MODEL.onnx ARTIFACT [--shapes 1x16,1x48,1x128,1x384,8x128]
         [--rounds 8] [--threads deployed|off] [--stat call|block]
 
-Issue #10's table: the artifact (``deploy.load``), the same file built for exactly each shape (``static``) and ONNX
+The deployment table (docs/performance.md): the artifact (``deploy.load``), the same file built for exactly each shape (``static``) and ONNX
 Runtime on the same (dynamic) file, two threads each. Each runtime lives in its own process, so that one's thread
 pool cannot slow another's; each round times one block of every runtime in turn, so a change in the machine's speed
 (a shared VM's neighbours, turbo) lands on all three alike, where ``tvm-fusion bench`` times one runtime after the
@@ -11,7 +11,7 @@ other. Prints medians in ms and the ratios, with the largest difference from ONN
 token ids, a full mask, zero token types (the inputs a BERT-style encoder export takes).
 
 ``--stat call`` (default): the median of every timed call of every round, each call timed on its own. ``--stat
-block``: the median of the rounds' block means (this script's statistic before session 26). On a shared VM a
+block``: the median of the rounds' block means (this script's statistic until 2026-11-27). On a shared VM a
 neighbour's burst lands inside some blocks and not others; a block's mean carries it, the median call does not.
 
 ``--threads deployed`` (default): every runtime with its own idle-thread policy, as it would serve: ONNX Runtime's

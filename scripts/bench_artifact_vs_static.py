@@ -5,7 +5,7 @@
 
 The check of artifact / static that :mod:`bench_artifact_interleaved` (one process per runtime) cannot give on a
 VM where, in some runs, one of its processes is 1.3-1.8x slower at every round for reasons outside the kernels
-(docs/deploy.md, "Symbolic kernels read their rows in place"). Here both share one process and one thread pool: each
+(docs/benchmarks.md, "Symbolic kernels read their rows in place"). Here both share one process and one thread pool: each
 round times a few calls of one, then of the other. Prints the median single call of each, in ms, the ratio and
 their largest output difference. Inputs as that script's: random token ids, a full mask, zero token types.
 """

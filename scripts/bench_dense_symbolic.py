@@ -4,7 +4,7 @@
 
 Both are VM modules of a single ``fused_dense`` (x: [1, ROWS, K] or [batch, seq, K], random weight and bias), timed
 interleaved: each round times 20 calls of one, then of the other. Prints the median and the ratio of medians and of
-minima (symbolic / static): how much a kernel pays for not knowing its rows (docs/deploy.md, "Full row tiles read x
+minima (symbolic / static): how much a kernel pays for not knowing its rows (docs/benchmarks.md, "Full row tiles read x
 unclamped"). The symbolic module's time includes the VM's shape bookkeeping, a few microseconds per call.
 """
 

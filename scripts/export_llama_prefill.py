@@ -1,4 +1,4 @@
-"""issue #12's LLaMA-shaped decoder (random weights): hidden 1024, 16 heads / 4 K/V heads, intermediate 2816,
+"""The LLaMA-shaped benchmark decoder (random weights): hidden 1024, 16 heads / 4 K/V heads, intermediate 2816,
 4 layers, dynamo export at batch 1, seq 512; also times torch eager on the same input."""
 import sys, time, warnings, contextlib, io
 import numpy as np, torch

@@ -1,5 +1,5 @@
 /* This CPU's fp32 FMA peak: twelve independent AVX-512 FMA chains per OpenMP thread, best of five runs.
- * The ceiling the dense kernels' GFLOP/s are read against (docs/deploy.md, session 29).
+ * The ceiling the dense kernels' GFLOP/s are read against (docs/performance.md).
  *
  *   gcc -O2 -mavx512f -fopenmp scripts/fma_peak.c -o /tmp/fma_peak
  *   OMP_NUM_THREADS=2 /tmp/fma_peak     # every core;  OMP_NUM_THREADS=1: one core

@@ -1,6 +1,6 @@
 """Float16 exports (``model.half()``, torch's dynamo exporter) of families from ``sweep_unnamed_families.py``
 (tiny random weights): how far the fused build, torch's own float16 run and ONNX Runtime each are from torch's
-float32 answer, at valid positions. The sweep behind docs/coverage.md, "Float16 models".
+float32 answer, at valid positions. The sweep behind docs/exporter-notes.md, "Float16 models".
 
     python scripts/sweep_float16_exports.py [--families vit,gpt2,...]
 

@@ -1,5 +1,5 @@
 """Export Hugging Face families that no test covers (tiny random weights), build each with the package, and
-compare with torch at the valid positions: the sweep behind docs/coverage.md, "More families" and "Opset-23 exports".
+compare with torch at the valid positions: the sweep behind docs/exporter-notes.md, "More families" and "Opset-23 exports".
 Prints one line per case: ``ok`` with the largest difference and the fusion counts, ``refused`` with our one-line
 error, ``export-failed`` when torch cannot export it, ``export-differs`` when the exported file itself is unlike
 torch at a shape (ONNX Runtime running it disagrees with torch there and agrees with us; ``max |diff|`` then covers
@@ -108,7 +108,7 @@ FAMILIES = {
                 {}, "audio+decoder", None),
     "mixtral": ("MixtralConfig", "MixtralModel", dict(_DECODER, num_local_experts=4, num_experts_per_tok=2), {},
                 "text", None),
-    # session 16: GPT-Neo's alternating global/local (windowed, unscaled) attention, ConvBERT's span-based
+    # added 2026-11-24: GPT-Neo's alternating global/local (windowed, unscaled) attention, ConvBERT's span-based
     # dynamic convolution beside its heads, XLM's sinusoidal positions and language embeddings, XLNet's two-stream
     # relative attention, FNet's Fourier mixing (no attention), HuBERT and WavLM (gated relative position bias),
     # DeiT's distillation token, Nyströmformer's landmark attention, BigBird and Longformer (full attention below
@@ -136,7 +136,7 @@ FAMILIES = {
                    "text", None),
     "gemma3-text": ("Gemma3TextConfig", "Gemma3TextModel", dict(_DECODER, head_dim=16, sliding_window=8,
                                                                   query_pre_attn_scalar=16), {}, "text", None),
-    # session 19: families of 2025-26 and older ones no sweep had reached
+    # added 2026-11-25: families of 2025-26 and older ones no sweep had reached
     "gpt-neox": ("GPTNeoXConfig", "GPTNeoXModel", dict(_TEXT, rotary_pct=0.25), {}, "text", None),
     "olmo": ("OlmoConfig", "OlmoModel", _DECODER, {}, "text", None),
     "olmo3": ("Olmo3Config", "Olmo3Model", dict(_DECODER, sliding_window=8), {}, "text", None),
@@ -216,7 +216,7 @@ FAMILIES = {
     "data2vec-audio": ("Data2VecAudioConfig", "Data2VecAudioModel", _AUDIO, {}, (2, 800), None),
     "sew": ("SEWConfig", "SEWModel", dict(_AUDIO, squeeze_factor=2), {}, (2, 800), None),
     "unispeech": ("UniSpeechConfig", "UniSpeechModel", _AUDIO, {}, (2, 800), None),
-    # session 20: mixtures of experts, hybrids with recurrent or state-space layers, chunked and linear
+    # added 2026-11-26: mixtures of experts, hybrids with recurrent or state-space layers, chunked and linear
     # attention, 2-D rotary vision encoders, pyramid and additive-attention vision models, conformer audio
     "deberta": ("DebertaConfig", "DebertaModel", dict(_TEXT, relative_attention=True, pos_att_type=["c2p", "p2c"],
                                                       max_relative_positions=32), {}, "text", None),
@@ -339,7 +339,7 @@ FAMILIES = {
     "sew-d": ("SEWDConfig", "SEWDModel", dict(_AUDIO, squeeze_factor=2, max_position_embeddings=64,
                                               position_buckets=32), {}, (2, 800), None),
     "unispeech-sat": ("UniSpeechSatConfig", "UniSpeechSatModel", _AUDIO, {}, (2, 800), None),
-    # session 21: BERT variants with layout/markup/rotary embeddings, MLA and differential attention, MoE with shared
+    # added 2026-11-26: BERT variants with layout/markup/rotary embeddings, MLA and differential attention, MoE with shared
     # experts, state-space hybrids, CNN and hierarchical vision models, audio encoders fed filterbank features,
     # seq2seq encoders with block-local attention, patched time series
     "camembert": ("CamembertConfig", "CamembertModel", dict(_TEXT, pad_token_id=1), {"add_pooling_layer": False},
@@ -463,7 +463,7 @@ FAMILIES = {
                                                          patch_stride=8, num_hidden_layers=2, d_model=64,
                                                          num_attention_heads=4, ffn_dim=128),
                  {}, ("past_values", 2, 32, 3), None),
-    # session 27: the decoder families users deploy most that no session had swept (Qwen2, Gemma 1/2 with capped
+    # added 2026-11-27: the decoder families users deploy most that no sweep had reached (Qwen2, Gemma 1/2 with capped
     # scores, Phi's partial rotary with a parallel block, OPT, BLOOM's ALiBi, GPT-J, Falcon's multi-query parallel
     # block, XGLM, Cohere, Helium, OLMo 2), DeBERTa-v2's disentangled attention, the encoders tests/e2e runs only
     # static (ALBERT, DistilBERT, ELECTRA), CNNs with depthwise convolutions, and a video transformer (5-D input)

@@ -1,4 +1,4 @@
-"""Times torch eager (sdpa, 2 threads) on issue #12's prefill model: ``python time_llama_prefill_torch.py
+"""Times torch eager (sdpa, 2 threads) on the LLaMA-shaped prefill model: ``python time_llama_prefill_torch.py
 [llama|qwen2]`` (the same config and seed as export_llama_prefill.py)."""
 import sys, time, numpy as np, torch, warnings
 warnings.filterwarnings("ignore")

@@ -41,3 +41,7 @@ class CorruptArtifactError(ArtifactError):
 class IncompatibleArtifactError(ArtifactError):
     """An intact artifact that this machine cannot run: another artifact format or TVM version, CPU features
     this CPU lacks, a GPU that is not there."""
+
+
+class CompilerMissingError(FusionExtError):
+    """This TVM is runtime-only (no ``libtvm_compiler.so``, or ``TVM_USE_RUNTIME_LIB=1``) and the command compiles."""

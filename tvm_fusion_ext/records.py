@@ -22,7 +22,7 @@ import json
 import os
 import re
 import time
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from .errors import TuningLogError
 from .fileio import atomic_write_bytes
@@ -137,6 +137,26 @@ def read_manifest(path: str) -> Optional[dict]:
 
 # ----------------------------------------------------------------------------------------------- selection
 
+def covered_note(directories: List[str]) -> str:
+    """``": they cover minilm on llvm-znver3, ..."``: which (workload, host class) pairs a root's records are for."""
+    pairs = []
+    for d in directories:
+        try:
+            manifest = read_manifest(d) or {}
+        except TuningLogError:
+            continue
+        pair = f"{manifest.get('workload', os.path.basename(d))} on {manifest.get('target', '?')}"
+        if pair not in pairs:
+            pairs.append(pair)
+    return f": they cover {', '.join(pairs)}" if pairs else ""
+
+
+def target_argument(target) -> str:
+    """The ``--target`` value that names ``target``'s host class: ``llvm:znver3``, ``cuda:sm_90``, ``llvm``."""
+    label = target_label(target)
+    return label.replace("-", ":", 1) if "-" in label else label
+
+
 def matches(manifest: Optional[dict], mhash: str, target) -> bool:
     return bool(manifest) and manifest.get("model_hash") == mhash and manifest.get("target") == target_label(target)
 
@@ -161,6 +181,8 @@ def select(logs: str, mod, target) -> Tuple[Optional[str], str]:
     found = [d for d in candidates if matches(read_manifest(d), mhash, target)]
     if not found:
         return None, (f"no tuning records in {logs} match this model ({mhash}) on {label} "
-                      f"({len(candidates)} directories checked); building untuned")
+                      f"({len(candidates)} directories checked{covered_note(candidates)}); building untuned; "
+                      f"to tune this model for this host: `tvm-fusion tune MODEL.onnx --target "
+                      f"{target_argument(target)} --logs {logs}`")
     best = max(found, key=lambda d: (read_manifest(d) or {}).get("trials", 0))
     return best, f"using tuning records in {best} (manifest matches model {mhash} on {label})"

@@ -70,6 +70,9 @@ class TargetInfo:
     l1_bytes: int = 0
     l2_bytes: int = 0
     l3_bytes: int = 0
+    #: CUDA mma.sync (m16n8k16, sm_80 and later); False where a GPU-style target has no tensor cores (the
+    #: OpenCL stand-in for a CUDA GPU, :func:`opencl_emulation_target`), so templates take their SIMT paths
+    tensor_cores: bool = False
 
     @classmethod
     def of(cls, target: tvm.target.Target) -> "TargetInfo":
@@ -80,9 +83,16 @@ class TargetInfo:
         host = target.host if family == "cuda" and target.host is not None else target
         if family == "cuda":
             get = lambda k: int(attrs[k]) if attrs.get(k) is not None else _CUDA_LIMITS[k]  # noqa: E731
-            return cls(family, kind, str(attrs.get("arch") or "") or None, _cores(host), CUDA_VECTOR_BYTES * 8,
+            arch = str(attrs.get("arch") or "") or None
+            match = _CUDA_ARCH.match(arch or "")
+            # An OpenCL target (the SIMT templates run on a CPU by PoCL) is scheduled as this family: same limits,
+            # same templates, but no tensor-core instructions; its warp is one work-item (TVM's cross-thread
+            # reductions then go through shared memory, not warp shuffles).
+            tensor_cores = kind == "cuda" and (match is None or int(match.group(1)) >= 80)
+            return cls(family, kind, arch, _cores(host), CUDA_VECTOR_BYTES * 8,
                        get("max_threads_per_block"), get("max_shared_memory_per_block"), get("thread_warp_size"),
-                       get("registers_per_block"), max_registers_per_thread=CUDA_MAX_REGISTERS_PER_THREAD)
+                       get("registers_per_block"), max_registers_per_thread=CUDA_MAX_REGISTERS_PER_THREAD,
+                       tensor_cores=tensor_cores)
         mcpu = str(attrs.get("mcpu") or "") if attrs is not None else ""
         bits = _cpu_vector_bits(target)
         l1, l2, l3 = host_caches()
@@ -188,6 +198,16 @@ def cuda_target(arch: str = "sm_90") -> tvm.target.Target:
     if not _CUDA_ARCH.match(arch):
         raise TargetError(f"unknown CUDA architecture '{arch}' (expected e.g. sm_80 or sm_90)")
     return tvm.target.Target({"kind": "cuda", "arch": arch, **_CUDA_LIMITS}, host=host_cpu_target())
+
+
+def opencl_emulation_target() -> tvm.target.Target:
+    """An OpenCL target that stands in for a CUDA GPU, so that the CUDA family's SIMT templates (thread bindings,
+    shared memory, barriers) can be compiled to OpenCL C and run on a CPU by PoCL
+    (:mod:`tvm_fusion_ext.tools.simt_on_cpu`). It carries the CUDA per-block limits, so templates choose the
+    same tiles as for a GPU; :attr:`TargetInfo.tensor_cores` is False on it. Not a deployment target."""
+    limits = {**_CUDA_LIMITS, "thread_warp_size": 1, "max_num_threads": _CUDA_LIMITS["max_threads_per_block"]}
+    limits.pop("registers_per_block")
+    return tvm.target.Target({"kind": "opencl", **limits}, host=host_cpu_target())
 
 
 def resolve_target(spec: TargetSpec = None) -> tvm.target.Target:

@@ -36,6 +36,51 @@ def test_version_names_the_package_tvm_and_whether_it_compiles():
     assert "runtime only" in runtime.stdout and "with its compiler" not in runtime.stdout
 
 
+_COMPILING = {"compile": ["compile", "{model}", "-o", "{tmp}/art"], "fuse": ["fuse", "{model}"],
+              "tune": ["tune", "{model}", "--trials", "2", "--logs", "{tmp}/logs"],
+              "run-onnx": ["run", "{model}", "--inputs", "{tmp}/x.npz", "--output", "{tmp}/y.npz"],
+              "bench-onnx": ["bench", "{model}", "--repeat", "1"]}
+
+
+def _assert_names_missing_compiler(err, tmp_path):
+    err = err.strip()
+    assert "\n" not in err and err.startswith("error: "), err
+    assert "libtvm_compiler.so" in err and "TVM_USE_RUNTIME_LIB=1" in err and "run|bench|info ARTIFACT" in err
+    assert "internal error" not in err and "RegisterOpAttr" not in err
+    assert not (tmp_path / "art").exists() and not (tmp_path / "y.npz").exists()
+
+
+def test_compile_on_a_runtime_only_tvm_names_the_missing_compiler(tiny_encoder_path, tmp_path):
+    """A runtime-only TVM fails deep inside TVM's importer (an AttributeError about RegisterOpAttr): the CLI says
+    instead, in one line, that compiling needs libtvm_compiler.so and that artifacts run without it."""
+    argv = [a.format(model=tiny_encoder_path, tmp=tmp_path) for a in _COMPILING["compile"]]
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    res = subprocess.run([sys.executable, "-m", "tvm_fusion_ext.cli", *argv], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert res.returncode == 2, res.stderr
+    _assert_names_missing_compiler(res.stderr, tmp_path)
+
+
+@pytest.mark.parametrize("command", sorted(_COMPILING))
+def test_every_compiling_command_checks_for_the_compiler_first(command, tiny_encoder_path, tmp_path, monkeypatch,
+                                                                 capsys):
+    """The same check for each command that compiles (in process: the subprocess case above is the real thing);
+    ``info`` and ``run`` on an artifact need no compiler and are not refused."""
+    import tvm_fusion_ext.cli as cli
+
+    np.savez(tmp_path / "x.npz", input_ids=np.zeros((1, 8), np.int64))
+    monkeypatch.setenv("TVM_USE_RUNTIME_LIB", "1")
+    monkeypatch.setattr(cli, "tvm_can_compile", lambda: False)
+    assert main([a.format(model=tiny_encoder_path, tmp=tmp_path) for a in _COMPILING[command]]) == 2
+    _assert_names_missing_compiler(capsys.readouterr().err, tmp_path)
+    art = tmp_path / "art_dir"
+    art.mkdir()
+    (art / "manifest.json").write_text("{}")
+    parsed = cli.build_parser().parse_args(["run", str(art), "--inputs", "x.npz", "--output", "y.npz"])
+    assert cli.needs_compiler(parsed) is False
+    assert cli.needs_compiler(cli.build_parser().parse_args(["info", str(art)])) is False
+
+
 def test_fuse_json_contract(tiny_encoder_path, capsys):
     assert main(["fuse", tiny_encoder_path, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

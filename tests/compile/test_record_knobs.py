@@ -1,4 +1,4 @@
-"""Tuning records reach symbolic kernels (issue #10): a template-space record of a static kernel gives its knobs to
+"""Tuning records reach symbolic kernels: a template-space record of a static kernel gives its knobs to
 the symbolic kernel of the same signature when the symbolic model is compiled with ``logs``.
 
 Records are written directly (the template applied with chosen, non-default knobs and its trace committed to a

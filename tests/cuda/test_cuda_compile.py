@@ -150,7 +150,7 @@ def test_attention_fp16_runs_both_matmuls_on_tensor_cores(S, D, dtype, layout, a
 ])
 def test_attention_tensor_core_loads_wait_for_the_block(S, D, dtype, layout, mma_attention):
     """As the dense template's: the Q, K, V and probability tiles are stored by the whole block (or by other
-    lanes) and read by ldmatrix, which ThreadSync does not see. Session 26's H200 run of the template without
+    lanes) and read by ldmatrix, which ThreadSync does not see. The 2026-11-27 H200 run of the template without
     these barriers gave 4-20 % wrong outputs (NaN at bf16). Every warp runs the same loads, so no barrier may
     sit under a branch."""
     _, src = _attention(S, D, dtype, layout, "sm_90")

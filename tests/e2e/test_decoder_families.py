@@ -1,4 +1,4 @@
-"""Current model families a user brings (issue 12): tiny random-weight LLaMA (grouped-query and not), Qwen2
+"""Current model families a user brings: tiny random-weight LLaMA (grouped-query and not), Qwen2
 (biased Q/K/V projections) and ModernBERT (LayerNorm without bias, GeGLU, rotary embeddings, alternating
 global/local attention), exported with torch's dynamo exporter as their users do. Every attention must fuse
 with its rotary embeddings, the RMSNorms must fuse, and the build must match torch within 1e-4 with a padded
@@ -41,7 +41,7 @@ def test_family_fuses_builds_and_matches_torch(export_dir, kind, rmsnorms):
     assert report.fused["dense"] >= 3 * LAYERS, report.fused
     assert not [s for s in tensor_shapes(fused) if len(s) >= 2 and s[-2:] == [SEQ, SEQ]], \
         "an S x S tensor is left in the fused graph"
-    # a causal model with padding is not packed (issue #11 leaves decoders padded): refused, with its reason
+    # a causal model with padding is not packed (padding removal leaves decoders padded): refused, with its reason
     _, packed = fuse(mod, remove_padding=True)
     assert packed.padding_removed == 0 and [e for e in packed.refused if e.rule == "RemovePadding"], \
         packed.summary()

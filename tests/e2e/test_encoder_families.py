@@ -3,7 +3,7 @@ must fuse like BERT (attention, QKV, dense, LayerNorm in every layer), build, an
 padded attention mask.
 
 RoBERTa and XLM-R number positions by counting the non-padding tokens (a ``CumSum`` over ``input_ids != pad``):
-that kernel has no root block, and it used to crash the build (issue 12)."""
+that kernel has no root block, and it used to crash the build."""
 
 import numpy as np
 import onnx
@@ -21,7 +21,7 @@ LAYERS = 2
 
 # (family, exporter, attention implementation): RoBERTa through both exporters; one export for each other family
 # (MPNet has no sdpa attention in transformers). Each takes 15-45 s on the shared 2-core box (export, fuse, two
-# builds): all but the RoBERTa case of issue 12 are ``slow``.
+# builds): all but the RoBERTa case are ``slow``.
 EXPORTS = [
     ("roberta", "legacy", "sdpa"),
     pytest.param("roberta", "dynamo", "sdpa", marks=pytest.mark.slow),

@@ -4,7 +4,7 @@ length, with torch's legacy exporter (named dynamic axes) and its dynamo exporte
 every past tensor's length and the mask's dims apart). Every attention must fuse, and the build must match torch
 within 1e-4 at decode steps (one new token) and prefill chunks, with a left-padded mask; cached key and value
 lengths that disagree, and a mask shorter than the cache or with fewer rows than the batch, are refused in one
-line. Before session 17 the dynamo files died inside TVM's FuseTIR and
+line. Before 2026-11-25 the dynamo files died inside TVM's FuseTIR and
 their attention did not fuse (``tests/test_kv_cache_attention.py`` has the small versions of both)."""
 
 import contextlib
@@ -145,7 +145,7 @@ def test_kv_cache_export_fuses_and_matches_torch(export_dir, kind, exporter):
     assert ("dim 2 (past) is 4, but input 'past_k_0' has past = 5" in str(err.value)
             or "the inputs' shapes do not fit together" in str(err.value)), str(err.value)
     # a mask shorter than past + new, or with fewer rows than the batch: ONNX Runtime refuses (Gather/GatherND:
-    # invalid index); before session 18 TVM read past the mask (dynamo) or clamped into it (legacy) and answered
+    # invalid index); before indices were checked at run time TVM read past the mask (dynamo) or clamped into it (legacy) and answered
     good = {n: x.numpy() for n, x in zip(NAMES, _inputs(2, 3, 5, kv_heads, seed=1))}
     for mask in (good["attention_mask"][:, :7], good["attention_mask"][:1]):
         with pytest.raises(InputError) as err:  # (the legacy export names the mask's rows "batch": checked first)

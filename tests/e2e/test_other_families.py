@@ -1,4 +1,4 @@
-"""Current families that issue 12 does not name, each with its own twist (see ``models.hf.OTHER_FAMILIES``):
+"""Current families beyond test_decoder_families.py, each with its own twist (see ``models.hf.OTHER_FAMILIES``):
 tiny random-weight exports (torch's dynamo exporter, batch 2, rows of different valid lengths through the mask)
 must fuse what their meaning allows, build, and match torch within 1e-4 at the valid positions.
 

@@ -289,6 +289,9 @@ def test_foreign_records_under_a_root_are_ignored_with_a_message(tiny_encoder_pa
     cap = capfd.readouterr()
     BAD_INPUTS.append("--logs root with only foreign record dirs (ignored, message)")
     assert "no tuning records" in cap.out and "2 directories checked" in cap.out and "untuned" in cap.out
+    # which host classes the records there cover, and how to tune for this one
+    assert f"they cover other-llvm on {label}, this-cuda on cuda-sm_90" in cap.out
+    assert f"`tvm-fusion tune MODEL.onnx --target {label.replace('-', ':', 1)} --logs {root}`" in cap.out
     ref = run_ort(tiny_encoder_path, good_inputs[1])[0]
     np.testing.assert_allclose(np.load(out)["last_hidden_state"], ref, rtol=1e-4, atol=1e-4)
 

@@ -1,4 +1,4 @@
-"""ONNX's single-operator backend cases through ``tvm-fusion run`` (issue 12: the fallback never crashes).
+"""ONNX's single-operator backend cases through ``tvm-fusion run`` (the fallback never crashes).
 
 Every case must end in a result equal to ONNX's expected output or in one ``error:`` line naming the op and node;
 an internal error, a wrong answer, a crash or a timeout fails the test. By default a deterministic subset runs:

@@ -42,6 +42,9 @@ def test_model_bench_writes_contract_json_and_png(tiny_encoder_path, tmp_path, c
     # the tiny encoder is not a transformers export: no torch module to time, and the table says so
     assert not by_name["torch"]["available"] and "not a transformers export" in by_name["torch"]["note"]
     assert "n/a (not a transformers export)" in printed
+    # stock TVM's unchecked-Gather warning (C++, straight to fd 2) is replaced by one line that says what it means
+    from tvm_fusion_ext.tools.bench.peers import FAST_GATHER_NOTE
+    assert printed.count(FAST_GATHER_NOTE) == 1
     # fusion counts are those of `tvm-fusion fuse --json` on the same file
     assert main(["fuse", tiny_encoder_path, "--json"]) == 0
     assert r["fused"] == json.loads(capsys.readouterr().out)["fused"]
@@ -55,6 +58,57 @@ def test_model_bench_writes_contract_json_and_png(tiny_encoder_path, tmp_path, c
     # and ONNX Runtime's call, split by its own profiler (tools/bench/ort_profile.py): the same number of calls
     ort_ops = {o["op"]: o for o in r["ort_kernels"]["ops"]}
     assert r["ort_kernels"]["runs"] == 3 and "MatMul" in ort_ops and "where ONNX Runtime's call goes" in printed
+
+
+def test_captured_stderr_takes_what_native_code_writes_to_fd_2():
+    import os
+
+    from tvm_fusion_ext.tools.bench.peers import _captured_stderr
+
+    with _captured_stderr() as lines:
+        os.write(2, b"[01:02:03] transform.h:1261: Warning: Fast mode segfaults when there are out-of-bounds indices\n")
+        os.write(2, b"something else\n")
+        assert lines == []  # filled when the block ends
+    assert lines == ["[01:02:03] transform.h:1261: Warning: Fast mode segfaults when there are out-of-bounds indices",
+                     "something else"]
+
+
+def _model_result(stock_ms=1994.5):
+    rows = [("tvm_fusion_ext", 15.12), ("onnxruntime", 20.83), ("torch", 23.82), ("tvm (stock tvm.compile)", stock_ms)]
+    return {"mode": "model", "model": "m", "batch": 1, "seq": 128,
+            "environment": {"cpu": "AMD EPYC 9R14", "cpus": 2, "date": "2026-11-29"},
+            "runtimes": [{"name": n, "median_ms": m, "p10_ms": 0.98 * m, "p90_ms": 1.05 * m} for n, m in rows]}
+
+
+def test_plot_is_linear_from_zero_with_host_and_date():
+    """Bar heights compare as the times do (a log axis starting at 14.5 ms made 14.6 vs 19.9 ms look like 1:6);
+    a runtime over OFF_SCALE_RATIO times the fastest is clipped with its figure written on it."""
+    import matplotlib.pyplot as plt
+
+    from tvm_fusion_ext.tools.bench.report import OFF_SCALE_RATIO, figure
+
+    fig = figure(_model_result())
+    try:
+        (ax,) = fig.axes
+        assert ax.get_yscale() == "linear"
+        low, high = ax.get_ylim()
+        assert low == 0 and 23.82 * 1.05 <= high <= 15.12 * OFF_SCALE_RATIO
+        title = ax.get_title()
+        assert "AMD EPYC 9R14" in title and "2 cores" in title and "2026-11-29" in title
+        texts = [t.get_text() for t in ax.texts]
+        assert any("0.73x ORT" in t for t in texts) and any("1994 ms" in t and "off scale" in t for t in texts)
+        # the tick labels are plain numbers, not powers of ten
+        fig.canvas.draw()
+        assert all("times" not in t.get_text() and "^" not in t.get_text() for t in ax.get_yticklabels())
+    finally:
+        plt.close(fig)
+    # with every runtime on scale, nothing is clipped
+    fig = figure(_model_result(stock_ms=30.0))
+    try:
+        assert fig.axes[0].get_ylim()[1] >= 30.0 * 1.05 and not any("off scale" in t.get_text()
+                                                                      for t in fig.axes[0].texts)
+    finally:
+        plt.close(fig)
 
 
 def test_workspace_of_a_known_primfunc():

@@ -467,7 +467,7 @@ def test_mask_over_merged_batch_heads_without_batch_axis_fuses():
 
 def test_interleaved_head_split_fuses_through_a_transposed_copy():
     # k split as [B, T, D, H] (head index innermost), no BSHD/BHSD view of it exists: the permuted Kᵀ tensor
-    # [B, H, D, T] the graph makes is read through a transposed copy (session 18 and before: refused)
+    # [B, H, D, T] the graph makes is read through a transposed copy (refused until 2026-11-25)
     q, xk, v = _var("q", (B, H, S, D)), _var("xk", (B, T, H * D)), _var("v", (B, H, T, D))
 
     def build(bb):

@@ -92,6 +92,27 @@ def test_guard_over_possible_inf_mask_is_kept(mask_kind):
         assert np.all(out[0] == 0) and not np.isnan(out).any()  # what the guard is for
 
 
+def test_kept_guard_is_an_expected_refusal_not_a_near_miss():
+    """The guard over a possibly -inf mask is needed, so the report counts it apart from the near misses: ``fuse``
+    lists it under its own heading, ``bench``/``demo`` (``list_expected=False``) in one line; the JSON says so."""
+    mod = _guarded_probs("const", mask_value=NEG_INF)
+    _, report = fuse(mod, DropSoftmaxNanGuard())
+    assert len(report.refused) == 1 and report.near_misses == [] and len(report.expected_refusals) == 1
+    assert report.to_dict()["refused"][0]["expected"] is True
+    full = report.summary()
+    assert "Near misses: none" in full and "Left in place on purpose (1;" in full and "may hold -inf" in full
+    short = report.summary(list_expected=False)
+    assert "Near misses: none" in short and "may hold -inf" not in short
+    assert "Left in place on purpose: 1 (DropSoftmaxNanGuard 1;" in short
+
+
+def test_refused_guard_over_non_softmax_is_a_near_miss():
+    _, report = fuse(_guarded_probs("bool", guarded="exp"), DropSoftmaxNanGuard())
+    assert len(report.near_misses) == 1 and report.expected_refusals == []
+    assert report.to_dict()["refused"][0]["expected"] is False
+    assert "Near misses (1):" in report.summary(list_expected=False)
+
+
 def test_guard_over_non_softmax_is_refused():
     mod = _guarded_probs("bool", guarded="exp")
     assert_refused(mod, DropSoftmaxNanGuard(), reason="not a softmax")

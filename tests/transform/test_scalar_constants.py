@@ -73,7 +73,7 @@ def test_a_scalar_computed_from_an_input_is_not_folded():
     reasons = [e.detail for e in full.refused if e.rule == "MergeSplitAttentionScale"]
     assert "the factor on matmul operand a is not a nonzero scalar constant" in reasons, reasons
     # ... and the attention fuses on the scaled operands as the graph computes them (the scaled Kᵀ through a
-    # transposed copy; refused before session 19)
+    # transposed copy; refused until 2026-11-25)
     assert full.fused["attention"] == 1, full.summary()
     inputs = [np.random.default_rng(0).standard_normal((B, H, S, D)).astype("float32") for _ in range(3)]
     expected, actual = run_before_after(mod, fused, inputs + [np.array([0.3], "float32")])

@@ -10,13 +10,49 @@ import argparse
 import sys
 from typing import List, Optional
 
-from ..errors import FusionExtError
+from ..errors import CompilerMissingError, FusionExtError
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 
 #: subcommand modules, in ``--help`` order; each has ``add_parser(subparsers)``
 _COMMANDS = ("fuse", "compile", "info", "run", "demo", "bench", "tune", "inspect_cuda")
+
+
+def tvm_can_compile() -> bool:
+    """Whether this TVM has its compiler library (``libtvm_compiler.so``) loaded: a runtime-only TVM runs
+    artifacts but cannot import, fuse, tune or build."""
+    import tvm  # noqa: F401  (loads TVM's libraries, which register the global functions asked for below)
+    import tvm_ffi
+
+    return tvm_ffi.get_global_func("target.build.llvm", allow_missing=True) is not None
+
+
+def needs_compiler(args) -> bool:
+    """Whether the parsed command compiles: everything but ``info`` and ``run``/``bench`` on an artifact."""
+    if args.command == "info":
+        return False
+    if args.command in ("run", "bench"):
+        from ..deploy.manifest import is_artifact
+
+        model = getattr(args, "model", None)
+        return not (model is not None and is_artifact(model))
+    return True
+
+
+def require_compiler(args) -> None:
+    """One line naming the cause when a compiling command meets a runtime-only TVM (instead of the
+    AttributeError TVM's Python layer raises deep inside the importer)."""
+    import os
+
+    if not needs_compiler(args) or tvm_can_compile():
+        return
+    why = ("TVM_USE_RUNTIME_LIB=1 is set" if os.environ.get("TVM_USE_RUNTIME_LIB", "") not in ("", "0")
+           else "libtvm_compiler.so is not installed")
+    what = f"tvm-fusion {args.command}" + (" MODEL.onnx" if args.command in ("run", "bench") else "")
+    raise CompilerMissingError(
+        f"'{what}' compiles, which needs TVM's compiler library (libtvm_compiler.so), and this "
+        f"TVM is runtime-only ({why}); compiled artifacts run runtime-only: `tvm-fusion run|bench|info ARTIFACT`")
 
 
 def version_line() -> str:
@@ -29,8 +65,7 @@ def version_line() -> str:
 
     from .. import __version__
 
-    compiler = tvm_ffi.get_global_func("target.build.llvm", allow_missing=True) is not None
-    kind = "with its compiler" if compiler else "runtime only: artifacts run, nothing compiles"
+    kind = "with its compiler" if tvm_can_compile() else "runtime only: artifacts run, nothing compiles"
     return (f"tvm-fusion {__version__} (TVM {tvm.__version__}, {kind}; tvm-ffi {tvm_ffi.__version__}; "
             f"Python {platform.python_version()})")
 
@@ -63,6 +98,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        require_compiler(args)
         return args.func(args)
     except FusionExtError as err:
         if args.debug:

@@ -44,7 +44,7 @@ def load_npz(path: str):
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, EOFError) as err:  # EOFError: an empty file
         raise InputError(f"{path}: not a readable .npz file ({str(err).splitlines()[0]})") from None
 
 

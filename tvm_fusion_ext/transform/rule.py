@@ -46,7 +46,7 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern, WildcardPattern
 
 from .graph import FunctionGraph, const_value, op_name, scalar_value, shape_dims, static_shape
-from .report import FusionEvent, record_applied, record_refused
+from .report import ExpectedRefusal, FusionEvent, record_applied, record_refused
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -247,7 +247,8 @@ def _plan(graph: FunctionGraph, func_name: str, rules: List[FusionRule]) -> Dict
                 for v in m.covered:
                     refusal_cover.setdefault(v, set()).add(m.rule.name)
                 if m.rule.name not in refusal_cover.get(binding.var, ()):
-                    record_refused(FusionEvent(m.rule.name, m.rule.kind, func_name, binding.var.name, reason))
+                    record_refused(FusionEvent(m.rule.name, m.rule.kind, func_name, binding.var.name, reason,
+                                               expected=isinstance(reason, ExpectedRefusal)))
     return plan
 
 

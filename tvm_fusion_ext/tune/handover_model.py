@@ -5,7 +5,7 @@ Two models behind one ``PyCostModel``: ``RankModel`` (``rank_model.py``) picks a
 every measurement, and from ``--warm-start`` records (the ranker as a fixed base it continues, XGBModel on the
 records pooled with the run's own, as each does alone).
 
-Why (docs/tuning.md, "Replay", the ``handover-transfer`` strategy): pre-trained on another model's pools of the same
+Why (docs/tuning-lab.md, "Replay", the ``handover-transfer`` strategy): pre-trained on another model's pools of the same
 kernel, the ranker reaches a near-best schedule within a few rounds and then keeps picking next to it; on BERT's
 FFN ``auto`` pool it stopped at the third-best candidate in every seed. ``XGBModel`` pre-trained the same way is
 slower to get near but goes on to the pool's best. Handing over after 64 trials keeps the first's speed and

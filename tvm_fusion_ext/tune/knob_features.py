@@ -4,7 +4,7 @@ A candidate of a template (ours, or one MetaSchedule sketch) is its decisions: w
 categorical choice, where a block is computed. ``PerStoreFeature`` describes the code those decisions
 produce (loop extents, memory traffic) summed over stores, which blurs what was chosen; AutoTVM's knob
 features described the choice itself. On the re-measured template pools a ranking model that also sees the
-decisions needs a third fewer trials than one that sees the store features only (docs/tuning.md, replay table).
+decisions needs a third fewer trials than one that sees the store features only (docs/tuning-lab.md, replay table).
 
 Columns follow the trace's sample instructions in order: a categorical choice gives the log2 of the chosen
 value, a perfect or partitioned tile the log2 of each factor, a compute location its index. Candidates of one

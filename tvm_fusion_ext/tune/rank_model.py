@@ -8,7 +8,7 @@ the *order* of its predictions matters. This model learns that order directly:
   (``expert_features.py``: parallel extent against cores, vector alignment, register tile, cache traffic
   against L1/L2, unrolling); optionally its ``PerStoreFeature`` rows summed (what pack-sum adds up) and their
   maximum (the heaviest store, which pack-sum cannot see). Which columns, and trees of depth 3, is what the
-  replay benchmark chose (docs/tuning.md, "Replay");
+  replay benchmark chose (docs/tuning-lab.md, "Replay");
 * XGBoost with a pairwise ranking objective, one ranking group per kernel, so kernels of different speed
   (and records of other models, ``--warm-start``) share one model without a common latency scale;
 * a candidate's cost is its fastest repeat (other processes only ever slow a kernel down);
@@ -30,7 +30,7 @@ from tvm.s_tir.meta_schedule.cost_model import PyCostModel
 from tvm.ir.utils import derived_object
 
 FAILED_COST = 1e10
-# the columns and tree depth of the replay's winning ranking strategy (docs/tuning.md, "Replay"): rank-knobs
+# the columns and tree depth of the replay's winning ranking strategy (docs/tuning-lab.md, "Replay"): rank-knobs
 STORE_FEATURES, KNOB_FEATURES, MAX_DEPTH = False, True, 3
 # eta 0.1: a model retrained on at most a few hundred candidates, or continuing a booster pre-trained on another
 # task, overfits at 0.2 (replay, rank-knobs-transfer, trials to random's final best at 0.2 -> 0.1: BERT FFN
@@ -178,7 +178,7 @@ class RankModel(PyCostModel):
         """What the model was fed so far (other tasks' records) becomes a fixed base booster; this run then
         learns from its own measurements only, on top of the base's margins. Trained jointly instead, the other
         tasks' hundreds of records outweigh the few of this task. The replay's ``rank-knobs-transfer`` continues
-        a base the same way (docs/tuning.md, "Replay")."""
+        a base the same way (docs/tuning-lab.md, "Replay")."""
         xs, ys, sizes = self._training_data()
         self.base = train_ranker(xs, ys, sizes, self.params, self.pretrain_rounds) or self.base
         self.groups, self.booster, self.data_size = {}, None, 0

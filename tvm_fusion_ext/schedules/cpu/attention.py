@@ -129,8 +129,8 @@ def _transpose_reading_rows(sch, kd, kjj) -> None:
     Vectorised over the keys instead, each vector gathers 16 keys a row apart through clamped 64-bit
     indices (the padding keys read the last one), which LLVM scalarises into extract/insert sequences:
     ~9 % of the kernel at (8, 128) in MiniLM's form. Reading whole rows and scattering the stores ran the
-    kernel 0.92–0.97× at (1, 128), (1, 384), (8, 128), the same at 16 and 48 keys (docs/deploy.md,
-    "Session 34")."""
+    kernel 0.92–0.97× at (1, 128), (1, 384), (8, 128), the same at 16 and 48 keys (docs/benchmarks.md,
+    "2026-11-28: K's key-block copy reads rows")."""
     sch.reorder(kjj, kd)
     sch.vectorize(kd)
 

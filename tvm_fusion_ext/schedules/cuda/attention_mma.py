@@ -30,7 +30,7 @@ Knobs: ``warps`` (perfect tile ``[tiles, W]`` of the 16-row query tiles, W ≤ 4
 is the operator's ``key_block``; the build path sets :data:`KEY_BLOCK` for CUDA 16-bit attention
 (``AttentionCUDA.prepare_operator``).
 
-Opt-in (:data:`OPT_IN`, environment ``TFX_CUDA_MMA_ATTENTION=1``): on an H200 (session 26) this template gave
+Opt-in (:data:`OPT_IN`, environment ``TFX_CUDA_MMA_ATTENTION=1``): on an H200 (2026-11-27) this template gave
 wrong outputs, because its warps' ``ldmatrix`` reads of shared tiles were not separated by barriers from the
 block's cooperative stores (the defect the tensor-core dense had). Its loads now wait at block barriers as the
 dense's do, which made the dense right there, but no GPU has run this template since: until
@@ -93,7 +93,7 @@ def tensor_cores_fit(sch: s_tir.Schedule, block, stages: dict, target: tvm.targe
     """Whether this kernel takes the tensor-core template: asked for (:func:`opted_in`), 16-bit operands
     (``attn_p16`` exists) and query rows, head dim and key block that tile by 16 (the key block by 32: a lane per
     key in the row reductions)."""
-    if "attn_p16" not in stages or not opted_in():
+    if "attn_p16" not in stages or not opted_in() or not TargetInfo.of(target).tensor_cores:
         return False
     attrs = sch.mod["main"].attrs
     if attrs is not None and "cu_seqlens" in str(attrs.get("tfx.inputs", "")).split(","):

@@ -191,7 +191,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
     ours = CompiledModel.from_module(mod, tgt, logs=logs, fuse=True, label=label, remove_padding=remove_padding)
     build_s = time.perf_counter() - t0
     report = ours.report
-    out(report.summary())
+    out(report.summary(list_expected=False))
     if logs is not None:
         out(ours.compiled.records_note)
     out(f"built with fusion + templates in {build_s:.1f} s")
@@ -229,7 +229,7 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
         rows.append(torch_row(info, feeds, ref, threads, repeat, diff))
     if "tvm" in against:
         t1 = time.perf_counter()
-        stock = stock_tvm(mod, ours)
+        stock = stock_tvm(mod, ours, out=out)
         stock_build = time.perf_counter() - t1
         stock_diff = diff(list(stock.run(feeds).values()))
         # ~2.5 s per MiniLM call on 2 cores: a short block with a time cap

@@ -83,26 +83,46 @@ def _jsonable(x):
     return str(x)
 
 
+#: a runtime slower than this many times the fastest one is drawn clipped at the top, its figure written on it
+#: (stock TVM is ~100x slower than the rest: on a shared linear axis it would flatten every other bar)
+OFF_SCALE_RATIO = 4.0
+
+
+def plot_title(result: dict, what: str) -> str:
+    """``what``, then the host and date the figures were measured on (a figure means nothing without them)."""
+    env = result.get("environment") or {}
+    host = env.get("cpu") or env.get("machine") or "unknown host"
+    cores = f", {env['cpus']} cores" if env.get("cpus") else ""
+    date = f", {env['date']}" if env.get("date") else ""
+    return f"{what}\n{host}{cores}{date}"
+
+
 def plot(path: str, result: dict) -> None:
-    """Bar chart: median latency per runtime (model or artifact mode) or per runtime and sequence length
-    (attention)."""
+    """:func:`figure` of ``result``, written to ``path`` as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(result)
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
+    plt.close(fig)
+
+
+def figure(result: dict):
+    """Bar chart of median latency, on a linear axis from zero (the bars' heights compare as the times do): per
+    runtime, each bar labelled with its ms and its ratio to ONNX Runtime (model or artifact mode), or per runtime
+    and sequence length (attention mode, beside its workspace). The title names the host and the date."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     if result["mode"] == "attention":
-        fig, (ax, ax_ws) = plt.subplots(1, 2, figsize=(12, 4))
+        fig, (ax, ax_ws) = plt.subplots(1, 2, figsize=(12, 4.5))
     else:
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig, ax = plt.subplots(figsize=(8, 4.5))
     if result["mode"] != "attention":  # a model or an artifact
-        rows = [r for r in result["runtimes"] if r.get("median_ms") is not None]
-        names = [r["name"] for r in rows]
-        med = [r["median_ms"] for r in rows]
-        err = [[r["median_ms"] - r["p10_ms"] for r in rows], [r["p90_ms"] - r["median_ms"] for r in rows]]
-        ax.bar(names, med, yerr=err, capsize=4, color="tab:blue")
-        ax.set_yscale("log")
-        ax.set_title(f"{result['model']} (batch {result['batch']}, seq {result['seq']})")
+        _runtime_bars(ax, [r for r in result["runtimes"] if r.get("median_ms") is not None])
+        ax.set_title(plot_title(result, f"{result['model']} (batch {result['batch']}, seq {result['seq']})"))
     else:
         seqs = [e["seq"] for e in result["results"]]
         names = [r["name"] for r in result["results"][0]["runtimes"] if "median_ms" in r]
@@ -113,23 +133,55 @@ def plot(path: str, result: dict) -> None:
             ax.bar([j + i * width for j in range(len(seqs))], med, width, label=name)
         ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(seqs))], [str(s) for s in seqs])
         ax.set_xlabel("sequence length")
+        ax.set_ylim(bottom=0)
         ax.legend()
-        ax.set_title(f"attention latency, H={result['heads']} D={result['head_dim']} fp32")
+        ax.set_title(plot_title(result, f"attention latency, H={result['heads']} D={result['head_dim']} fp32"))
         for name in names:
             ws = [next((r.get("workspace_bytes") for r in e["runtimes"] if r["name"] == name), None)
                   for e in result["results"]]
             if all(w is not None for w in ws):  # torch's is not measured
                 ax_ws.plot(seqs, [w / 2**20 for w in ws], marker="o", label=name)
+        # log-log on purpose: the point is O(S) against O(S^2); plain numbers on the ticks
         ax_ws.set_xscale("log", base=2)
         ax_ws.set_yscale("log")
+        ax_ws.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax_ws.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax_ws.set_xlabel("sequence length")
-        ax_ws.set_ylabel("workspace (MiB)")
+        ax_ws.set_ylabel("workspace (MiB, log scale)")
         ax_ws.set_title("workspace besides inputs and output")
         ax_ws.legend()
     ax.set_ylabel("median latency (ms)")
     fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png"), binary=True)
-    plt.close(fig)
+    return fig
+
+
+def _runtime_bars(ax, rows: Sequence[dict]) -> None:
+    """One bar per runtime, linear from 0, p10-p90 whiskers; runtimes far slower than the fastest are clipped."""
+    names = [r["name"] for r in rows]
+    med = [r["median_ms"] for r in rows]
+    ort = next((r["median_ms"] for r in rows if r["name"] == ORT), None)
+    fastest = min(med) if med else 1.0
+    on_scale = [m for m in med if m <= OFF_SCALE_RATIO * fastest]
+    top = max(max(r["p90_ms"] for r in rows if r["median_ms"] in on_scale), max(on_scale)) * 1.25 if on_scale else 1
+    for m in sorted(med):  # a runtime just past the whiskers is drawn whole: clipping is for the far-off ones
+        if top < m <= 2 * top:
+            top = m * 1.15
+    shown = [min(m, top) for m in med]
+    colors = ["tab:blue" if n.startswith(OURS) else "tab:gray" for n in names]
+    nan = float("nan")  # no whisker on a clipped bar
+    lo = [max(0.0, m - r["p10_ms"]) if m <= top else nan for m, r in zip(med, rows)]
+    hi = [max(0.0, min(r["p90_ms"], top) - m) if m <= top else nan for m, r in zip(med, rows)]
+    ax.bar(range(len(rows)), shown, yerr=[lo, hi], capsize=4, color=colors)
+    ax.set_xticks(range(len(rows)), [n.replace(" (", "\n(") for n in names])
+    ax.set_ylim(0, top * 1.15)  # headroom for the labels above the tallest whiskers
+    for i, (m, s, r) in enumerate(zip(med, shown, rows)):
+        label = f"{m:.3g} ms" if m < 100 else f"{m:.0f} ms"
+        if ort:
+            label += f"\n{m / ort:.2f}x ORT"
+        if m > top:  # written inside the clipped bar
+            ax.text(i, top / 2, label + "\n(off scale)", ha="center", va="center", fontsize=9, color="white")
+        else:  # above the p90 whisker
+            ax.text(i, min(r["p90_ms"], top) + 0.015 * top, label, ha="center", va="bottom", fontsize=9)
 
 
 def kernel_profile(model, feeds, runs: int, out) -> dict:

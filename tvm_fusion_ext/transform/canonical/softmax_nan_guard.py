@@ -35,6 +35,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
 from ..graph import FunctionGraph, const_value, is_constant, op_name, scalar_value
+from ..report import ExpectedRefusal
 from ..rule import FusionRule, Match, Variant
 
 # ops whose output is finite when their inputs are (up to overflow, which the contract above excludes)
@@ -99,7 +100,8 @@ class DropSoftmaxNanGuard(FusionRule):
         if not tvm_ffi.structural_equal(m.root_var.ty, m["p"].ty):
             return "the guard's 0 broadcasts the probabilities"
         if may_be_nonfinite(sm.args[0], m.graph):
-            return "the softmax input may hold -inf (a -inf mask): fully masked rows need the guard"
+            # correct, not a miss: a row whose every score is -inf softmaxes to NaN, and the guard makes it 0
+            return ExpectedRefusal("the softmax input may hold -inf (a -inf mask): fully masked rows need the guard")
         return None
 
     def rewrite(self, m: Match, bb: relax.BlockBuilder) -> relax.Expr:

@@ -1,0 +1,19 @@
+"""The GPU campaign: everything a rare, short GPU loan should measure, built here and run there in one go.
+
+    python -m tvm_fusion_ext.tools.gpu_campaign build DIR --arch sm_90 [--parts numerics,dense,...]   # here, nvcc
+    TVM_USE_RUNTIME_LIB=1 PYTHONPATH=$PWD/.devrt/site:$PWD \\
+        python -m tvm_fusion_ext.tools.gpu_campaign run DIR [--parts ...] [--json OUT.json]          # there
+
+Parts (each runnable alone; ``run`` prints the expected time of each before it starts):
+
+``numerics``   every CUDA template against numpy (:mod:`.numerics`, what ``scripts/gpu_check.py`` runs),
+               16-bit attention both through the SIMT and the opt-in tensor-core template
+``dense``      fp16 dense at BERT-base / LLaMA-7B projection sizes vs cuBLAS (:mod:`.speed`)
+``attention``  fp16 attention S = 512…8192, head dim 64/128, causal and not, vs SDPA
+``norms``      LayerNorm / RMSNorm vs torch
+
+``build --arch llvm`` makes the same campaign for this CPU (float32 numerics, small speed cases with ``--quick``):
+the run side then executes here under a runtime-only TVM, so the first GPU run is not the first run.
+The run side imports only ``tvm.runtime``, numpy and torch (:mod:`.device`, :mod:`.numerics`'s run, :mod:`.speed`'s
+run). Inputs of the speed parts are generated there from seeds; libraries are small (no weights).
+"""

@@ -1,0 +1,358 @@
+"""Numerics of every CUDA template, built here and checked there with the runtime only (the campaign's
+``numerics`` part; ``scripts/gpu_check.py`` is this part alone, its command line unchanged).
+
+``build`` compiles the cases of ``tests/gpu/`` (the CUDA templates one kernel at a time: dense fp32 / fp16 / bf16
+with tensor cores and SIMT, bias + residual + LayerNorm, attention fp32 / fp16 / bf16, each 16-bit attention also
+through the opt-in tensor-core template; a symbolic-shape chain of dense → causal attention → LayerNorm through the
+Relax VM; the packed varlen attention) with ``export_library`` into ``DIR``, with each case's inputs and the
+reference it must match (numpy in float64 on the values the GPU sees, or the CPU build for the VM chain) and a
+``cases.json`` index. ``arch="llvm"`` builds the float32 cases for this CPU instead, so that the run side is
+exercised here by a runtime-only process before a GPU ever sees it. ``run`` needs only ``tvm.runtime``, numpy and
+torch: it loads each library, feeds the inputs (cast by torch, so bf16 needs no ml_dtypes), compares with the
+reference at the test's tolerance, times the single-kernel cases with TVM's ``time_evaluator`` against torch's
+kernels for the same op (cuBLAS ``linear``, ``layer_norm``, SDPA) and writes one JSON. A case that fails is
+recorded with its error, not fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[3]  # the checkout (tests/ holds the case definitions)
+
+
+# -- build (here) -------------------------------------------------------------------------------------------------
+def _cast(a, dtype):
+    """float64 values of ``a`` as the GPU holds them in ``dtype``."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return a.astype(ml_dtypes.bfloat16).astype("float64")
+    return a.astype(dtype).astype("float64")
+
+
+def _gelu(z):
+    return 0.5 * z * (1 + np.vectorize(math.erf)(z / math.sqrt(2)))
+
+
+def _attention_ref(q, k, v, mask, scale, causal=False):
+    qh, kh, vh = (a.transpose(0, 2, 1, 3) for a in (q, k, v))
+    s = qh @ kh.transpose(0, 1, 3, 2) * scale + mask
+    if causal:
+        S = s.shape[-1]
+        s = np.where(np.tril(np.ones((S, S), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return (p @ vh).transpose(0, 2, 1, 3)
+
+
+def _prim_cases():
+    """``(name, op, rule, inputs {name: (float32 array, dtype)}, params, out shape, out dtype, reference, tol,
+    torch op)``: the single-kernel cases of tests/gpu/test_cuda_numerics.py."""
+    cases = []
+    for dtype, M, K, N, tb, act in [("float32", 128, 384, 1152, False, "gelu"), ("float32", 24, 40, 36, True, "none"),
+                                    ("float16", 128, 768, 384, False, "gelu"),
+                                    ("float16", 128, 384, 1536, True, "relu"), ("float16", 12, 40, 24, False, "none"),
+                                    ("bfloat16", 128, 384, 768, False, "gelu"),
+                                    ("bfloat16", 64, 256, 128, True, "none")]:
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((1, M, K)).astype("float32")
+        w = (rng.standard_normal((N, K) if tb else (K, N)) / math.sqrt(K)).astype("float32")
+        b = rng.standard_normal(N).astype("float32")
+        z = _cast(x, dtype) @ (_cast(w, dtype).T if tb else _cast(w, dtype)) + _cast(b, dtype)
+        want = {"none": z, "relu": np.maximum(z, 0), "gelu": _gelu(z)}[act]
+        tol = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 8e-2}[dtype]
+        cases.append((f"dense_{dtype}_{M}x{K}x{N}_{'tb_' if tb else ''}{act}", "fused_dense", "tfx.dense",
+                      {"x": (x, dtype), "w": (w, dtype), "bias": (b, dtype)}, {"act": act, "transpose_b": tb},
+                      (1, M, N), dtype, want, tol, {"op": "dense", "act": act, "transpose_b": tb}))
+    for dtype, N in [("float32", 384), ("float32", 30), ("float16", 768)]:
+        rng = np.random.default_rng(1)
+        x, r = (rng.standard_normal((1, 64, N)).astype("float32") * 3 + 1 for _ in range(2))
+        bias, gamma, beta = (rng.standard_normal(N).astype("float32") for _ in range(3))
+        h = _cast(x, dtype) + _cast(r, dtype) + _cast(bias, dtype)
+        want = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-12) * _cast(gamma, dtype) + \
+            _cast(beta, dtype)
+        cases.append((f"layernorm_{dtype}_64x{N}", "fused_layernorm", "tfx.layernorm",
+                      {"x": (x, dtype), "residual": (r, dtype), "bias": (bias, dtype), "gamma": (gamma, dtype),
+                       "beta": (beta, dtype)}, {"eps": 1e-12}, x.shape, dtype, want,
+                      1e-4 if dtype == "float32" else 1e-2, {"op": "layernorm", "eps": 1e-12}))
+    for dtype, S, D, layout in [("float32", 64, 32, "BSHD"), ("float16", 128, 64, "BSHD"),
+                                ("bfloat16", 128, 32, "BHSD"), ("float16", 96, 64, "BSHD"),
+                                ("float16", 40, 32, "BSHD")]:
+        rng = np.random.default_rng(3 if dtype != "float32" else 2)
+        B, H = 1, 4
+        q, k, v = (rng.standard_normal((B, S, H, D)).astype("float32") for _ in range(3))
+        mask = np.where(rng.random((B, 1, 1, S)) < 0.8, 0.0, -10000.0).astype("float32")
+        to = (lambda a: a) if layout == "BSHD" else (lambda a: a.transpose(0, 2, 1, 3))  # noqa: E731
+        scale = 1 / math.sqrt(D)
+        params = {"scale": scale}
+        if dtype != "float32":
+            params.update(key_block=min(64, 1 << (S.bit_length() - 1)), **{f"{t}_layout": layout for t in ("q", "k", "v", "out")})
+        want = to(_attention_ref(*(_cast(a, dtype) for a in (q, k, v)), _cast(mask, dtype), scale))
+        tol = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 8e-2}[dtype]
+        cases.append((f"attention_{dtype}_S{S}_D{D}_{layout}", "fused_attention", "tfx.attention",
+                      {"q": (np.ascontiguousarray(to(q)), dtype), "k": (np.ascontiguousarray(to(k)), dtype),
+                       "v": (np.ascontiguousarray(to(v)), dtype), "mask": (mask, dtype)}, params, to(q).shape,
+                      dtype, want, tol, {"op": "attention", "layout": layout, "scale": scale}))
+    return cases
+
+
+def _build_prim(case, target, out_dir):
+    import tvm
+    from tvm import relax, s_tir
+
+    from tvm_fusion_ext.ops.registry import make_prim_func
+    from tvm_fusion_ext.schedules.registry import get_template
+
+    name, op, rule, inputs, params, out_shape, out_dtype, want, tol, torch_op = case
+    func = make_prim_func(op, {k: relax.TensorType(list(v.shape), d) for k, (v, d) in inputs.items()}, params)
+    sch = s_tir.Schedule(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), seed=1)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    block = next(b for b in blocks if str(sch.get(b).annotations.get("schedule_rule", "")) == rule)
+    get_template(rule, target)(sch, block, target)
+    with target:
+        lib = tvm.compile(sch.mod, target)
+    lib.export_library(str(out_dir / f"{name}.so"))
+    arrays = {f"in{i}": v for i, (v, _) in enumerate(inputs.values())}
+    np.savez(out_dir / f"{name}.npz", want=want.astype("float32"), **arrays)
+    return {"name": name, "kind": "prim", "dtypes": [d for _, d in inputs.values()], "out_shape": list(out_shape),
+            "out_dtype": out_dtype, "tol": tol, "torch": torch_op}
+
+
+def _symbolic_chain(target, out_dir):
+    """tests/gpu/test_cuda_numerics.py::test_symbolic_kernels_match_cpu_at_every_length, as one VM library."""
+    import tvm
+    from tvm import relax
+
+    from tvm_fusion_ext.compile.pipeline import compile_model
+
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    from test_cuda_numerics import symbolic_chain_module
+
+    mod, shapes = symbolic_chain_module()
+    compile_model(mod, target, fuse_graph=False).executable.export_library(str(out_dir / "symbolic_chain.so"))
+    on_cpu = relax.VirtualMachine(compile_model(mod, "llvm", fuse_graph=False).executable, tvm.cpu())
+    rng = np.random.default_rng(0)
+    entries = []
+    for batch, seq in ((1, 1), (1, 37), (3, 100)):
+        feeds = [rng.standard_normal([batch, seq, 256] if n == "x" else [int(d) for d in sh]).astype("float32")
+                 if n != "mask" else np.where(rng.random((batch, 1, 1, seq)) < 0.2, -1e4, 0).astype("float32")
+                 for n, sh in shapes.items()]
+        want = on_cpu["main"](*[tvm.runtime.tensor(a) for a in feeds]).numpy()
+        name = f"symbolic_chain_b{batch}_s{seq}"
+        np.savez(out_dir / f"{name}.npz", want=want, **{f"in{i}": a for i, a in enumerate(feeds)})
+        entries.append({"name": name, "kind": "vm", "library": "symbolic_chain.so", "tol": 1e-4})
+    return entries
+
+
+def _varlen(target, out_dir, dtypes=("float32", "float16")):
+    """tests/gpu/test_cuda_varlen_numerics.py, as VM libraries."""
+    sys.path.insert(0, str(ROOT / "tests" / "ops"))
+    sys.path.insert(0, str(ROOT / "tests" / "cuda"))
+    from test_attention_varlen import packed_inputs, reference
+    from test_cuda_varlen import packed_attention_module
+
+    from tvm_fusion_ext.compile.pipeline import compile_model
+
+    entries = []
+    for dtype, causal, kv_heads, tol in (("float32", False, 4, 3e-5), ("float32", True, 2, 3e-5),
+                                         ("float16", False, 4, 2e-2)):
+        if dtype not in dtypes:
+            continue
+        lib = f"varlen_{dtype}_{'causal' if causal else 'full'}_kv{kv_heads}.so"
+        compiled = compile_model(packed_attention_module(dtype, causal, kv_heads=kv_heads), target, fuse_graph=False)
+        compiled.executable.export_library(str(out_dir / lib))
+        for lengths, span in (([1, 64, 17, 0, 33], 64), ([64], 64), ([5, 1, 16, 3], 16)):
+            arrays = packed_inputs(lengths, span, kv_heads, seed=sum(lengths), head_dim=64)
+            arrays = [a.astype(dtype) if a.dtype == np.float32 else a for a in arrays]
+            want = reference(*[a.astype("float32") if a.dtype.kind == "f" else a for a in arrays[:4]],
+                             arrays[5].astype("float32"), 0.125, causal)
+            name = f"{lib[:-3]}_{'-'.join(map(str, lengths))}"
+            np.savez(out_dir / f"{name}.npz", want=np.asarray(want, "float32"),
+                     **{f"in{i}": a for i, a in enumerate(arrays)})
+            entries.append({"name": name, "kind": "vm", "library": lib, "tol": tol})
+    return entries
+
+
+def build(out_dir: Path, arch: str) -> None:
+    from .target import campaign_target
+
+    target = campaign_target(arch)
+    on_cpu = arch == "llvm"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cases = []
+    from tvm_fusion_ext.schedules.cuda.attention_mma import OPT_IN
+
+    for case in _prim_cases():
+        if on_cpu and case[6] != "float32":
+            continue  # the CPU rehearsal: the float32 cases exercise the same run-side code
+        cases.append(_build_prim(case, target, out_dir))
+        print("built", cases[-1]["name"], flush=True)
+        if not on_cpu and case[1] == "fused_attention" and case[6] != "float32":  # the opt-in tensor-core template too
+            os.environ[OPT_IN] = "1"
+            try:
+                cases.append(_build_prim((case[0] + "_mma",) + tuple(case[1:]), target, out_dir))
+            finally:
+                del os.environ[OPT_IN]
+            print("built", cases[-1]["name"], flush=True)
+    cases += _symbolic_chain(target, out_dir)
+    cases += _varlen(target, out_dir, dtypes=("float32",) if on_cpu else ("float32", "float16"))
+    (out_dir / "cases.json").write_text(json.dumps({"arch": arch, "cases": cases}, indent=1))
+    print(f"{len(cases)} cases in {out_dir}")
+
+
+# -- run (on the GPU machine: tvm.runtime, numpy, torch only) -----------------------------------------------------
+def _torch_dtype(torch, dtype):
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+
+
+def _on_gpu(torch, a, dtype=None):
+    """``a`` on the run's device (CUDA, or the CPU for a rehearsal build) as ``dtype``."""
+    t = torch.from_numpy(np.ascontiguousarray(a)).to(_TORCH_DEVICE[0])
+    if _TORCH_DEVICE[0] == "cpu":
+        t = t.clone()  # numpy's buffer may not be 64-byte aligned, which TVM requires; torch's allocator's is
+    return t.to(_torch_dtype(torch, dtype)) if dtype else t
+
+
+_TORCH_DEVICE = ["cuda"]
+
+
+def _torch_time(torch, fn, number=50):
+    """Seconds per call of ``fn``: the best of 3 loops of ``number`` calls, timed by CUDA events on a GPU (the
+    same many-calls-per-figure scheme as TVM's time_evaluator), by the clock on the CPU."""
+    if _TORCH_DEVICE[0] == "cpu":
+        fn()
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            best = min(best, (time.perf_counter() - start) / number)
+        return best
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(number):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / number / 1e3)
+    return best
+
+
+def _torch_op(torch, spec, tensors):
+    F = torch.nn.functional
+    if spec["op"] == "dense":
+        x, w, b = (list(tensors) + [None])[:3]  # bias optional
+        act = {"none": lambda z: z, "relu": F.relu, "gelu": F.gelu}[spec["act"]]
+        return lambda: act(F.linear(x, w if spec["transpose_b"] else w.t(), b))
+    if spec["op"] == "layernorm":
+        x, r, b, g, beta = tensors
+        return lambda: F.layer_norm(x + r + b, (x.shape[-1],), g, beta, spec["eps"])
+    q, k, v, mask = tensors
+    to_bhsd = (lambda a: a.transpose(1, 2)) if spec["layout"] == "BSHD" else (lambda a: a)  # noqa: E731
+    return lambda: F.scaled_dot_product_attention(to_bhsd(q), to_bhsd(k), to_bhsd(v), attn_mask=mask,
+                                                  scale=spec["scale"])
+
+
+def run(in_dir: Path, json_out: Path, save_outputs: bool = False) -> int:
+    import torch
+    import tvm
+    from tvm.runtime.vm import VirtualMachine
+
+    from .device import run_device
+
+    index = json.loads((in_dir / "cases.json").read_text())
+    dev, _TORCH_DEVICE[0], device_name = run_device(index["arch"])
+    results = {"device": device_name, "arch": index["arch"], "tvm": tvm.__version__,
+               "torch": torch.__version__, "cases": []}
+    libraries = {}
+    failed = 0
+    save = {} if save_outputs else None
+    for case in index["cases"]:
+        row = {"name": case["name"]}
+        try:
+            data = np.load(in_dir / f"{case['name']}.npz")
+            inputs = [data[f"in{i}"] for i in range(len([k for k in data.files if k.startswith("in")]))]
+            want = data["want"]
+            if case["kind"] == "prim":
+                lib = tvm.runtime.load_module(str(in_dir / f"{case['name']}.so"))
+                tensors = [_on_gpu(torch, a, d) for a, d in zip(inputs, case["dtypes"])]
+                out = torch.zeros(case["out_shape"], dtype=_torch_dtype(torch, case["out_dtype"]),
+                                  device=_TORCH_DEVICE[0])
+                args = [tvm.runtime.from_dlpack(t) for t in tensors] + [tvm.runtime.from_dlpack(out)]
+                lib["main"](*args)
+                dev.sync()
+                got = out.float().cpu().numpy()
+                try:  # timings are extra: a failure here leaves the numerics standing
+                    timer = lib.time_evaluator("main", dev, number=50, repeat=3)
+                    row["ours_s"] = float(min(timer(*args).results))
+                    row["torch_s"] = _torch_time(torch, _torch_op(torch, case["torch"], tensors))
+                    row["ours_over_torch"] = row["ours_s"] / row["torch_s"]
+                except Exception as e:  # noqa: BLE001
+                    row["timing_error"] = f"{type(e).__name__}: {e}"[:200]
+            else:
+                if case["library"] not in libraries:
+                    libraries[case["library"]] = VirtualMachine(
+                        tvm.runtime.load_module(str(in_dir / case["library"])), dev)
+                vm = libraries[case["library"]]
+                got = vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs]).numpy().astype("float32")
+            if save is not None:
+                save[case["name"]] = got
+            diff = np.abs(got.astype("float64") - want.astype("float64"))
+            close = np.isclose(got, want, rtol=case["tol"], atol=case["tol"])
+            row.update(max_abs_err=float(diff.max()), tol=case["tol"], ok=bool(close.all()),
+                       bad_fraction=float(1 - close.mean()), nan_fraction=float(np.isnan(got).mean()))
+            if not close.all():  # where the wrong values are: a tile, a tail, everything
+                bad = np.argwhere(~close)
+                row["first_bad"], row["last_bad"] = bad[0].tolist(), bad[-1].tolist()
+        except Exception as e:  # noqa: BLE001  (recorded, the other cases still run)
+            import traceback
+
+            if not failed:
+                traceback.print_exc()  # the first failure in full
+            row.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        failed += not row["ok"]
+        results["cases"].append(row)
+        print(json.dumps(row), flush=True)
+    results["passed"] = len(results["cases"]) - failed
+    results["failed"] = failed
+    json_out.write_text(json.dumps(results, indent=1))
+    if save:
+        np.savez(json_out.with_suffix(".outputs.npz"), **save)  # what each case returned, to study a failure here
+    print(f"{results['passed']} passed, {failed} failed on {results['device']}")
+    return 1 if failed else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="mode", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("dir")
+    b.add_argument("--arch", default="sm_90")
+    r = sub.add_parser("run")
+    r.add_argument("dir")
+    r.add_argument("--json", default="gpu_check.json")
+    r.add_argument("--save-outputs", action="store_true", help="also write every case's output beside the JSON")
+    args = ap.parse_args()
+    if args.mode == "build":
+        t = time.time()
+        build(Path(args.dir), args.arch)
+        print(f"built in {time.time() - t:.0f} s")
+        return 0
+    return run(Path(args.dir), Path(args.json), args.save_outputs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
