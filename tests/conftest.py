@@ -24,6 +24,17 @@ def export_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_causal_lm(export_dir):
+    """A tiny random-weight LLaMA with its KV cache, exported as Optimum exports decoders (``input_ids``,
+    ``attention_mask``, ``position_ids``, ``past_key_values.{i}.key/value`` -> ``logits``, ``present.{i}.*``)."""
+    pytest.importorskip("torch", reason="torch is not installed (needed to export real models)")
+    pytest.importorskip("transformers", reason="transformers is not installed (needed to export real models)")
+    from tvm_fusion_ext.models.causal_lm import export_causal_lm
+
+    return export_causal_lm(export_dir / "tiny-causal-lm.onnx", "tiny")
+
+
+@pytest.fixture(scope="session")
 def minilm_export(export_dir):
     """Factory ``minilm_export(exporter="legacy"|"dynamo", attn="sdpa"|"eager", seq=128, num_layers=None)`` → path.
 

@@ -48,6 +48,8 @@ def test_the_tile_that_pads_least_for_its_cost_is_chosen():
     assert _chosen(kernel, 1, 128, cores=4) == 32
     assert _chosen(kernel, 1, 128, cores=16) == 16
     assert _chosen(kernel, 8, 128, cores=16) == 64
+    # one query row per sequence (a decode step): a 1-row tile, whatever the batch and the cores
+    assert {_chosen(kernel, b, 1, cores=c) for b in (1, 4, 64) for c in (2, 16)} == {query_tiles.DECODE_TILE} == {1}
 
 
 @pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)])
@@ -69,7 +71,7 @@ def test_every_tile_matches_numpy(causal):
 
 def test_the_kernel_branches_inside_its_long_request_path():
     kernel = _kernel(schedule(prepare(_module({"scale": 0.25}), TARGET, fuse_graph=False)[0], TARGET))
-    assert str(kernel.attrs["tfx.query_tiles"]) == "64,32"
+    assert str(kernel.attrs["tfx.query_tiles"]) == "1,64,32"
     assert str(kernel.attrs["tfx.short_key_blocks"]) == "8,32,64"  # the short-key branches come first
     script = kernel.script()
     assert script.index("if seq <= T.int64(64):") < script.index("seq + T.int64(63)) // T.int64(64)")

@@ -100,3 +100,45 @@ def test_conditions_on_data_or_a_dynamic_dim_stay(dims, folded):
     assert n == folded
     kept = [node.name for node in out.graph.node if node.op_type == "If"]
     assert kept == (["if_data", "if_dim"] if folded == 0 else ["if_data"])
+
+
+def _if_layernorm_model():
+    """A merged decoder's shape in small: ``If(c)`` whose branches each normalise ``x`` (LayerNormalization, one
+    output asked for of its three) and apply Relu; the then branch squares the result too."""
+    w = numpy_helper.from_array(np.linspace(0.5, 1.5, 4).astype(np.float32), "w")
+    b = numpy_helper.from_array(np.linspace(-0.1, 0.1, 4).astype(np.float32), "b")
+
+    def branch(name, square):
+        nodes = [helper.make_node("LayerNormalization", ["x", "w", "b"], [f"{name}_ln"], axis=-1, epsilon=1e-5),
+                 helper.make_node("Relu", [f"{name}_ln"], [f"{name}_relu"])]
+        nodes.append(helper.make_node("Mul" if square else "Identity",
+                                      [f"{name}_relu", f"{name}_relu"] if square else [f"{name}_relu"],
+                                      [f"{name}_out"]))
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_out", TP.FLOAT, ["n", 4])])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch("then", True), else_branch=branch("else", False))],
+        "if_layernorm", [helper.make_tensor_value_info("c", TP.BOOL, [1]),
+                         helper.make_tensor_value_info("x", TP.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, ["n", 4])], initializer=[w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    import onnx
+
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_branches_of_a_runtime_if_import_and_fuse_like_a_top_level_graph(run_ort):
+    """Before: the branch's LayerNormalization reached Relu as a 3-tuple ("relax.nn.relu requires argument 0 (x)
+    to be a tensor"), and nothing fused in a graph holding an If (no dataflow block for the rules to match in)."""
+    from tvm_fusion_ext.compile import fuse
+
+    model = _if_layernorm_model()
+    mod = load_onnx(model)
+    _, report = fuse(mod)
+    assert report.fused["layernorm"] == 2, report.summary()
+    compiled = CompiledModel.from_module(mod)
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    for c in (True, False):
+        feeds = {"c": np.array([c]), "x": x}
+        np.testing.assert_allclose(compiled.run(feeds)["y"], run_ort(model, feeds)[0], rtol=1e-5, atol=1e-5)

@@ -36,6 +36,8 @@ def run_bench(args, out: Callable[[str], None] = print) -> dict:
     """What ``tvm-fusion bench`` does with its parsed arguments (validation first: bad flags fail fast)."""
     from ..tools.bench import bench_attention, bench_dense, bench_gated, bench_model
 
+    if args.decode or args.past is not None:
+        return _finish(args, _bench_decode(args, out), out)
     if args.kernels and (args.gated or args.dense or args.attention_only):
         raise InputError("--kernels profiles a model or an artifact, not --gated, --dense or --attention-only")
     if args.gated:
@@ -88,6 +90,30 @@ def run_bench(args, out: Callable[[str], None] = print) -> dict:
                              remove_padding=args.remove_padding, feeds=feeds, kernels=args.kernels,
                              precision=precision)
     return _finish(args, result, out)
+
+
+def _bench_decode(args, out):
+    from ..tools.bench.decode import DECODE_RUNTIMES, bench_decode
+
+    if not args.decode:
+        raise InputError("--past applies to --decode")
+    if args.past is None:
+        raise InputError("--decode needs --past P (the cached tokens each row attends to)")
+    if args.model is None:
+        raise InputError("--decode needs a MODEL.onnx or an artifact directory")
+    other = [flag for flag, value in (("--seq", args.seq), ("--lengths", args.lengths), ("--inputs", args.inputs),
+                                      ("--gated", args.gated), ("--dense", args.dense),
+                                      ("--attention-only", args.attention_only),
+                                      ("--plot", args.plot), ("--torch", args.torch),
+                                      ("--remove-padding", args.remove_padding), ("--target", args.target != "llvm"))
+             if value]
+    if other:
+        raise InputError(f"--decode times one generation step: drop {other[0]}")
+    if args.repeat is not None and args.repeat <= 0:
+        raise InputError("--repeat must be positive")
+    return bench_decode(args.model, past=args.past, batch=1 if args.batch is None else args.batch, onnx=args.onnx,
+                        repeat=args.repeat or 20, against=parse_against(args.against, DECODE_RUNTIMES),
+                        spin=args.spin, logs=args.logs, seed=args.seed, kernels=args.kernels, out=out)
 
 
 def _bench_artifact(args, seq, out, feeds=None):
@@ -154,6 +180,11 @@ def add_parser(sub) -> None:
                    help="model or artifact: also time each compiled kernel of our call inside the VM and print where "
                         "the call's time goes (the JSON's 'kernels'); with ONNX Runtime in --against, its call "
                         "split per operator type by its own profiler too (the JSON's 'ort_kernels')")
+    p.add_argument("--decode", action="store_true",
+                   help="time one generation step of a KV-cache decoder (one new token per row against --past "
+                        "cached tokens; inputs built from the model's names) against ONNX Runtime, with the bytes "
+                        "it streams, achieved GB/s and the host's read bandwidth measured in the same run")
+    p.add_argument("--past", type=int, metavar="P", help="--decode: cached tokens per row (0 = the first step)")
     p.add_argument("--json", help="write all results to this JSON file")
     p.add_argument("--plot", help="write a bar chart (PNG) to this file")
     p.add_argument("--attention-only", action="store_true",

@@ -3,7 +3,8 @@ finalisation passes only. Legalisation, fusion and scheduling have happened alre
 ``tvm.compile`` pipeline would do no fusion and no scheduling at all).
 
 Ours around the backend's (:mod:`.codegen`): CPU weight prefetch and stacked accumulators
-(:mod:`.codegen.weight_prefetch`, before and inside TIR lowering), the guarded reshape-to-view rewrite
+(:mod:`.codegen.weight_prefetch`, before and inside TIR lowering), parallel loops of run-time extent kept serial
+for small calls (:mod:`.codegen.serial_when_small`), the guarded reshape-to-view rewrite
 (:mod:`.lowering.reshape_views`), shape values computed once (:mod:`.codegen.shape_reuse`) and ``noalias``
 shape functions (:mod:`.codegen.shape_functions`)."""
 
@@ -40,7 +41,8 @@ def finalize(mod: tvm.IRModule, target: tvm.target.Target):
     """``tvm.compile`` of a scheduled module: the executable (``relax.VirtualMachine(ex, dev)`` runs it)."""
     if TargetInfo.of(target).is_cuda:
         return tvm.compile(mod, target, relax_pipeline=finalize_pipeline(target))
+    from .codegen.serial_when_small import SerialWhenSmall
     from .codegen.weight_prefetch import TIR_PIPELINE, InsertWeightPrefetch
 
-    return tvm.compile(InsertWeightPrefetch()(mod), target, relax_pipeline=finalize_pipeline(target),
-                       tir_pipeline=TIR_PIPELINE)
+    return tvm.compile(SerialWhenSmall()(InsertWeightPrefetch()(mod)), target,
+                       relax_pipeline=finalize_pipeline(target), tir_pipeline=TIR_PIPELINE)

@@ -12,11 +12,13 @@ Everything here imports ``tvm.runtime`` and numpy only, so it works where TVM ru
 ``io``        inputs checked against their specs (symbolic dims and bounds), per-thread input buffers, outputs
 ``threads``   sizing TVM's CPU thread pool
 ``profile``   :func:`profile_kernels`: each kernel's share of a call, timed inside the VM where it is deployed
+``generate``  :func:`generate`: greedy decoding over a KV-cache decoder (prefill, then one token per step)
 ============  ===============================================================================================
 """
 
 from .describe import describe
+from .generate import generate
 from .loader import DeployedModel, load
 from .profile import KernelProfile, profile_kernels
 
-__all__ = ["DeployedModel", "KernelProfile", "describe", "load", "profile_kernels"]
+__all__ = ["DeployedModel", "KernelProfile", "describe", "generate", "load", "profile_kernels"]

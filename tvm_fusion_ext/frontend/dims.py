@@ -12,6 +12,11 @@ come from ``max_shapes=`` when given; otherwise from the graph itself where it s
 end of a slice of a constant table, or as the length of positions gathered from a constant table: the
 position-embedding table bounds the sequence); otherwise a dim that is the leading axis of an input is taken
 for a batch (``DEFAULT_BATCH_BOUND``) and any other for a sequence (``DEFAULT_SEQ_BOUND``).
+
+A decoder with a KV cache gathers the positions after its cache, ``past .. past + new - 1`` (GPT-2's learned
+positions): a table of ``n`` rows then bounds ``past <= n - 1`` and ``new <= n``, and every other sequence dim
+without a bound of its own (the mask's ``past + new``) ``<= n``, instead of the default. A past length's range
+starts at 0 (:func:`past_length_dims`: the first generation step feeds an empty cache); every other at 1.
 """
 
 from __future__ import annotations
@@ -32,6 +37,27 @@ NON_NEGATIVE_ATTR = "tir_non_negative_var"
 BOUND_REASONS_ATTR = "tfx_bound_reasons"
 DEFAULT_BATCH_BOUND = 64
 DEFAULT_SEQ_BOUND = 512
+#: why a past length's range starts at 0 (manifest, ``info`` and range errors quote it)
+PAST_MAY_BE_EMPTY = "a past (KV cache) length: 0 on the first generation step"
+
+
+def past_length_dims(graph_inputs) -> set:
+    """Names of the symbolic dims that may be 0: those that measure only past (KV cache) inputs, a floating
+    input named ``*past*`` of rank >= 3 at an axis after the batch, and appear in no other input. Optimum's
+    runtime and ONNX Runtime GenAI feed such a past of length 0 on a generation's first call; every other dim
+    starts at 1."""
+    past, elsewhere = set(), set()
+    for vi in graph_inputs:
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        floating = tt.elem_type in (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+        is_past = floating and "past" in vi.name.lower() and len(tt.shape.dim) >= 3
+        for axis in range(len(tt.shape.dim)):
+            dim = _dim_at(vi, axis)
+            if dim is not None:
+                (past if is_past and axis > 0 else elsewhere).add(dim)
+    return past - elsewhere
 
 
 def input_dims(graph_inputs, shapes: Optional[Mapping[str, Sequence[int]]], label: str):
@@ -40,6 +66,7 @@ def input_dims(graph_inputs, shapes: Optional[Mapping[str, Sequence[int]]], labe
 
     shapes = dict(shapes or {})
     known = [i.name for i in graph_inputs]
+    empty_ok = past_length_dims(graph_inputs)  # a past length may be pinned to 0 (the first generation step)
     for name in shapes:
         if name not in known:
             raise InputError(f"{label}: shapes names unknown input {name!r}; model inputs are: {', '.join(known)}")
@@ -52,7 +79,7 @@ def input_dims(graph_inputs, shapes: Optional[Mapping[str, Sequence[int]]], labe
             continue
         declared = declared_dims(vi, label)
         if name in shapes:
-            given = [_as_dim(d, name, label) for d in shapes[name]]
+            given = [_as_dim(d, name, label, zero_ok=_dim_at(vi, k) in empty_ok) for k, d in enumerate(shapes[name])]
             if len(given) != len(declared):
                 raise InputError(f"{label}: shape {given} for input {name!r} has rank {len(given)} but the "
                                  f"model declares rank {len(declared)} {declared}")
@@ -100,7 +127,8 @@ def infer_bounds(mod, dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping
     raised a lower bound above 1 (a user who finds ``seq <= 128`` in a manifest can tell a default from a limit
     the model itself sets)."""
     given = given_bounds(dim_vars, graph_inputs, max_shapes, label)
-    seen = _graph_bounds(mod["main"], dim_vars)
+    cache = {}  # a cache's positions gathered from a table: past + new (the mask's length) <= its rows
+    seen = _graph_bounds(mod["main"], dim_vars, ranges.start if ranges is not None else None, cache)
     narrowed = ranges.narrowed_upper() if ranges is not None else {}
     leading = {_dim_at(vi, 0) for vi in graph_inputs}
     bounds: Dict[str, int] = {}
@@ -114,6 +142,8 @@ def infer_bounds(mod, dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping
                 bounds[name], why = narrowed[name], ranges.reasons[name]["upper"]
         elif name in leading:
             bounds[name], why = DEFAULT_BATCH_BOUND, "default for a leading (batch) dim; --max-shape sets one"
+        elif "total" in cache:  # a decoder whose positions after its cache the graph bounds: every other
+            bounds[name], why = cache["total"]  # sequence dim (the mask's past + new) spans at most that many
         else:
             bounds[name], why = DEFAULT_SEQ_BOUND, "default for a sequence dim; --max-shape sets one"
         if name in narrowed and bounds[name] > narrowed[name]:
@@ -123,6 +153,9 @@ def infer_bounds(mod, dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping
             bounds[name], why = narrowed[name], ranges.reasons[name]["upper"]  # what the graph needs
         reasons[name] = {"upper": why}
     if ranges is not None:
+        for name, low in ranges.lower_bounds().items():
+            if low == 0:
+                reasons[name]["lower"] = PAST_MAY_BE_EMPTY
         for name, low in ranges.narrowed_lower().items():
             if low > bounds[name]:
                 raise ModelLoadError(f"{label}: no {name} fits the model: {ranges.reasons[name]['lower']} needs "
@@ -133,7 +166,7 @@ def infer_bounds(mod, dim_vars: dict, graph_inputs, max_shapes: Optional[Mapping
 
 def shape_bounds(mod) -> Dict[str, Tuple[int, int]]:
     """``{dim name: (lower, upper)}`` of a module's symbolic input dims (empty for a static module); the lower
-    bound is 1 unless the importer narrowed it (:class:`DimRanges`)."""
+    bound is 1 unless the importer narrowed it (:class:`DimRanges`), or 0 for a past length left open."""
     attrs = mod["main"].attrs
     if attrs is None or BOUND_ATTR not in attrs:
         return {}
@@ -175,9 +208,11 @@ class DimRanges:
 
     OPEN = 1 << 40  # an upper bound no real input reaches, so an unbounded dim has a finite range to reason in
 
-    def __init__(self, dim_vars: Mapping, upper: Optional[Mapping[str, int]] = None):
+    def __init__(self, dim_vars: Mapping, upper: Optional[Mapping[str, int]] = None, may_be_empty=()):
         self.vars = dict(dim_vars)
-        self.lower = {name: 1 for name in self.vars}
+        #: where each range starts: 1, or 0 for a past length (:func:`past_length_dims`)
+        self.start = {name: 0 if name in may_be_empty else 1 for name in self.vars}
+        self.lower = dict(self.start)
         self.upper = {name: int((upper or {}).get(name, self.OPEN)) for name in self.vars}
         #: ``{dim name: (side "lower"/"upper", what needed it)}`` for each range :meth:`require` narrowed
         self.reasons: Dict[str, Dict[str, str]] = {}
@@ -248,8 +283,13 @@ class DimRanges:
         return {n: u for n, u in self.upper.items() if u < self.OPEN and "upper" in self.reasons.get(n, {})}
 
     def narrowed_lower(self) -> Dict[str, int]:
-        """The lower bounds above 1 that :meth:`require` set."""
-        return {n: low for n, low in self.lower.items() if low > 1}
+        """The lower bounds :meth:`require` raised above where the range starts (1, or 0 for a past length)."""
+        return {n: low for n, low in self.lower.items() if low > self.start[n]}
+
+    def lower_bounds(self) -> Dict[str, int]:
+        """Every lower bound other than 1 (the model's ``tir_var_lower_bound``): narrowed ones, and the 0 of a past
+        length left open."""
+        return {n: low for n, low in self.lower.items() if low != 1}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -277,13 +317,16 @@ def _dim_at(vi, axis: int) -> Optional[str]:
     return _identifier(d.dim_param or f"{vi.name}_dim{axis}")
 
 
-def _as_dim(d, name, label) -> int:
+def _as_dim(d, name, label, zero_ok: bool = False) -> int:
     try:
         v = int(d)
     except (TypeError, ValueError):
         raise InputError(f"{label}: shape of input {name!r} has non-integer dimension {d!r}") from None
+    if v == 0 and zero_ok and v == d:
+        return 0
     if v <= 0 or v != d:
-        raise InputError(f"{label}: shape of input {name!r} has invalid dimension {d!r} (must be a positive integer)")
+        raise InputError(f"{label}: shape of input {name!r} has invalid dimension {d!r} (must be a positive integer; "
+                         f"only a past (KV cache) length may be 0)")
     return v
 
 
@@ -316,7 +359,8 @@ def given_bounds(dim_vars, graph_inputs, max_shapes, label) -> Dict[str, int]:
     return out
 
 
-def _graph_bounds(func, dim_vars) -> Dict[str, Tuple[int, str]]:
+def _graph_bounds(func, dim_vars, lower: Optional[Mapping[str, int]] = None,
+                  cache_positions: Optional[dict] = None) -> Dict[str, Tuple[int, str]]:
     """Bounds the graph itself implies, ``{dim: (bound, why)}``: ``strided_slice(constant, end=dim)`` along an axis
     of n → dim ≤ n; ``take(constant, indices)`` along an axis of n, with indices whose largest value is exactly
     ``dim + c - 1`` (positions ``arange(0, dim)``, shifted or broadcast, as GPT-2, Whisper's decoder and BART gather
@@ -326,6 +370,7 @@ def _graph_bounds(func, dim_vars) -> Dict[str, Tuple[int, str]]:
     from tvm import relax, tirx
 
     names = {v.name: v for v in dim_vars.values()}
+    lower = dict(lower or {})  # each dim's least value (1, or 0 for a past length)
     found: Dict[str, Tuple[int, str]] = {}
     bindings = {b.var: b.value for block in getattr(func.body, "blocks", []) for b in block.bindings
                 if isinstance(b, relax.VarBinding)}
@@ -350,10 +395,23 @@ def _graph_bounds(func, dim_vars) -> Dict[str, Tuple[int, str]]:
         span = _attained_span(e.args[1], bindings) if n is not None else None
         if span is None:
             return
-        lo, dim, shift = span
-        if dim.name in names and lo >= 0 and n - 1 - shift >= 1:
-            note(dim, n - 1 - shift, f"the graph gathers rows {lo} .. {dim.name}{shift:+d} of a constant table of "
-                                     f"{n} rows")
+        lo, dim, shift, past = span
+        if past is None:
+            if dim.name in names and lo >= 0 and n - 1 - shift >= 1:
+                note(dim, n - 1 - shift, f"the graph gathers rows {lo} .. {dim.name}{shift:+d} of a constant table "
+                                         f"of {n} rows")
+            return
+        # positions after a cache (GPT-2's arange(past, past + seq)): past + seq + shift <= n - 1 bounds each dim
+        # by the table less the other's least value
+        if lo < 0 or dim.name not in names or past.name not in names:
+            return
+        why = f"the graph gathers rows {past.name} .. {past.name} + {dim.name}{shift:+d} of a constant table of {n} rows"
+        if cache_positions is not None and n - shift - 1 < cache_positions.get("total", (n + 1,))[0]:
+            cache_positions["total"] = (n - shift - 1, f"{past.name} + {dim.name} <= {n - shift - 1}: {why}")
+        for this, other in ((dim, past), (past, dim)):
+            limit = n - 1 - shift - lower.get(other.name, 1)
+            if limit >= lower.get(this.name, 1):
+                note(this, limit, why)
 
     def visit(e):
         if not (isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)):
@@ -407,8 +465,9 @@ _SAME_VALUES = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.br
 
 
 def _attained_span(e, bindings: dict, depth: int = 0):
-    """``(lo, dim, c)`` when the integer tensor ``e`` holds exactly the values ``lo .. dim + c`` (``arange(lo, dim +
-    c + 1)``, broadcast, reshaped or shifted by a constant), else None. Exact, not a bound: a slice, a gather or a
+    """``(lo, dim, c, None)`` when the integer tensor ``e`` holds exactly the values ``lo .. dim + c`` (``arange(lo,
+    dim + c + 1)``, broadcast, reshaped or shifted by a constant); ``(lo, dim, c, past)`` when it holds ``past + lo ..
+    past + dim + c`` (positions after a cache: ``arange(past, past + dim + c + 1)``); else None. Exact, not a bound: a slice, a gather or a
     ``where`` of positions may drop the largest one (a clamp written as ``where(p < n, p, 0)``), and a bound taken
     from an index that is never reached would refuse inputs the model accepts."""
     import tvm
@@ -423,13 +482,21 @@ def _attained_span(e, bindings: dict, depth: int = 0):
     name, args = e.op.name, e.args
     if name == "relax.arange":
         start, end, step = (_prim_field(a) for a in args)
-        if not (isinstance(start, tirx.IntImm) and isinstance(step, tirx.IntImm) and int(step.value) == 1):
+        if not (isinstance(step, tirx.IntImm) and int(step.value) == 1) or end is None:
             return None
-        free = list(tirx.analysis.undefined_vars(end)) if end is not None else []
+        if isinstance(start, tirx.Var):  # arange(past, past + dim + c + 1): the values past .. past + dim + c
+            free = [v for v in tirx.analysis.undefined_vars(end - start) if not v.same_as(start)]
+            if len(free) != 1 or start in list(tirx.analysis.undefined_vars(tvm.sym.Analyzer().simplify(end - start))):
+                return None
+            shift = tvm.sym.Analyzer().simplify(end - start - free[0] - 1)
+            return (0, free[0], int(shift.value), start) if isinstance(shift, tirx.IntImm) else None
+        if not isinstance(start, tirx.IntImm):
+            return None
+        free = list(tirx.analysis.undefined_vars(end))
         if len(free) != 1:
             return None
         shift = tvm.sym.Analyzer().simplify(end - free[0] - 1)
-        return (int(start.value), free[0], int(shift.value)) if isinstance(shift, tirx.IntImm) else None
+        return (int(start.value), free[0], int(shift.value), None) if isinstance(shift, tirx.IntImm) else None
     if name in _SAME_VALUES or (name == "relax.astype" and str(e.ty.dtype).startswith("int")):
         return _attained_span(args[0], bindings, depth + 1)
     if name == "relax.multiply" and _scalar_int(args[1], bindings) == 1:  # an export's `* 1` (a dtype or scale no-op)
@@ -437,10 +504,13 @@ def _attained_span(e, bindings: dict, depth: int = 0):
     if name in ("relax.add", "relax.subtract"):
         inner = _attained_span(args[0], bindings, depth + 1)
         c = _scalar_int(args[1], bindings)
+        if inner is not None and c is None and name == "relax.add" and inner[3] is None:
+            past = _scalar_dim(args[1], bindings)  # positions shifted by a cache's length (GPT-2's past)
+            return (inner[0], inner[1], inner[2], past) if past is not None else None
         if inner is None or c is None:
             return None
         c = c if name == "relax.add" else -c
-        return inner[0] + c, inner[1], inner[2] + c
+        return inner[0] + c, inner[1], inner[2] + c, inner[3]
     if name == "relax.where":  # the importer's where(i < 0, i + n, i): an index never negative passes as itself
         cond = bindings.get(args[0], args[0]) if isinstance(args[0], relax.Var) else args[0]
         inner = _attained_span(args[2], bindings, depth + 1)
@@ -448,6 +518,35 @@ def _attained_span(e, bindings: dict, depth: int = 0):
                 getattr(cond.op, "name", "") == "relax.less" and cond.args[0].same_as(args[2]) and \
                 _scalar_int(cond.args[1], bindings) == 0:
             return inner
+    return None
+
+
+def _scalar_dim(e, bindings: dict, depth: int = 0):
+    """The dim variable a one-element integer tensor holds exactly (``shape_to_tensor`` of a shape, one element
+    taken from it, reshaped or cast), else None."""
+    import tvm
+    from tvm import relax, tirx
+
+    if depth > 8:
+        return None
+    if isinstance(e, relax.Var) and e in bindings:
+        return _scalar_dim(bindings[e], bindings, depth + 1)
+    if not (isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)):
+        return None
+    name, args = e.op.name, e.args
+    if name in ("relax.reshape", "relax.squeeze", "relax.expand_dims") or \
+            (name == "relax.astype" and str(e.ty.dtype).startswith("int")):
+        return _scalar_dim(args[0], bindings, depth + 1)
+    shape = bindings.get(args[0], args[0]) if name == "relax.take" and isinstance(args[0], relax.Var) else None
+    if name == "relax.take" and isinstance(shape, relax.Call) and getattr(shape.op, "name", "") == \
+            "relax.shape_to_tensor" and isinstance(shape.args[0], relax.ShapeExpr):
+        at = _scalar_int(args[1], bindings)
+        values = shape.args[0].values
+        if at is not None and -len(values) <= at < len(values) and isinstance(values[at], tirx.Var):
+            return values[at]
+    if name == "relax.shape_to_tensor" and isinstance(args[0], relax.ShapeExpr) and len(args[0].values) == 1 \
+            and isinstance(args[0].values[0], tirx.Var):
+        return args[0].values[0]
     return None
 
 

@@ -39,7 +39,7 @@ from .converters.control_flow import fold_static_ifs
 from .converters.pad import convert_pad_in_range
 from .converters.reshape import check_reshape_in_range
 from .converters.slice import convert_slice_in_range
-from .dims import DimRanges, given_bounds, infer_bounds, input_dims, with_bounds
+from .dims import DimRanges, given_bounds, infer_bounds, input_dims, past_length_dims, with_bounds
 from .errors import InputError, ModelLoadError, NodeImportError, Unsupported
 from .ort_contrib import convert as convert_ort_contrib
 from .ort_contrib import is_contrib
@@ -77,7 +77,8 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
     shape_dict, dim_vars = input_dims(graph_inputs, shapes, label)
     dtype_dict = _check_dtypes(graph_inputs, dtypes, label)
     check_ops(graph, label, convert_map())
-    ranges = DimRanges(dim_vars, given_bounds(dim_vars, graph_inputs, max_shapes, label))
+    ranges = DimRanges(dim_vars, given_bounds(dim_vars, graph_inputs, max_shapes, label),
+                       may_be_empty=past_length_dims(graph_inputs))
     try:
         mod = _import(proto, label, shape_dict, dtype_dict, opset, ranges)
     except NodeImportError as err:
@@ -98,10 +99,17 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
     })
     if dim_vars:
         bounds, reasons = infer_bounds(mod, dim_vars, graph_inputs, max_shapes, label, ranges)
-        main = with_bounds(main, bounds, ranges.narrowed_lower(), reasons)
+        main = with_bounds(main, bounds, ranges.lower_bounds(), reasons)
     elif max_shapes:
         raise InputError(f"{label}: max shapes given, but no input dim is dynamic")
     mod["main"] = main
+    if any(node.op_type == "If" for node in graph.node):
+        # an If (not folded above) cannot sit in a dataflow block, so TVM imports the whole graph as plain
+        # bindings, and its branches too: every fusion rule works on dataflow blocks and found nothing (a merged
+        # decoder's use_cache_branch). Each run of pure bindings, in the branches and around them, becomes one.
+        from tvm import relax
+
+        mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
     return mod
 
 
@@ -157,8 +165,8 @@ def parse_shape_arg(text: str) -> dict[str, list[int]]:
             raise InputError(f"bad shape item {item.strip()!r} in {text!r}; expected NAME:DxD e.g. input_ids:1x128")
         name = m.group("name")
         dims = [int(d) for d in re.split(r"\s*[x×]\s*", m.group("dims"))]
-        if any(d <= 0 for d in dims):
-            raise InputError(f"shape item {item.strip()!r} has a dimension <= 0")
+        if any(d < 0 for d in dims):  # 0 is a past (KV cache) length's first step; load_onnx refuses it elsewhere
+            raise InputError(f"shape item {item.strip()!r} has a dimension < 0")
         if name in out:
             raise InputError(f"input {name!r} is given twice in shape argument {text!r}")
         out[name] = dims
@@ -353,6 +361,7 @@ def _importer_class():
                     if sym is None:
                         sym = self._cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
                                                                        [self._nodes, self._params])
+                sym = _first_of_one_output(sym, op_name, attrs)
                 if isinstance(sym, of.relax.Expr):
                     sym = self._shape_as_tensor_if_needed(self.bb.normalize(sym))
                 if op_name == "Reshape" and inputs and isinstance(sym, of.relax.Expr):
@@ -456,3 +465,21 @@ def _attr_list(func, key):
     if attrs is None or key not in attrs:
         return None
     return [str(x) for x in attrs[key]]
+
+
+#: ops whose one ONNX output is a sequence (a Relax tuple): never cut to its first field
+_SEQUENCE_OUTPUT_OPS = frozenset({"Optional", "OptionalGetElement", "SequenceConstruct", "SequenceEmpty",
+                                  "SequenceErase", "SequenceInsert", "ConcatFromSequence", "SplitToSequence"})
+
+
+def _first_of_one_output(sym, op_name: str, attrs: dict):
+    """A converter's tuple for a node that names one output (LayerNormalization's ``(Y, Mean, InvStdDev)`` when
+    only Y is asked for), cut to that output. The top-level graph does this after the converter; TVM's import of
+    an ``If`` branch does not, and its consumer then received the whole tuple (a Relu: "relax.nn.relu requires
+    argument 0 (x) to be a tensor")."""
+    from tvm import relax
+
+    wanted = (attrs.get("tvm_custom") or {}).get("num_outputs")
+    if wanted == 1 and isinstance(sym, relax.Tuple) and len(sym.fields) > 1 and op_name not in _SEQUENCE_OUTPUT_OPS:
+        return sym.fields[0]
+    return sym

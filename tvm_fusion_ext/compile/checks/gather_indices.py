@@ -29,7 +29,7 @@ the exports seen (token ids, the mask gather).
 
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List, Optional
 
 import numpy as np
 import tvm
@@ -38,6 +38,9 @@ from tvm import relax
 from ...deploy.io import INDEX_CHECK_OPS, INDEX_CHECK_TAG as TAG
 from ...transform.graph import const_value, is_constant, shape_dims
 from ..lowering.mutation import mutate_functions
+
+#: TVM's function attribute for symbolic-dim lower bounds other than 1 (the importer sets 0 for a past length)
+LOWER_BOUND_ATTR = "tir_var_lower_bound"
 
 # relax op -> its code in the check's tag (deploy.io names it back)
 _CODES = {"relax." + {"Gather": "take", "GatherND": "gather_nd", "GatherElements": "gather_elements",
@@ -101,13 +104,14 @@ def _shape_values(e, bindings: dict):
     return None
 
 
-def index_range(e: relax.Expr, bindings: dict, depth: int = 0):
+def index_range(e: relax.Expr, bindings: dict, depth: int = 0, lower: Optional[Dict[str, int]] = None):
     """``(lo, hi)``, PrimExprs bounding every value of the integer tensor ``e``, or None when unknown: what the
-    exports compute their indices from (constants, ``arange``, shapes, and sums and products of them)."""
+    exports compute their indices from (constants, ``arange``, shapes, and sums and products of them). ``lower``:
+    the dims whose range starts below 1 (a past length may be 0), by name."""
     if depth > _RANGE_DEPTH:
         return None
     if isinstance(e, relax.Var) and e in bindings:
-        return index_range(bindings[e], bindings, depth + 1)
+        return index_range(bindings[e], bindings, depth + 1, lower)
     if is_constant(e):
         v = const_value(e)
         if v.dtype.kind not in "iub":
@@ -120,7 +124,7 @@ def index_range(e: relax.Expr, bindings: dict, depth: int = 0):
     name, args = e.op.name, e.args
 
     def rng(x):
-        return index_range(x, bindings, depth + 1)
+        return index_range(x, bindings, depth + 1, lower)
 
     if name == "relax.arange":
         start, end, step = args
@@ -151,7 +155,7 @@ def index_range(e: relax.Expr, bindings: dict, depth: int = 0):
         b = rng(args[2])
         # the importer's normalisation where(i < 0, i + n, i): with i never negative, only i is taken
         if isinstance(cond, relax.Call) and isinstance(cond.op, tvm.ir.Op) and cond.op.name == "relax.less" \
-                and cond.args[0].same_as(args[2]) and b is not None and _prove(b[0] >= 0):
+                and cond.args[0].same_as(args[2]) and b is not None and _prove(b[0] >= 0, lower):
             return b
         a = rng(args[1])
         if a is None or b is None:
@@ -177,31 +181,33 @@ def _fold(op, values):
     return out
 
 
-def _prove(cond) -> bool:
-    """``cond`` holds for every value of its dims, each taken >= 1: the runtime refuses an input with a
-    symbolic dim of 0 (``deploy.io.check_inputs``), and a dim of 0 leaves no index to check anyway."""
+def _prove(cond, lower: Optional[Dict[str, int]] = None) -> bool:
+    """``cond`` holds for every value of its dims, each taken >= its lower bound: 1 unless ``lower`` names it
+    (a past length may be 0; the runtime refuses an input below the bounds, ``deploy.io.check_inputs``)."""
     if isinstance(cond, bool):
         return cond
     analyzer = tvm.sym.Analyzer()
     for var in tvm.tirx.analysis.undefined_vars(cond):
-        analyzer.bind(var, tvm.ir.Range(tvm.tirx.IntImm("int64", 1), tvm.tirx.IntImm("int64", 1 << 40)))
+        low = (lower or {}).get(str(var.name), 1)
+        analyzer.bind(var, tvm.ir.Range(tvm.tirx.IntImm("int64", low), tvm.tirx.IntImm("int64", 1 << 40)))
     return bool(analyzer.can_prove(cond))
 
 
-def _provably_in_range(indices: relax.Expr, dims: list, bindings: dict, columns: bool, negative_ok: bool) -> bool:
+def _provably_in_range(indices: relax.Expr, dims: list, bindings: dict, columns: bool, negative_ok: bool,
+                       lower: Optional[Dict[str, int]] = None) -> bool:
     """Every index provably inside its axis, whatever the inputs (then no check is needed)."""
     if columns and is_constant(indices) and all(isinstance(d, int) for d in dims):  # column by column
         v = const_value(indices).reshape(-1, len(dims))
         bound = np.array(dims)
         return bool(((v >= (-bound if negative_ok else 0)) & (v < bound)).all())
-    r = index_range(indices, bindings)
+    r = index_range(indices, bindings, lower=lower)
     if r is None:
         return False
     lo, hi = r
     for d in dims:
         d = tvm.tirx.IntImm("int64", d) if isinstance(d, int) else d
         low = -d if negative_ok else tvm.tirx.IntImm("int64", 0)
-        if not (_prove(lo >= low) and _prove(hi < d)):
+        if not (_prove(lo >= low, lower) and _prove(hi < d, lower)):
             return False
     return True
 
@@ -229,9 +235,13 @@ class _CheckIndices(relax.PyExprMutator):
         self.changed = 0
         self.params: List[relax.Var] = []
         self.bindings: dict = {}
+        self.lower: Dict[str, int] = {}
 
     def enter(self, func: relax.Function) -> None:
         self.params, self.bindings = list(func.params), {}
+        attrs = func.attrs
+        self.lower = ({str(k): int(v) for k, v in attrs[LOWER_BOUND_ATTR].items()}
+                      if attrs is not None and LOWER_BOUND_ATTR in attrs else {})
 
     def visit_var_binding_(self, binding):
         self.bindings[binding.var] = binding.value
@@ -249,7 +259,7 @@ class _CheckIndices(relax.PyExprMutator):
         axes = _indexed_axes(call, ds, ish)
         normalise = call.op.name in _NEGATIVE_LEFT
         if axes is None or _provably_in_range(indices, [ds[a] for a in axes], self.bindings, call.op.name in _COLUMNS,
-                                                  normalise):
+                                                  normalise, self.lower):
             return call
         where = (code, _input_position(data, self.params, self.bindings),
                  _input_position(indices, self.params, self.bindings)[0])

@@ -16,6 +16,10 @@ or 384 rows that is 64, at 96 rows 32, at 80, 100 or 200 rows 16 (the kernel as 
 operator with another ``query_block`` (:mod:`.branches`): the same scores, sums and outputs per row, the
 Relax graph, the tuner's tasks and the records unchanged.
 
+A decode step (one query row per sequence: a generation loop's every step after the first) takes a 1-row tile
+(:data:`DECODE_TILE`): the 16-row tile computed 15 padded rows of scores and outputs against every cached key,
+16× the work, where each key should be read once and used for one row.
+
 Applied before :mod:`.short_keys`, so the kernel these branches live in is the one requests longer than the
 short-key blocks run. Static query rows have the tile made for their count; packed (varlen) attention and
 CUDA are left alone.
@@ -42,6 +46,8 @@ logger = logging.getLogger(__name__)
 ROW_COST = {SYMBOLIC_QUERY_TILE: 100, 32: 95, 64: 88}
 #: a larger tile is taken only while the kernel keeps at least this many tasks (head × tile) per core
 MIN_TASKS_PER_CORE = 4
+#: the tile of a request with one query row per sequence (a decode step)
+DECODE_TILE = 1
 
 
 def DispatchQueryTiles(target: tvm.target.Target, schedule_fn: ScheduleFn) -> tvm.transform.Pass:  # noqa: N802
@@ -87,14 +93,15 @@ def _int64(expr: tirx.PrimExpr) -> tirx.PrimExpr:
 
 
 def conditions(func: tirx.PrimFunc, cores: int) -> dict:
-    """``{tile: condition}`` for the larger tiles, largest first: the run-time test that picks each."""
+    """``{tile: condition}``: the decode tile first, then the larger tiles, largest first: the run-time test that
+    picks each."""
     batch, rows, heads = _request_dims(func)
     batch, rows = _int64(batch), _int64(rows)
     cost = {t: _padded(rows, t) * tirx.IntImm("int64", c) for t, c in ROW_COST.items()}
     tasks = {t: batch * tirx.IntImm("int64", heads) * (_padded(rows, t) // tirx.IntImm("int64", t))
              for t in ROW_COST}
     enough = {t: tasks[t] >= tirx.IntImm("int64", MIN_TASKS_PER_CORE * cores) for t in ROW_COST}
-    out = {}
+    out = {DECODE_TILE: rows == tirx.IntImm("int64", 1)}
     for tile in sorted(ROW_COST, reverse=True):
         if tile == SYMBOLIC_QUERY_TILE:
             continue

@@ -1,0 +1,47 @@
+"""A parallel loop of run-time extent runs serial when the call is small (compile/serial_when_small.py): the
+guard is placed on symbolic kernels only, and both branches compute what numpy does."""
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from tvm_fusion_ext.compile.pipeline import compile_model, prepare
+from tvm_fusion_ext.compile.schedule import schedule
+from tvm_fusion_ext.compile.codegen.serial_when_small import MIN_PARALLEL_WORK, SerialWhenSmall
+from tvm_fusion_ext.targets import resolve_target
+from tvm_fusion_ext.testing import build_module
+from tvm_fusion_ext.tir_nodes import collect
+
+TARGET = resolve_target({"kind": "llvm", "num-cores": 2})
+
+
+def _add_module(rows):
+    x = relax.Var("x", relax.TensorType([rows, 1024], "float32"))
+    y = relax.Var("y", relax.TensorType([rows, 1024], "float32"))
+    return build_module([x, y], lambda bb: relax.op.add(x, y))
+
+
+def _guarded(mod):
+    scheduled = SerialWhenSmall()(schedule(prepare(mod, TARGET, fuse_graph=False)[0], TARGET))
+    return [f for _, f in scheduled.functions_items()
+            if isinstance(f, tirx.PrimFunc) and f.attrs is not None and "tfx.serial_when_small" in f.attrs]
+
+
+def test_a_symbolic_kernel_gets_a_serial_branch_for_small_calls():
+    guarded = _guarded(_add_module(tirx.Var("n", "int64")))
+    assert len(guarded) == 1
+    loops = collect(guarded[0].body, tirx.For)
+    kinds = {int(lp.kind) for lp in loops}
+    assert int(tirx.ForKind.PARALLEL) in kinds and int(tirx.ForKind.SERIAL) in kinds
+    assert f"T.int64({MIN_PARALLEL_WORK})" in guarded[0].script()
+    assert _guarded(_add_module(64)) == []  # a static kernel keeps what its schedule chose
+
+
+def test_both_branches_match_numpy():
+    compiled = compile_model(_add_module(tirx.Var("n", "int64")), TARGET, fuse_graph=False)
+    vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
+    rng = np.random.default_rng(0)
+    for rows in (1, 3, 64):  # 1024 and 3072 elements: serial; 65536: parallel
+        x, y = (rng.standard_normal((rows, 1024)).astype("float32") for _ in range(2))
+        got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y)).numpy()
+        np.testing.assert_array_equal(got, x + y)

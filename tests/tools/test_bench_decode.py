@@ -1,0 +1,90 @@
+"""``tvm-fusion bench --decode``: a decode step's inputs read from the model's names, its bytes, the JSON contract,
+numerics against ONNX Runtime, and one-line errors. No timing assertions."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tvm_fusion_ext.cli import main
+from tvm_fusion_ext.errors import InputError
+from tvm_fusion_ext.tools.bench.decode_inputs import decode_feeds, decode_shapes, onnx_specs, past_bytes
+
+
+def _one_line_error(capsys, *needles):
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+def test_decode_shapes_follow_the_model_names_and_layouts(tiny_causal_lm):
+    specs = onnx_specs(tiny_causal_lm)
+    shapes = decode_shapes(specs, batch=3, past=7, label="m")
+    assert shapes["input_ids"] == [3, 1] and shapes["position_ids"] == [3, 1]
+    assert shapes["attention_mask"] == [3, 8]
+    assert shapes["past_key_values.0.key"] == [3, 2, 7, 16] and shapes["past_key_values.1.value"] == [3, 2, 7, 16]
+    feeds = decode_feeds(specs, shapes, past=7, vocab=1000)
+    assert (feeds["position_ids"] == 7).all() and (feeds["attention_mask"] == 1).all()
+    assert feeds["input_ids"].dtype == np.int64 and feeds["input_ids"].max() < 1000
+    assert past_bytes(specs, feeds) == 4 * 3 * 2 * 7 * 16 * 4  # 2 layers x (key, value), fp32
+    # the first step: a past of length 0, a mask of one column
+    shapes0 = decode_shapes(specs, batch=1, past=0, label="m")
+    assert shapes0["past_key_values.0.key"] == [1, 2, 0, 16] and shapes0["attention_mask"] == [1, 1]
+
+
+def test_decode_shapes_refuse_what_a_step_cannot_fill():
+    with pytest.raises(InputError, match="input 'pixel_values' .* is not one a decode step knows"):
+        decode_shapes({"pixel_values": ([1, 3, 8, 8], "float32")}, 1, 4, "m")
+    with pytest.raises(InputError, match="static past length"):
+        decode_shapes({"past_k": (["b", 2, 5, 16], "float32")}, 1, 4, "m")
+    with pytest.raises(InputError, match="static dim 0 = 1; --batch asks for 2"):
+        decode_shapes({"past_k": ([1, 2, "p", 16], "float32")}, 2, 4, "m")
+
+
+def test_decode_bench_writes_contract_json(tiny_causal_lm, tmp_path, capsys):
+    out_json = tmp_path / "d.json"
+    assert main(["bench", tiny_causal_lm, "--decode", "--past", "37", "--batch", "2", "--repeat", "2",
+                 "--json", str(out_json)]) == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out_json.read_text())
+    assert r["mode"] == "decode" and r["batch"] == 2 and r["past"] == 37
+    assert r["input_shapes"]["past_key_values.1.key"] == [2, 2, 37, 16]
+    assert r["cache_bytes"] == 4 * 2 * 2 * 37 * 16 * 4
+    assert r["step_bytes"] == r["weight_bytes"] + r["cache_bytes"]
+    # the token embedding is read a row per token, not whole: weights are everything else plus those rows
+    wb = r["weight_breakdown"]
+    assert wb["tables"] == 1000 * 64 * 4 and wb["table_rows_read"] == 2 * 64 * 4
+    assert r["weight_bytes"] == wb["weights"] + wb["table_rows_read"]
+    host = r["host_read_bandwidth"]
+    assert host["gb_per_s"] > 0 and host["bytes"] >= 256 << 20
+    assert r["limit_ms"] == pytest.approx(r["step_bytes"] / (host["gb_per_s"] * 1e9) * 1e3)
+    ours, ort = r["runtimes"]
+    assert ours["name"] == "tvm_fusion_ext" and ort["name"] == "onnxruntime"
+    assert ours["max_abs_diff"] < 1e-4 and r["max_abs_diff_vs_ort"] == ours["max_abs_diff"]
+    assert ours["gb_per_s"] == pytest.approx(r["step_bytes"] / (ours["median_ms"] * 1e-3) / 1e9)
+    assert r["share_of_limit"] == pytest.approx(ours["gb_per_s"] / host["gb_per_s"])
+    assert r["ratio_vs_ort"] == pytest.approx(ours["median_ms"] / ort["median_ms"])
+    assert "memory limit" in printed and "of limit" in printed and "GB/s" in printed
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--past", "4"], "--past applies to --decode"),
+    (["--decode"], "--decode needs --past P"),
+    (["--decode", "--past", "4", "--seq", "8"], "drop --seq"),
+    (["--decode", "--past", "-1"], "--past must be >= 0"),
+    (["--decode", "--past", "4", "--batch", "0"], "--batch must be positive"),
+])
+def test_decode_bench_bad_flags_are_one_line_errors(tiny_causal_lm, capsys, argv, needle):
+    assert main(["bench", tiny_causal_lm, *argv]) == 2
+    _one_line_error(capsys, needle)
+
+
+def test_decode_bench_times_the_first_step_against_an_empty_cache(tiny_causal_lm):
+    from tvm_fusion_ext.tools.bench import bench_decode
+
+    r = bench_decode(tiny_causal_lm, past=0, batch=1, repeat=2, out=lambda _: None)
+    assert r["cache_bytes"] == 0 and r["input_shapes"]["past_key_values.0.key"] == [1, 2, 0, 16]
+    assert r["max_abs_diff_vs_ort"] < 1e-4
+    assert r["host_read_bandwidth"]["gb_per_s"] >= r["host_read_bandwidth"]["median_gb_per_s"]
