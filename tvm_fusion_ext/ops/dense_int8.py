@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import te
 
-from .dense import W_LAYOUTS, _flatten, _product, _unflatten, activation, real_row
+from .dense import W_LAYOUTS, activation, dims_product, flatten_index, real_row, unflatten_index
 from .registry import register_op
 
 
@@ -58,14 +58,14 @@ def fused_dense_int8(x, x_scale, x_zero, w, w_scale, w_sum, bias=None, *, act="n
             name="dense", attrs={"schedule_rule": "tfx.dense"})
         at = lambda *idx: acc(*idx)  # noqa: E731
     else:
-        rows = _product(batch)
+        rows = dims_product(batch)
         padded = (rows + (int(row_block) - 1)) // int(row_block) * int(row_block)
-        padded_x = te.compute((padded, K), lambda r, c: x[(*_unflatten(real_row(r, rows, row_clamp), batch), c)],
+        padded_x = te.compute((padded, K), lambda r, c: x[(*unflatten_index(real_row(r, rows, row_clamp), batch), c)],
                               name="dense_rows", attrs={"schedule_rule": "None"})
         acc = te.compute((padded, N), lambda r, j: te.sum(
             padded_x[r, k].astype("int32") * weight(j).astype("int32"), axis=k),
             name="dense", attrs={"schedule_rule": "tfx.dense"})
-        at = lambda *idx: acc(_flatten(idx[:-1], batch), idx[-1])  # noqa: E731
+        at = lambda *idx: acc(flatten_index(idx[:-1], batch), idx[-1])  # noqa: E731
 
     def epilogue(*idx):
         row, j = (*idx[:-1], 0), idx[-1]

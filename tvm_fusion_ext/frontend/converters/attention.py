@@ -145,7 +145,7 @@ def _bias(bb, attr, mask, dtype, q_len, kv_len, past_k, nonpad):
             offset = bb.emit(relax.op.reshape(start, [-1, 1, 1, 1]))
         else:
             offset = 0
-        parts.append(_position_bias(bb, q_len, kv_len, offset, causal, left, right, dtype))
+        parts.append(position_bias(bb, q_len, kv_len, offset, causal, left, right, dtype))
     if nonpad is not None:
         keys = relax.op.expand_dims(relax.op.arange(0, kv_len, 1, "int64"), 0)                  # [1, T]
         visible = relax.op.less(keys, relax.op.expand_dims(relax.op.astype(nonpad, "int64"), 1))  # [B, T]
@@ -159,7 +159,7 @@ def _bias(bb, attr, mask, dtype, q_len, kv_len, past_k, nonpad):
     return bias
 
 
-def _position_bias(bb, q_len, kv_len, offset, causal, left, right, dtype):
+def position_bias(bb, q_len, kv_len, offset, causal, left, right, dtype):
     """0 where key j is visible from query i (j <= i + offset when causal; within the window), -inf elsewhere.
 
     ``offset`` is a size (static or symbolic) or a per-batch ``[B, 1, 1, 1]`` tensor. Static sizes give a constant,

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 
 from ..errors import Unsupported
-from ..converters.attention import _position_bias
+from ..converters.attention import position_bias
 from ..converters.common import dim_text, is_static
 
 _MASK_FILTER = -10000.0  # ONNX Runtime's default mask_filter_value
@@ -113,7 +113,7 @@ def _attend(bb, q, k, v, attr, mask_bias, attention_bias):
     scale = float(scale) if scale is not None and float(scale) != 0.0 else 1.0 / math.sqrt(head)
     scores = bb.emit(relax.op.matmul(q, relax.op.permute_dims(k, [0, 1, 3, 2])))
     scores = bb.emit(relax.op.multiply(scores, relax.const(scale, dtype)))
-    causal = _position_bias(bb, s, t, 0, True, -1, -1, dtype) if int(attr.get("unidirectional", 0)) else None
+    causal = position_bias(bb, s, t, 0, True, -1, -1, dtype) if int(attr.get("unidirectional", 0)) else None
     for term in (mask_bias, attention_bias, causal):
         if term is not None:
             scores = bb.emit(relax.op.add(scores, term))

@@ -46,14 +46,14 @@ def build(out_dir: Path, arch: str, parts, quick: bool) -> None:
 
 def run(in_dir: Path, parts, json_out: Path) -> int:
     from .device import run_device
-    from .numerics import _TORCH_DEVICE, _torch_time
+    from .numerics import TORCH_DEVICE, torch_time
 
     manifest = json.loads((in_dir / "campaign.json").read_text())
     parts = [p for p in (parts or list(manifest["parts"])) if p in manifest["parts"]]
     for p in parts:
         print(f"part {p}: expected {manifest['parts'][p]['expected_s']} s", flush=True)
     dev, torch_device, name = run_device(manifest["arch"])
-    _TORCH_DEVICE[0] = torch_device
+    TORCH_DEVICE[0] = torch_device
     import tvm
 
     results = {"device": name, "arch": manifest["arch"], "tvm": tvm.__version__, "parts": {}}
@@ -66,7 +66,7 @@ def run(in_dir: Path, parts, json_out: Path) -> int:
             failed += numerics.run(in_dir / part, in_dir / part / "numerics.json")
             results["parts"][part] = json.loads((in_dir / part / "numerics.json").read_text())
         else:
-            rows = speed.run(in_dir / part, dev, torch_device, _torch_time)
+            rows = speed.run(in_dir / part, dev, torch_device, torch_time)
             failed += sum("error" in r for r in rows)
             results["parts"][part] = {"cases": rows}
         results["parts"][part]["took_s"] = round(time.time() - start, 1)

@@ -216,19 +216,19 @@ def _torch_dtype(torch, dtype):
 
 def _on_gpu(torch, a, dtype=None):
     """``a`` on the run's device (CUDA, or the CPU for a rehearsal build) as ``dtype``."""
-    t = torch.from_numpy(np.ascontiguousarray(a)).to(_TORCH_DEVICE[0])
-    if _TORCH_DEVICE[0] == "cpu":
+    t = torch.from_numpy(np.ascontiguousarray(a)).to(TORCH_DEVICE[0])
+    if TORCH_DEVICE[0] == "cpu":
         t = t.clone()  # numpy's buffer may not be 64-byte aligned, which TVM requires; torch's allocator's is
     return t.to(_torch_dtype(torch, dtype)) if dtype else t
 
 
-_TORCH_DEVICE = ["cuda"]
+TORCH_DEVICE = ["cuda"]
 
 
-def _torch_time(torch, fn, number=50):
+def torch_time(torch, fn, number=50):
     """Seconds per call of ``fn``: the best of 3 loops of ``number`` calls, timed by CUDA events on a GPU (the
     same many-calls-per-figure scheme as TVM's time_evaluator), by the clock on the CPU."""
-    if _TORCH_DEVICE[0] == "cpu":
+    if TORCH_DEVICE[0] == "cpu":
         fn()
         best = float("inf")
         for _ in range(3):
@@ -274,7 +274,7 @@ def run(in_dir: Path, json_out: Path, save_outputs: bool = False) -> int:
     from .device import run_device
 
     index = json.loads((in_dir / "cases.json").read_text())
-    dev, _TORCH_DEVICE[0], device_name = run_device(index["arch"])
+    dev, TORCH_DEVICE[0], device_name = run_device(index["arch"])
     results = {"device": device_name, "arch": index["arch"], "tvm": tvm.__version__,
                "torch": torch.__version__, "cases": []}
     libraries = {}
@@ -290,7 +290,7 @@ def run(in_dir: Path, json_out: Path, save_outputs: bool = False) -> int:
                 lib = tvm.runtime.load_module(str(in_dir / f"{case['name']}.so"))
                 tensors = [_on_gpu(torch, a, d) for a, d in zip(inputs, case["dtypes"])]
                 out = torch.zeros(case["out_shape"], dtype=_torch_dtype(torch, case["out_dtype"]),
-                                  device=_TORCH_DEVICE[0])
+                                  device=TORCH_DEVICE[0])
                 args = [tvm.runtime.from_dlpack(t) for t in tensors] + [tvm.runtime.from_dlpack(out)]
                 lib["main"](*args)
                 dev.sync()
@@ -298,7 +298,7 @@ def run(in_dir: Path, json_out: Path, save_outputs: bool = False) -> int:
                 try:  # timings are extra: a failure here leaves the numerics standing
                     timer = lib.time_evaluator("main", dev, number=50, repeat=3)
                     row["ours_s"] = float(min(timer(*args).results))
-                    row["torch_s"] = _torch_time(torch, _torch_op(torch, case["torch"], tensors))
+                    row["torch_s"] = torch_time(torch, _torch_op(torch, case["torch"], tensors))
                     row["ours_over_torch"] = row["ours_s"] / row["torch_s"]
                 except Exception as e:  # noqa: BLE001
                     row["timing_error"] = f"{type(e).__name__}: {e}"[:200]
