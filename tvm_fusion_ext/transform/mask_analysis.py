@@ -496,6 +496,4 @@ def _index_vector(e: relax.Expr, graph: FunctionGraph, depth: int = 0) -> Option
                     return None
                 comps += inner
         return comps
-    if op == "relax.expand_dims" and all(int(x) % len(dims) != len(dims) - 1 for x in v.attrs.axis):
-        return None  # not produced by the exporters: keep the reader small
     return None
