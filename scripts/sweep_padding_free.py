@@ -66,6 +66,8 @@ def prove(path: str):
     _, report = fuse(load_onnx(path), remove_padding=True)
     attentions = report.fused.get("attention", 0)
     reasons = [e.detail for e in report.refused if e.rule in ("RemovePadding", "VarlenAttention")]
+    if not attentions and not reasons:  # RemovePadding looks only at graphs with a fused attention
+        reasons = ["no fused attention (the attention rule did not match): nothing to pack around"]
     return bool(report.padding_removed), report.varlen_attention, attentions, reasons[0] if reasons else ""
 
 
