@@ -218,14 +218,34 @@ def test_causal_term_from_positions_hides_padding_but_is_not_key_only():
     assert "not a key-only mask" in key_only and "relax.arange" in key_only
 
 
-def test_mask_read_on_both_axes_is_refused():
-    """``m[b, q] & m[b, j]``: the mask reads two elements of m, which the proof does not reason about."""
+def test_mask_read_on_query_and_key_hides_padding_but_is_not_key_only():
+    """DeBERTa's ``(1 - m[b, q] · m[b, j]) · min``: a padded key is hidden whatever ``m[b, q]`` is."""
+    def build(bb, m):
+        qk = relax.op.multiply(relax.op.expand_dims(m, [1, 3]), relax.op.expand_dims(m, [1, 2]))
+        return _additive(bb, bb.emit(qk))
+    padding, key_only = _prove(build)
+    assert padding is None and "read off the key axis" in key_only
+
+
+def test_mask_or_on_query_and_key_is_refused():
+    """``m[b, q] | m[b, j]``: a valid query makes a padded key visible."""
     def build(bb, m):
         mb = relax.op.astype(m, "bool")
-        qk = relax.op.logical_and(relax.op.expand_dims(mb, [1, 3]), relax.op.expand_dims(mb, [1, 2]))
-        return _where(bb, bb.emit(qk))
+        return _where(bb, bb.emit(relax.op.logical_or(relax.op.expand_dims(mb, [1, 3]),
+                                                      relax.op.expand_dims(mb, [1, 2]))))
     reason, _ = _prove(build)
-    assert "different axes" in reason and "relax.logical_and" in reason
+    assert "does not hide the key" in reason
+
+
+def test_mask_read_off_the_key_axis_only_twice_is_refused():
+    """``m[b, q] & m[b, q]ᵀ``-like reads, neither on the key axis: nothing to keep."""
+    def build(bb, m):
+        mb = relax.op.astype(m, "bool")
+        a = relax.op.expand_dims(mb, [1, 3])  # [B, 1, S, 1]
+        b = relax.op.expand_dims(mb, [1, 2, 4])  # [B, 1, 1, S, 1]
+        return relax.op.sum(_where(bb, bb.emit(relax.op.logical_and(a, b))), axis=[4])
+    reason, _ = _prove(build)
+    assert "different axes" in reason or "relax.sum" in reason
 
 
 def test_unknown_op_on_the_mask_is_named():

@@ -84,9 +84,12 @@ def _exact(value: np.ndarray, why: Optional[str] = None) -> Free:
 
 
 def _top(dtype: str, why: str) -> Free:
-    """Anything of ``dtype``."""
+    """Anything of ``dtype`` (integers: finite, so ``0 · anything`` stays 0)."""
     if dtype == "bool":
         return Free(np.array(False), np.array(True), False, why)
+    if dtype.startswith(("int", "uint")):
+        info = np.iinfo(dtype)
+        return Free(np.array(float(info.min)), np.array(float(info.max)), False, why)
     return Free(np.array(-np.inf), np.array(np.inf), False, why)
 
 
@@ -235,7 +238,30 @@ class MaskAnalysis:
         return Reads(lo, hi, exact, why, param=first.param, ndim=ndim, batch=first.batch, key=first.key,
                      flat=first.flat)
 
+    @staticmethod
+    def _one_read(op, args: List[_Value]) -> List[_Value]:
+        """Operands reading ``m`` at different places (DeBERTa's ``m[b, q] · m[b, j]``): the read on the key axis
+        (the last) is kept; any other becomes a free value, anything of its type, so ``m = 0`` at the key still
+        proves what it must for every value at the query."""
+        reads = [a for a in args if isinstance(a, Reads)]
+        if len({(r.batch, r.key, r.flat) for r in reads}) <= 1:
+            return args
+        keys = {(r.batch, r.key) for r in reads if r.key == -1 and not r.flat}
+        if len(keys) != 1:
+            raise MaskRefused(f"the attention mask combines '{reads[0].param.name}' read along different axes "
+                              f"with {op}: cannot prove what padding does")
+        out = []
+        for a in args:
+            if isinstance(a, Reads) and (a.key != -1 or a.flat):
+                top = _top(str(np.asarray(a.lo).dtype) if a.exact else
+                           ("bool" if np.asarray(a.lo).dtype == np.bool_ else "float64"),
+                           f"'{a.param.name}' read off the key axis")
+                a = top
+            out.append(a)
+        return out
+
     def _binary(self, v, op, a: _Value, b: _Value, dtype) -> _Value:
+        a, b = self._one_read(op, [a, b])
         if a.exact and b.exact:
             with np.errstate(all="ignore"):
                 out = _EXACT[op](a.lo, b.lo)
@@ -272,6 +298,7 @@ class MaskAnalysis:
             return replace(a, lo=_cast(lo, dtype, False), hi=_cast(hi, dtype, False))
 
     def _where(self, v, cond: _Value, a: _Value, b: _Value, dtype) -> _Value:
+        cond, a, b = self._one_read("relax.where", [cond, a, b])
         with np.errstate(all="ignore"):
             if cond.exact and a.exact and b.exact:
                 out = np.where(cond.lo, a.lo, b.lo)
