@@ -71,7 +71,8 @@ def padding_mask_input(graph: FunctionGraph, masks: List[relax.Expr]) -> Tuple[O
             hidden = np.all(np.asarray(value.hi, dtype="float64") <= HIDDEN)
         if not hidden:
             return None, (f"a zero in '{param.name}' does not hide the key (mask value there: up to "
-                          f"{float(np.max(np.asarray(value.hi, dtype='float64')))!r} > {HIDDEN})")
+                          f"{float(np.max(np.asarray(value.hi, dtype='float64')))!r} > {HIDDEN}"
+                          + (f"; the mask also adds {value.why}" if value.why else "") + ")")
     if found is None:
         return None, "no fused attention"
     return found, None
