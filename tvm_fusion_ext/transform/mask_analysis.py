@@ -100,7 +100,13 @@ def _uniform(a: np.ndarray) -> bool:
 
 
 def _join(*whys) -> Optional[str]:
-    return next((w for w in whys if w is not None), None)
+    """Every distinct reason, in order (a refusal then names all that the mask mixes in)."""
+    parts = []
+    for w in whys:
+        for part in (w.split("; ") if w else []):
+            if part not in parts:
+                parts.append(part)
+    return "; ".join(parts[:4]) or None
 
 
 def _cast(a: np.ndarray, dtype: str, exact: bool) -> np.ndarray:
