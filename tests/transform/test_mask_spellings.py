@@ -19,10 +19,10 @@ BATCH, SEQ = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("seq", "int64")
 MIN = float(np.finfo(np.float32).min)
 
 
-def _prove(build):
+def _prove(build, batch=BATCH):
     """``build(bb, m) -> mask [B, ·, ·, S]`` inside ``main(m [batch, seq] int64)``; (padding reason, key-only
     reason) where None means proven."""
-    m = relax.Var("attention_mask", relax.TensorType([BATCH, SEQ], "int64"))
+    m = relax.Var("attention_mask", relax.TensorType([batch, SEQ], "int64"))
     bb = relax.BlockBuilder()
     with bb.function("main", [m]):
         with bb.dataflow():
@@ -76,6 +76,13 @@ def _guarded(bb, idx):
 
 def test_legacy_unsqueeze_sub_mul():
     assert _prove(lambda bb, m: _additive(bb, _expand4(bb, m))) == (None, None)
+
+
+def test_legacy_reshape_with_a_static_batch_of_one():
+    """``Reshape(m [1, S], [1, 1, 1, S])``: the unit batch has no axis of its own to follow."""
+    def build(bb, m):
+        return _additive(bb, bb.emit(relax.op.reshape(m, relax.ShapeExpr([1, 1, 1, SEQ]))))
+    assert _prove(build, batch=1) == (None, None)
 
 
 def test_legacy_mask_on_the_query_axis_is_refused():

@@ -382,19 +382,28 @@ class MaskAnalysis:
             if len(src) == len(out) and all(same_dim(s, o) for s, o in zip(src, out)):
                 return replace(a, lo=lo, hi=hi, exact=exact, why=why)
             raise MaskRefused(f"the attention mask slices '{name}' {src} -> {out}: cannot prove it reads every key")
-        # reshape / squeeze: only unit axes come or go, or m is flattened row-major into one axis (or back)
-        src_core = [i for i, d in enumerate(src) if not (isinstance(d, int) and d == 1)]
-        out_core = [i for i, d in enumerate(out) if not (isinstance(d, int) and d == 1)]
+        # reshape / squeeze: only unit axes come or go, or m is flattened row-major into one axis (or back). A unit
+        # batch or sequence (a static batch of 1) has no axis of its own: any unit axis before (after) the other
+        # reads it
+        def unit(d):
+            return isinstance(d, int) and d == 1
+        src_core = [i for i, d in enumerate(src) if not unit(d)]
+        out_core = [i for i, d in enumerate(out) if not unit(d)]
         if a.flat:
             ok = src_core == [a.batch + len(src)]
         else:
-            ok = src_core == [a.batch + len(src), a.key + len(src)] and a.batch < a.key
+            ok = a.batch < a.key and src_core == [ax + len(src) for ax, n in ((a.batch, rows), (a.key, cols))
+                                                  if not unit(n)]
         if not ok:
             raise moved
-        if len(out_core) == 2 and same_dim(out[out_core[0]], rows) and same_dim(out[out_core[1]], cols):
-            return Reads(lo, hi, exact, why, param=a.param, ndim=len(out), batch=out_core[0] - len(out),
-                         key=out_core[1] - len(out))
-        if len(out_core) == 1 and same_dim(out[out_core[0]], rows * cols):
+        wanted = [n for n in (rows, cols) if not unit(n)]
+        if len(out_core) == len(wanted) and all(same_dim(out[i], n) for i, n in zip(out_core, wanted)):
+            batch = out_core[0] if not unit(rows) else 0
+            key = out_core[-1] if not unit(cols) else len(out) - 1
+            if batch < key:
+                return Reads(lo, hi, exact, why, param=a.param, ndim=len(out), batch=batch - len(out),
+                             key=key - len(out))
+        if len(wanted) == 2 and len(out_core) == 1 and same_dim(out[out_core[0]], rows * cols):
             ax = out_core[0] - len(out)
             return Reads(lo, hi, exact, why, param=a.param, ndim=len(out), batch=ax, key=ax, flat=True)
         raise moved
