@@ -25,6 +25,7 @@ The stages sit at the top of the package; the passes each stage runs are grouped
 ``lowering.vectorisable_math`` ``VectorisableMath``: CPU erf/exp/sigmoid/tanh as vectorisable arithmetic
 ``lowering.reshape_views``     ``ReshapesAsViews``: reshape kernels as free views (also in ``finalize``)
 ``lowering.mutation``          ``mutate_functions``: the one walk of the Relax-rewriting passes
+``lowering.operator_calls``    a fused-operator call's operator, inputs and bound constants (for the passes above)
 **variants/**                  run-time kernel variants ``schedule`` adds after the templates (CPU)
 ``variants.branches``          a kernel and its variants as branches of one PrimFunc, on its own symbolic sizes
 ``variants.causal_skip``       ``SkipMaskedKeyBlocks``: causal key-block loops bounded by their query tile

@@ -29,7 +29,8 @@ import tvm
 from tvm import relax
 
 from ..errors import InputError
-from ..ops.registry import OperatorCall, call_op, inputs_of, op_of, params_of
+from ..ops.registry import call_op, params_of
+from .lowering.operator_calls import bound_constant, operator_call
 
 PRECISIONS = ("fp32", "bf16", "int8")
 #: the operators whose constant weights change precision
@@ -115,23 +116,14 @@ class _LowerPrecision(relax.PyExprMutator):
         self.report = report
         self.changed = 0
 
-    def _constant(self, expr):
-        if isinstance(expr, relax.Var):
-            bound = self.lookup_binding(expr)
-            expr = bound if bound is not None else expr
-        return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
-
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        if call.op != tvm.ir.Op.get("relax.call_tir") or not isinstance(call.args[0], relax.GlobalVar):
+        found = operator_call(self.mod, call)
+        if found is None or found[0] not in LOW_PRECISION_OPS:
             return call
-        func = self.mod[call.args[0]]
-        op = op_of(func) if isinstance(func, tvm.tirx.PrimFunc) else None
-        if op not in LOW_PRECISION_OPS:
-            return call
-        inputs = dict(zip(inputs_of(func), call.args[1].fields))
+        op, func, inputs = found
         params = params_of(func)
-        w = self._constant(inputs["w"])
+        w = bound_constant(self, inputs["w"])
         x_dtype = str(inputs["x"].ty.dtype)
         if w is None or w.dtype != np.float32 or x_dtype != "float32":
             why = "a run-time weight" if w is None else f"{x_dtype} input" if x_dtype != "float32" else "fp32 weight"

@@ -8,7 +8,8 @@ from typing import List, Optional
 import tvm
 from tvm import relax
 
-from ...ops.registry import OperatorCall, call_op, inputs_of, op_of, params_of
+from ...ops.registry import OperatorCall, call_op, params_of
+from .operator_calls import bound_constant, operator_call
 
 
 @relax.expr_functor.mutator
@@ -23,22 +24,13 @@ class _PrepareOperators(relax.PyExprMutator):
         self.target = target
         self.changed = 0
 
-    def _constant(self, expr):
-        if isinstance(expr, relax.Var):
-            bound = self.lookup_binding(expr)
-            expr = bound if bound is not None else expr
-        return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
-
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        if call.op != tvm.ir.Op.get("relax.call_tir") or not isinstance(call.args[0], relax.GlobalVar):
+        found = operator_call(self.mod, call)
+        if found is None:
             return call
-        func = self.mod[call.args[0]]
-        op = op_of(func) if isinstance(func, tvm.tirx.PrimFunc) else None
-        if op is None:
-            return call
-        inputs = dict(zip(inputs_of(func), call.args[1].fields))
-        constants = {n: v for n, v in ((n, self._constant(e)) for n, e in inputs.items()) if v is not None}
+        op, func, inputs = found
+        constants = {n: v for n, v in ((n, bound_constant(self, e)) for n, e in inputs.items()) if v is not None}
         original = OperatorCall(op, inputs, params_of(func), constants)
         for template in self.templates:
             wanted = template.prepare(original, self.target)
