@@ -21,7 +21,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from ...tir_nodes import substitute
+from ...tir_nodes import collect, substitute
 
 #: iterations below which a loop runs serial: about 30-60 µs of elementwise work on one core, what a launch
 #: whose workers sleep between calls (passive waiting: the default on a shared machine) costs to wake them. 4096
@@ -49,7 +49,7 @@ def SerialWhenSmall() -> tvm.transform.Pass:  # noqa: N802
 
 
 def _guard(loop: tirx.For):
-    if loop.kind != tirx.ForKind.PARALLEL or isinstance(loop.extent, tirx.IntImm):
+    if loop.kind != tirx.ForKind.PARALLEL or isinstance(loop.extent, tirx.IntImm) or _ranges_read(loop):
         return loop
     inner = _bound_inside(loop.body)
     work = _int64(loop.extent) * _work(loop.body, inner)
@@ -59,6 +59,19 @@ def _guard(loop: tirx.For):
     serial = tirx.For(var, loop.min, loop.extent, tirx.ForKind.SERIAL, substitute(loop.body, {loop.loop_var: var}),
                       loop.thread_binding, loop.annotations)
     return tirx.IfThenElse(work >= tirx.IntImm("int64", MIN_PARALLEL_WORK), loop, serial)
+
+
+def _ranges_read(loop: tirx.For) -> bool:
+    """Whether a loop or block inside ``loop`` has a range that reads ``loop``'s variable (packed attention's key
+    blocks per sequence): its copy would give that inner variable a second range, and TVM's analysers bind one
+    range per variable. Such kernels do enough work per iteration to keep their parallel loop."""
+    def reads(e) -> bool:
+        return any(v.same_as(loop.loop_var) for v in tirx.analysis.undefined_vars(e))
+
+    if any(reads(f.min) or reads(f.extent) for f in collect(loop.body, tirx.For)):
+        return True
+    return any(reads(iv.dom.min) or reads(iv.dom.extent) for b in collect(loop.body, s_tir.SBlock)
+               for iv in b.iter_vars)
 
 
 def _int64(e):
