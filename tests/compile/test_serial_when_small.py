@@ -37,7 +37,8 @@ def test_a_symbolic_kernel_gets_a_serial_branch_for_small_calls():
     assert _guarded(_add_module(64)) == []  # a static kernel keeps what its schedule chose
 
 
-def test_both_branches_match_numpy():
+def test_both_branches_match_numpy(monkeypatch):
+    monkeypatch.setenv("TFX_SERIAL_WHEN_SMALL", "1")
     compiled = compile_model(_add_module(tirx.Var("n", "int64")), TARGET, fuse_graph=False)
     vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
     rng = np.random.default_rng(0)

@@ -41,8 +41,10 @@ def finalize(mod: tvm.IRModule, target: tvm.target.Target):
     """``tvm.compile`` of a scheduled module: the executable (``relax.VirtualMachine(ex, dev)`` runs it)."""
     if TargetInfo.of(target).is_cuda:
         return tvm.compile(mod, target, relax_pipeline=finalize_pipeline(target))
-    from .codegen.serial_when_small import SerialWhenSmall
+    from .codegen.serial_when_small import SerialWhenSmall, serial_when_small_enabled
     from .codegen.weight_prefetch import TIR_PIPELINE, InsertWeightPrefetch
 
-    return tvm.compile(SerialWhenSmall()(InsertWeightPrefetch()(mod)), target,
-                       relax_pipeline=finalize_pipeline(target), tir_pipeline=TIR_PIPELINE)
+    mod = InsertWeightPrefetch()(mod)
+    if serial_when_small_enabled():
+        mod = SerialWhenSmall()(mod)
+    return tvm.compile(mod, target, relax_pipeline=finalize_pipeline(target), tir_pipeline=TIR_PIPELINE)

@@ -13,6 +13,9 @@ MIN_PARALLEL_WORK`` the loop as scheduled, else the same loop serial. The work p
 iterations of the loops nested inside (sizes that are only known inside count as 1, so the test never reads a
 variable out of its scope). Loops of static extent keep what the schedule chose (the fallback already keeps
 small static kernels serial). Both branches compute the same values in the same order per element.
+
+Opt-in (``TFX_SERIAL_WHEN_SMALL=1`` when compiling): on some padding-free encoders the guarded kernels fail to
+compile (a division by zero while TVM folds the copy's index expressions), so it is not yet part of every build.
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ from ...tir_nodes import collect, substitute
 #: (the fallback schedule's threshold for static kernels) still sent a 4-token decode step's residual adds and
 #: RMSNorms through the pool: 6.8 and 4.3 ms per call on the loaded VM
 MIN_PARALLEL_WORK = 32768
+
+
+def serial_when_small_enabled() -> bool:
+    """Whether builds apply :func:`SerialWhenSmall` (``TFX_SERIAL_WHEN_SMALL=1``)."""
+    import os
+
+    return os.environ.get("TFX_SERIAL_WHEN_SMALL", "0") == "1"
 
 
 def SerialWhenSmall() -> tvm.transform.Pass:  # noqa: N802
