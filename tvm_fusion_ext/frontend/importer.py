@@ -361,7 +361,7 @@ def _importer_class():
                     if sym is None:
                         sym = self._cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
                                                                        [self._nodes, self._params])
-                sym = _first_of_one_output(sym, op_name, attrs)
+                sym = _first_of_one_output(self.bb, sym, op_name, attrs)
                 if isinstance(sym, of.relax.Expr):
                     sym = self._shape_as_tensor_if_needed(self.bb.normalize(sym))
                 if op_name == "Reshape" and inputs and isinstance(sym, of.relax.Expr):
@@ -472,7 +472,7 @@ _SEQUENCE_OUTPUT_OPS = frozenset({"Optional", "OptionalGetElement", "SequenceCon
                                   "SequenceErase", "SequenceInsert", "ConcatFromSequence", "SplitToSequence"})
 
 
-def _first_of_one_output(sym, op_name: str, attrs: dict):
+def _first_of_one_output(bb, sym, op_name: str, attrs: dict):
     """A converter's tuple for a node that names one output (LayerNormalization's ``(Y, Mean, InvStdDev)`` when
     only Y is asked for), cut to that output. The top-level graph does this after the converter; TVM's import of
     an ``If`` branch does not, and its consumer then received the whole tuple (a Relu: "relax.nn.relu requires
@@ -481,5 +481,8 @@ def _first_of_one_output(sym, op_name: str, attrs: dict):
 
     wanted = (attrs.get("tvm_custom") or {}).get("num_outputs")
     if wanted == 1 and isinstance(sym, relax.Tuple) and len(sym.fields) > 1 and op_name not in _SEQUENCE_OUTPUT_OPS:
-        return sym.fields[0]
+        first = sym.fields[0]
+        # bound, as converters' results are: TVM's binary converters fold any operand that is not a call or a
+        # variable as a constant (BatchNormalization's output read by a Mul)
+        return bb.emit(first) if isinstance(first, (relax.Call, relax.TupleGetItem)) else first
     return sym
