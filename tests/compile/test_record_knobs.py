@@ -385,6 +385,7 @@ def test_attention_takes_every_knob_but_the_query_tile(tmp_path):
         np.testing.assert_allclose(got, _attention_reference(q, k, v, mask), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # ~65 s; the plain attention's knobs are checked in the default tier above
 def test_attention_reading_heads_in_place_takes_the_knobs_of_the_plain_one(tmp_path):
     """A record tuned on q/k/v ``[1, 128, 4, 32]`` reaches the symbolic kernel reading the same heads as ranges of
     one ``[batch, seq, 12, 32]`` tensor (transform/attention_qkv_heads.py): same loops, same signature."""

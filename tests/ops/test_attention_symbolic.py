@@ -58,7 +58,7 @@ def _attention_kernel(mod):
                 if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("fused_attention"))
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True])  # ~65 s each
 def test_one_kernel_serves_every_length(causal):
     mod = _module({"scale": 0.125, "causal": causal})
     with warnings.catch_warnings():
