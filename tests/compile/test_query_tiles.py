@@ -52,7 +52,8 @@ def test_the_tile_that_pads_least_for_its_cost_is_chosen():
     assert {_chosen(kernel, b, 1, cores=c) for b in (1, 4, 64) for c in (2, 16)} == {query_tiles.DECODE_TILE} == {1}
 
 
-@pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~70 s per case on 2 cores: once, in the slow tier
+@pytest.mark.parametrize("causal", [False, True])
 def test_every_tile_matches_numpy(causal):
     params = {"scale": 0.25, "causal": causal}
     with warnings.catch_warnings():

@@ -94,6 +94,7 @@ def test_template_pads_query_rows_and_writes_back_the_real_ones():
     assert "T.vectorized" in script
 
 
+@pytest.mark.slow  # ~30 s on 2 cores
 def test_unpadded_symbolic_rows_are_declined_and_the_fallback_is_right():
     batch, seq = tirx.Var("batch", "int64"), tirx.Var("seq", "int64")
     ty = relax.TensorType([batch, seq, H, D], "float32")
