@@ -109,12 +109,14 @@ def target_features(target: tvm.target.Target, precision: str) -> List[str]:
 
 @relax.expr_functor.mutator
 class _LowerPrecision(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, precision: str, report: PrecisionReport):
+    def __init__(self, mod: tvm.IRModule, precision: str, report: PrecisionReport, ranges=None):
         super().__init__(mod)
         self.mod = mod
         self.precision = precision
         self.report = report
+        self.ranges = ranges  # int8's activation smoothing (:mod:`.calibration`), when calibrated
         self.changed = 0
+        self.smoothed = 0
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
@@ -154,10 +156,19 @@ class _LowerPrecision(relax.PyExprMutator):
 
     def _int8(self, inputs, params, w):
         from ..ops.dense_int8 import quantize_weight
+        from .calibration import smoothing_factors, weight_key
 
-        transpose_b = bool(params.get("transpose_b", False))
-        wq, w_scale, w_sum = quantize_weight(w.T if transpose_b else w)  # (K, N) int8, (N,), (N,)
-        xq, x_scale, x_zero = quantize_rows(self.builder_, inputs["x"])
+        w = w.T if bool(params.get("transpose_b", False)) else w  # (K, N)
+        x = inputs["x"]
+        if self.ranges is not None:
+            s = smoothing_factors(self.ranges.get(weight_key(w)), w)
+            if not np.all(s == 1.0):
+                # (x / s) @ (s w): the outlier channels' range moves into the per-channel weight scales
+                x = self.builder_.emit(relax.op.multiply(x, relax.const((1.0 / s).astype(np.float32))))
+                w = w * s[:, None]
+                self.smoothed += 1
+        wq, w_scale, w_sum = quantize_weight(w)  # (K, N) int8, (N,), (N,)
+        xq, x_scale, x_zero = quantize_rows(self.builder_, x)
         given = {"x": xq, "x_scale": x_scale, "x_zero": x_zero, "w": relax.const(wq),
                  "w_scale": relax.const(w_scale), "w_sum": relax.const(w_sum), "bias": inputs.get("bias")}
         kept = {k: v for k, v in params.items() if k in ("act", "out_dtype", "row_block", "row_clamp")}
@@ -197,9 +208,11 @@ def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr):
     return q, scale, bb.emit(relax.op.astype(zero, "int32"))
 
 
-def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None) -> tvm.transform.Pass:  # noqa: N802
+def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None,  # noqa: N802
+                   ranges: Optional[dict] = None) -> tvm.transform.Pass:
     """Rewrite the constant-weight dense operators of every function to ``precision`` (module docstring);
-    what changed goes to ``report``. ``fp32``: nothing."""
+    what changed goes to ``report``. ``fp32``: nothing. ``ranges``: int8's calibrated activation ranges
+    (:func:`~.calibration.dense_input_ranges`), which turn on activation smoothing."""
     precision = check_precision(precision)
     report = report if report is not None else PrecisionReport(precision)
 
@@ -207,10 +220,13 @@ def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None) -> 
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if precision == "fp32":
             return mod
-        mutator = _LowerPrecision(mod, precision, report)
+        mutator = _LowerPrecision(mod, precision, report, ranges)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 mutator.builder_.update_func(gv, mutator.visit_expr(func))
+        if mutator.smoothed:
+            report.notes.append(f"activations smoothed per input channel in {mutator.smoothed} of "
+                                f"{mutator.changed} int8 denses (calibrated ranges)")
         if not mutator.changed:
             what = "dense or gated-dense operator with a constant fp32 weight"
             report.notes.append(f"nothing to run in {precision}: no {what} (the model runs in fp32)")
@@ -220,12 +236,21 @@ def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None) -> 
     return _pass
 
 
-def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target):
-    """``(mod in precision, PrecisionReport)``."""
+def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target, calibration=None):
+    """``(mod in precision, PrecisionReport)``. ``calibration``: sample input dicts; for int8 they calibrate
+    activation smoothing (:mod:`.calibration`), without them int8 quantises activations as they are."""
     from ..targets import TargetInfo
 
     precision = check_precision(precision)
     if precision != "fp32" and not TargetInfo.of(target).is_cpu:
         raise InputError(f"precision {precision}: implemented for CPU (llvm) targets only, not {target.kind.name}")
     report = PrecisionReport(precision, features=target_features(target, precision))
-    return LowerPrecision(precision, report)(mod), report
+    ranges = None
+    if precision == "int8":
+        if calibration:
+            from .calibration import dense_input_ranges
+
+            ranges = dense_input_ranges(mod, calibration)
+        else:
+            report.notes.append("activation smoothing off: no calibration inputs (calibration=, --calibration)")
+    return LowerPrecision(precision, report, ranges)(mod), report
