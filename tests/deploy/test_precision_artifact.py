@@ -136,3 +136,35 @@ def test_bench_against_names_the_low_precision_peers():
     assert parse_against("torch-bf16,ort,ort-int8", known, RUNTIMES) == ["ort", "ort-int8", "torch-bf16"]
     with pytest.raises(InputError, match="unknown runtime 'ort-int4'"):
         parse_against("ort-int4", known, RUNTIMES)
+
+
+def test_calibration_that_does_not_fit_is_one_line(tmp_path, capsys):
+    model = _mlp(tmp_path / "mlp.onnx")
+    np.savez(tmp_path / "cal.npz", x=np.zeros((4, 6, 32), np.float32))  # the model's dim 1 is 5
+    assert main(["compile", model, "-o", str(tmp_path / "art"), "--precision", "int8", "--calibration",
+                 str(tmp_path / "cal.npz")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "calibration input 1 of 1" in err[0] and "'x'" in err[0], err
+    assert not (tmp_path / "art").exists()
+
+
+def test_a_decoder_is_calibrated_on_generation_calls(tiny_causal_lm):
+    """Generated calibration for a KV-cache decoder: a prefill against an empty past, a decode step, a chunk;
+    each one a call the model takes (mask = past + new, positions after the past)."""
+    from tvm_fusion_ext.compile.calibration import generated_samples
+
+    samples = generated_samples(tiny_causal_lm, seq=8)
+    assert "prefill" in samples.description and "decode step" in samples.description
+    for sample, (past, new) in zip(samples, [(0, 8), (8, 1), (4, 4)]):
+        assert sample["input_ids"].shape == (2, new) and sample["attention_mask"].shape == (2, past + new)
+        assert sample["past_key_values.0.key"].shape[2] == past
+        np.testing.assert_array_equal(sample["position_ids"][0], np.arange(past, past + new))
+
+
+@pytest.mark.slow
+def test_int8_decoder_artifact_is_smoothed_and_holds_the_contract(tiny_causal_lm, tmp_path, capsys):
+    assert main(["compile", tiny_causal_lm, "-o", str(tmp_path / "art"), "--precision", "int8"]) == 0
+    text = capsys.readouterr().out
+    assert "activations smoothed per input channel" in text and "contract holds" in text
+    accuracy = json.loads((tmp_path / "art" / "manifest.json").read_text())["precision"]["accuracy"]
+    assert accuracy["passed"] and "prefill" in accuracy["inputs"]

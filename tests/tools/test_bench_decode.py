@@ -8,7 +8,7 @@ import pytest
 
 from tvm_fusion_ext.cli import main
 from tvm_fusion_ext.errors import InputError
-from tvm_fusion_ext.tools.bench.decode_inputs import decode_feeds, decode_shapes, onnx_specs, past_bytes
+from tvm_fusion_ext.frontend.decode_inputs import decode_feeds, decode_shapes, onnx_specs, past_bytes
 
 
 def _one_line_error(capsys, *needles):

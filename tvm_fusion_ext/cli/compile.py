@@ -52,7 +52,7 @@ def contract_samples(args):
     if args.calibration:
         return [load_npz(args.calibration)], args.calibration
     sets = generated_samples(args.model, shapes_arg(args) or {}, CONTRACT_SETS, CONTRACT_BATCH, CONTRACT_SEQ)
-    return sets, f"{CONTRACT_SETS} generated sets, batch {CONTRACT_BATCH} x seq {CONTRACT_SEQ} where dynamic"
+    return sets, sets.description
 
 
 def describe(manifest: dict, out: str, seconds: float) -> str:

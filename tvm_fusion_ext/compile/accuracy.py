@@ -78,12 +78,14 @@ def measure(mod, compiled, reference, samples: Sequence[Mapping[str, np.ndarray]
             min_cosine: Optional[float] = None) -> dict:
     """``compiled`` (a reduced-precision :class:`~.pipeline.Compiled` of ``mod``) against ``reference``, the fp32
     build of ``mod`` with the same target and fusion, on ``samples``."""
-    from ..frontend import input_names, output_names
+    from ..deploy.io import check_inputs
+    from ..frontend import input_specs, output_names
+    from ..frontend.dims import bound_reasons, shape_bounds
 
-    names = input_names(mod)
+    specs, bounds, reasons = input_specs(mod), shape_bounds(mod), bound_reasons(mod)
     got, want = [], []
-    for sample in samples:
-        arrays = [sample[n] for n in names]
+    for i, sample in enumerate(samples):
+        arrays = check_inputs(specs, sample, f"sample input {i + 1} of {len(samples)}", bounds, reasons)
         got.append(run_compiled(compiled, arrays))
         want.append(run_compiled(reference, arrays))
     out = compare(output_names(mod), got, want, compiled.precision_name, min_cosine)

@@ -88,7 +88,9 @@ def tapped_module(mod: tvm.IRModule):
 def dense_input_ranges(fused: tvm.IRModule, samples: Sequence[Mapping[str, np.ndarray]]) -> Dict[str, np.ndarray]:
     """``{weight key: max |x| per input channel}`` over ``samples`` (input dicts by ONNX name) for each dense of
     ``fused`` (a SemanticFusion result) that int8 would quantise."""
-    from ..frontend import input_names
+    from ..deploy.io import check_inputs
+    from ..frontend import input_specs
+    from ..frontend.dims import bound_reasons, shape_bounds
     from ..schedules.registry import template_rules
     from ..targets import resolve_target
     from .finalize import finalize
@@ -102,11 +104,11 @@ def dense_input_ranges(fused: tvm.IRModule, samples: Sequence[Mapping[str, np.nd
     templates = template_rules(target, None, None)
     executable = finalize(schedule(lower(tapped, target, templates=templates), target, templates=templates), target)
     vm = relax.VirtualMachine(executable, tvm.cpu())
-    names = input_names(fused)
+    specs, bounds, reasons = input_specs(fused), shape_bounds(fused), bound_reasons(fused)
     ranges: Dict[str, np.ndarray] = {}
-    for sample in samples:
-        args = [tvm.runtime.tensor(np.ascontiguousarray(sample[n]), tvm.cpu()) for n in names]
-        taps = vm["main"](*args)[1]
+    for i, sample in enumerate(samples):
+        arrays = check_inputs(specs, sample, f"calibration input {i + 1} of {len(samples)}", bounds, reasons)
+        taps = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a), tvm.cpu()) for a in arrays])[1]
         for i, key in enumerate(keys):
             got = taps[i].numpy().astype(np.float32)
             ranges[key] = np.maximum(ranges[key], got) if key in ranges else got
@@ -126,26 +128,61 @@ def smoothing_factors(x_range: Optional[np.ndarray], w: np.ndarray, alpha: float
     return s.astype(np.float32)
 
 
+class GeneratedSamples(list):
+    """Input dicts this package made up (not the user's): where they do not fit a model, int8 goes on unsmoothed
+    and says so, instead of refusing a calibration nobody asked for. ``description``: what they are, for reports."""
+
+    description = "generated inputs"
+
+
 def generated_samples(model: str, pinned: Optional[dict] = None, sets: int = 3, batch: int = 2, seq: int = 32):
-    """``sets`` generated input dicts for the ONNX file ``model`` (:func:`~tvm_fusion_ext.models.inputs.sample_inputs`:
-    token ids from the embedding table's range, masks with a padded tail): ``pinned`` dims where given, the
-    file's static dims, a dynamic leading dim ``batch`` and other dynamic dims ``seq``."""
+    """``sets`` generated input dicts for the ONNX file ``model``. An encoder's
+    (:func:`~tvm_fusion_ext.frontend.sample_inputs.sample_inputs`: token ids from the embedding table's range,
+    masks with a padded tail): ``pinned`` dims where given, the file's static dims, a dynamic leading dim ``batch``
+    and other dynamic dims ``seq``. A KV-cache decoder's (past keys/values among its inputs): a prefill of ``seq`` tokens
+    against an empty past, a decode step against ``seq`` cached tokens, a chunk, as generation calls it
+    (:mod:`~tvm_fusion_ext.frontend.decode_inputs`)."""
     import onnx
 
-    from ..models.inputs import sample_inputs
+    from ..frontend.sample_inputs import sample_inputs
 
     pinned = pinned or {}
     graph = onnx.load(model, load_external_data=False).graph
     inits = {t.name for t in graph.initializer}
-    shapes = {}
-    for vi in graph.input:
-        if vi.name in inits:
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-                for d in vi.type.tensor_type.shape.dim]
-        shapes[vi.name] = list(pinned.get(vi.name) or [d if d is not None else batch if i == 0 else seq
-                                                       for i, d in enumerate(dims)])
-    return [sample_inputs(model, seed=s, shapes=shapes) for s in range(sets)]
+    declared = {vi.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                          for d in vi.type.tensor_type.shape.dim] for vi in graph.input if vi.name not in inits}
+    if not pinned:
+        decoder = _decoder_samples(model, sets, batch, seq)
+        if decoder is not None:
+            return decoder
+    shapes = {name: list(pinned.get(name) or [d if d is not None else batch if i == 0 else seq
+                                              for i, d in enumerate(dims)]) for name, dims in declared.items()}
+    out = GeneratedSamples(sample_inputs(model, seed=s, shapes=shapes) for s in range(sets))
+    out.description = f"{sets} generated sets, batch {batch} x seq {seq} where dynamic"
+    return out
+
+
+def _decoder_samples(model: str, sets: int, batch: int, seq: int) -> Optional[GeneratedSamples]:
+    """A decoder's generated calls (prefill, decode step, chunk, ...), or None for a model without a past."""
+    from ..frontend.decode_inputs import PAST, decode_feeds, decode_shapes, onnx_specs, role_of, vocab_of
+
+    specs = onnx_specs(model)
+    if not any(role_of(n, dims, dtype) == PAST for n, (dims, dtype) in specs.items()):
+        return None
+    from ..errors import InputError
+    calls = [(0, seq, f"a {seq}-token prefill"), (seq, 1, f"a decode step after {seq} tokens"),
+             (seq // 2, seq - seq // 2, f"a {seq - seq // 2}-token chunk after {seq // 2}")]
+    out, what = GeneratedSamples(), []
+    for s in range(sets):
+        past, new, label = calls[s % len(calls)]
+        try:
+            shapes = decode_shapes(specs, batch, past, model, new=new)
+        except InputError:
+            return None  # inputs a generation step does not have: made up as an encoder's
+        out.append(decode_feeds(specs, shapes, past, vocab_of(model, specs), seed=s))
+        what.append(label)
+    out.description = f"{sets} generated calls of batch {batch}: {', '.join(what)}"
+    return out
 
 
 def default_calibration(model, precision: str, pinned: Optional[dict] = None):

@@ -248,9 +248,14 @@ def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target
     ranges = None
     if precision == "int8":
         if calibration:
-            from .calibration import dense_input_ranges
+            from .calibration import GeneratedSamples, dense_input_ranges
 
-            ranges = dense_input_ranges(mod, calibration)
+            try:
+                ranges = dense_input_ranges(mod, calibration)
+            except InputError as err:
+                if not isinstance(calibration, GeneratedSamples):
+                    raise  # the user's inputs: they should hear that they do not fit
+                report.notes.append(f"activation smoothing off: generated calibration inputs do not fit ({err})")
         else:
             report.notes.append("activation smoothing off: no calibration inputs (calibration=, --calibration)")
     return LowerPrecision(precision, report, ranges)(mod), report

@@ -14,7 +14,7 @@ from .causal_lm import CAUSAL_LM_SIZES, causal_lm, export_causal_lm
 from .encoder import DEFAULT_MODEL_NAME, build_dense_onnx, build_encoder_onnx, default_model_path
 from .hf import (DECODER_FAMILIES, ENCODER_FAMILIES, HF_EXPORT_KEY, HF_KINDS, OTHER_FAMILIES, export_hf_model, hf_example_inputs,
                  hf_input_names, hf_model, minilm_weights_dir)
-from .inputs import padding_mask, sample_inputs, vocab_size
+from ..frontend.sample_inputs import padding_mask, sample_inputs, vocab_size
 
 __all__ = ["CAUSAL_LM_SIZES", "DECODER_FAMILIES", "DEFAULT_MODEL_NAME", "ENCODER_FAMILIES", "HF_EXPORT_KEY", "HF_KINDS", "OTHER_FAMILIES", "build_dense_onnx", "build_encoder_onnx", "causal_lm",
            "default_model_path", "export_causal_lm", "export_hf_model", "hf_example_inputs", "hf_input_names", "hf_model", "minilm_weights_dir",

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import ModelLoadError
 from ..fileio import atomic_write_bytes
-from .inputs import padding_mask
+from ..frontend.sample_inputs import padding_mask
 
 #: tiny random-weight encoders of other families: kind -> (config class, model class, config arguments).
 #: Two layers, 64 wide, 4 heads: each exports in seconds yet keeps the family's own embedding and attention code

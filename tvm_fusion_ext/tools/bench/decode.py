@@ -1,7 +1,7 @@
 """Decode mode of ``tvm-fusion bench``: one generation step of a KV-cache decoder against ONNX Runtime, and both
 against the step's memory limit measured in the same run.
 
-The step is built from the model's own inputs (:mod:`.decode_inputs`): one new token per row, a cache of
+The step is built from the model's own inputs (:mod:`~tvm_fusion_ext.frontend.decode_inputs`): one new token per row, a cache of
 ``past`` tokens, a mask of ones, positions ``past``. An ONNX file is built here with symbolic dims wide enough
 for the step (the batch, past and total length dims at least ``batch``, ``past`` and ``past + 1``); an artifact
 runs as it was compiled (its bounds must admit the step). ONNX Runtime runs the same file on the same inputs
@@ -24,7 +24,7 @@ from ...deploy.manifest import is_artifact
 from ...errors import InputError, ModelLoadError
 from ..timing import time_block
 from .bandwidth import read_bandwidth, streamed_weight_bytes
-from .decode_inputs import decode_feeds, decode_shapes, onnx_specs, past_bytes
+from ...frontend.decode_inputs import decode_feeds, decode_shapes, onnx_specs, past_bytes, vocab_of
 from .model import max_abs_diff
 from .peers import environment, ort_session, set_thread_spinning
 from .report import ORT, OURS, Row, kernel_profile
@@ -55,7 +55,7 @@ def bench_decode(path: str, past: int, batch: int = 1, onnx: Optional[str] = Non
         onnx_path, specs = path, onnx_specs(path)
     label = os.path.basename(os.path.abspath(path))
     shapes = decode_shapes(specs, batch, past, label)
-    vocab = _vocab(onnx_path, specs)
+    vocab = vocab_of(onnx_path, specs)
     feeds = decode_feeds(specs, shapes, past, vocab=vocab, seed=seed)
     if artifact:
         model.check_inputs(feeds)
@@ -182,18 +182,6 @@ def _load_artifact(path: str, onnx: Optional[str], out):
     specs = {name: ([d if isinstance(d, int) else str(d) for d in shape], dtype)
              for name, (shape, dtype) in model.input_specs.items()}
     return model, onnx_path, specs, "artifact"
-
-
-def _vocab(onnx_path: Optional[str], specs) -> Optional[int]:
-    if onnx_path is None:
-        return None
-    import onnx
-
-    from ...models import vocab_size
-    from .decode_inputs import IDS, role_of
-
-    ids = next((n for n, (d, t) in specs.items() if role_of(n, d, t) == IDS), None)
-    return vocab_size(onnx.load(onnx_path, load_external_data=False).graph, ids) if ids else None
 
 
 def _artifact_weight_bytes(path: str) -> int:

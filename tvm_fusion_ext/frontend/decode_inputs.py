@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ...errors import InputError
+from ..errors import InputError
 
 IDS, MASK, POSITIONS, CACHE_POSITION, BRANCH, PAST = "ids", "mask", "positions", "cache_position", "branch", "past"
 
@@ -48,9 +48,9 @@ def role_of(name: str, shape: Sequence, dtype: str) -> Optional[str]:
 
 
 def decode_shapes(specs: Dict[str, Tuple[Sequence, str]], batch: int, past: int,
-                  label: str) -> Dict[str, List[int]]:
-    """``{input: shape}`` of one decode step; ``specs`` is ``{input: (dims, dtype)}``, each dim an int or a
-    name (symbolic)."""
+                  label: str, new: int = 1) -> Dict[str, List[int]]:
+    """``{input: shape}`` of one decode step (``new`` tokens per row; more than one: a prefill or a chunk);
+    ``specs`` is ``{input: (dims, dtype)}``, each dim an int or a name (symbolic)."""
     shapes = {}
     for name, (dims, dtype) in specs.items():
         role = role_of(name, dims, dtype)
@@ -58,11 +58,11 @@ def decode_shapes(specs: Dict[str, Tuple[Sequence, str]], batch: int, past: int,
             raise InputError(f"{label}: input '{name}' {_show(dims)} is not one a decode step knows how to fill "
                              f"(token ids, mask, positions, past keys/values); pass --inputs X.npz instead")
         if role in (IDS, POSITIONS):
-            wanted = [batch, 1]
+            wanted = [batch, new]
         elif role == MASK:
-            wanted = [batch, past + 1]
+            wanted = [batch, past + new]
         elif role == CACHE_POSITION:
-            wanted = [1]
+            wanted = [new]
         elif role == BRANCH:
             wanted = [int(d) if isinstance(d, int) else 1 for d in dims]
         else:
@@ -84,7 +84,7 @@ def decode_shapes(specs: Dict[str, Tuple[Sequence, str]], batch: int, past: int,
 def decode_feeds(specs: Dict[str, Tuple[Sequence, str]], shapes: Dict[str, List[int]], past: int,
                  vocab: Optional[int] = None, seed: int = 0) -> Dict[str, np.ndarray]:
     """The arrays of one decode step: random token ids below ``vocab`` (2 when unknown), a mask of ones,
-    positions ``past``, past keys/values from a standard normal."""
+    positions from ``past`` on, past keys/values from a standard normal."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, (dims, dtype) in specs.items():
@@ -94,11 +94,23 @@ def decode_feeds(specs: Dict[str, Tuple[Sequence, str]], shapes: Dict[str, List[
         elif role == MASK or role == BRANCH:
             x = np.ones(shape)
         elif role in (POSITIONS, CACHE_POSITION):
-            x = np.full(shape, past)
+            x = np.broadcast_to(np.arange(past, past + shape[-1]), shape)
         else:
             x = rng.standard_normal(shape)
         feeds[name] = x.astype(dtype)
     return feeds
+
+
+def vocab_of(onnx_path: Optional[str], specs: Dict[str, Tuple[Sequence, str]]) -> Optional[int]:
+    """Rows of the embedding table the token ids index, when the file shows it (None: ids below 2 are safe)."""
+    if onnx_path is None:
+        return None
+    import onnx
+
+    from .sample_inputs import vocab_size
+
+    ids = next((n for n, (d, t) in specs.items() if role_of(n, d, t) == IDS), None)
+    return vocab_size(onnx.load(onnx_path, load_external_data=False).graph, ids) if ids else None
 
 
 def past_bytes(specs: Dict[str, Tuple[Sequence, str]], feeds: Dict[str, np.ndarray]) -> int:
