@@ -96,7 +96,8 @@ def _gemm_shape(sch: s_tir.Schedule, block):
 def dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
                knobs: Optional[dict] = None) -> None:
     if (padded_rows_stage(sch, block) is None and TargetInfo.of(target).tensor_cores
-            and tensorcore.supports(*_gemm_shape(sch, block), _input_dtype(sch, block))):
+            and tensorcore.supports(*_gemm_shape(sch, block), _input_dtype(sch, block),
+                                    tensorcore.weight_is_transposed(sch, block))):
         tensorcore.dense_mma(sch, block, target, knobs)
     else:
         dense_simt(sch, block, target, knobs)
