@@ -17,6 +17,12 @@ arithmetic of a bf16 dot-product instruction (``vdpbf16ps``), on any x86 with AV
 uint8 asymmetric per row (token), quantised at run time by a small stock kernel in front of the dense (the
 ONNX Runtime ``quantize_dynamic`` scheme, whose activations are quantised per tensor: per row is finer), int32
 accumulation, the zero-point correction, scales, bias and activation in the dense kernel's epilogue.
+
+CUDA targets take ``int8``: the weight is stored (N, K) (``transpose_b``), the layout of the tensor-core path
+(:mod:`..schedules.cuda.tensorcore_int8`: mma.sync m16n8k32 u8 × s8 → s32 where M and N are multiples of 16 and
+K of 32; the SIMT dense otherwise), and the quantisation kernels in front of it are stock reductions and
+elementwise kernels that dlight binds to threads. ``bf16`` stays CPU-only: the CUDA bf16 tensor-core dense
+wants bf16 activations and a bf16 output, not the fp32 activations and output of this precision.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from .lowering.operator_calls import bound_constant, operator_call
 PRECISIONS = ("fp32", "bf16", "int8")
 #: the operators whose constant weights change precision
 LOW_PRECISION_OPS = ("fused_dense", "fused_gated_dense")
+#: precisions each non-CPU target family compiles (CPU targets: all of :data:`PRECISIONS`)
+GPU_PRECISIONS = {"cuda": ("fp32", "int8")}
 #: LLVM features the kernels of each precision are built on, recorded when the target has them. The dot-product
 #: instructions (``vdpbf16ps``, ``vpdpbusd``, AMX) are not among them: LLVM does not form them from these loop
 #: nests (checked in the assembly for znver4 and sapphirerapids), so bf16 widens its weights and int8
@@ -109,10 +117,11 @@ def target_features(target: tvm.target.Target, precision: str) -> List[str]:
 
 @relax.expr_functor.mutator
 class _LowerPrecision(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, precision: str, report: PrecisionReport):
+    def __init__(self, mod: tvm.IRModule, precision: str, report: PrecisionReport, weight_nk: bool = False):
         super().__init__(mod)
         self.mod = mod
         self.precision = precision
+        self.weight_nk = weight_nk
         self.report = report
         self.changed = 0
 
@@ -158,9 +167,12 @@ class _LowerPrecision(relax.PyExprMutator):
         transpose_b = bool(params.get("transpose_b", False))
         wq, w_scale, w_sum = quantize_weight(w.T if transpose_b else w)  # (K, N) int8, (N,), (N,)
         xq, x_scale, x_zero = quantize_rows(self.builder_, inputs["x"])
-        given = {"x": xq, "x_scale": x_scale, "x_zero": x_zero, "w": relax.const(wq),
+        given = {"x": xq, "x_scale": x_scale, "x_zero": x_zero,
+                 "w": relax.const(np.ascontiguousarray(wq.T) if self.weight_nk else wq),
                  "w_scale": relax.const(w_scale), "w_sum": relax.const(w_sum), "bias": inputs.get("bias")}
         kept = {k: v for k, v in params.items() if k in ("act", "out_dtype", "row_block", "row_clamp")}
+        if self.weight_nk:
+            kept["transpose_b"] = True
         return call_op(self.builder_, "fused_dense_int8", given, kept)
 
 
@@ -197,9 +209,11 @@ def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr):
     return q, scale, bb.emit(relax.op.astype(zero, "int32"))
 
 
-def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None) -> tvm.transform.Pass:  # noqa: N802
+def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None,  # noqa: N802
+                   weight_nk: bool = False) -> tvm.transform.Pass:
     """Rewrite the constant-weight dense operators of every function to ``precision`` (module docstring);
-    what changed goes to ``report``. ``fp32``: nothing."""
+    what changed goes to ``report``. ``fp32``: nothing. ``weight_nk``: int8 weights stored (N, K), as the CUDA
+    tensor-core kernel reads them."""
     precision = check_precision(precision)
     report = report if report is not None else PrecisionReport(precision)
 
@@ -207,7 +221,7 @@ def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None) -> 
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if precision == "fp32":
             return mod
-        mutator = _LowerPrecision(mod, precision, report)
+        mutator = _LowerPrecision(mod, precision, report, weight_nk)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 mutator.builder_.update_func(gv, mutator.visit_expr(func))
@@ -225,7 +239,9 @@ def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target
     from ..targets import TargetInfo
 
     precision = check_precision(precision)
-    if precision != "fp32" and not TargetInfo.of(target).is_cpu:
-        raise InputError(f"precision {precision}: implemented for CPU (llvm) targets only, not {target.kind.name}")
+    info = TargetInfo.of(target)
+    if not info.is_cpu and precision not in GPU_PRECISIONS.get(info.kind, ("fp32",)):
+        where = "CPU (llvm) and CUDA targets" if precision == "int8" else "CPU (llvm) targets"
+        raise InputError(f"precision {precision}: implemented for {where} only, not {target.kind.name}")
     report = PrecisionReport(precision, features=target_features(target, precision))
-    return LowerPrecision(precision, report)(mod), report
+    return LowerPrecision(precision, report, weight_nk=info.kind == "cuda")(mod), report
