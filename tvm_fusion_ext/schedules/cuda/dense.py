@@ -11,6 +11,8 @@ fp32 inputs: a SIMT shared-memory GEMM::
 
 fp16 / bf16 inputs with M, N, K multiples of 16: the tensor-core path of :mod:`.tensorcore` (mma.sync
 m16n8k16, fp32 accumulation); other fp16/bf16 shapes take the SIMT path, which accumulates in fp32 too.
+``fused_dense_int8`` (uint8 activations, an (N, K) int8 weight) with M, N multiples of 16 and K of 32: the same
+template with :mod:`.tensorcore_int8`'s operands (mma.sync m16n8k32 u8 × s8, int32 accumulation); SIMT otherwise.
 The path follows dtype and shape, static properties of the PrimFunc, never a knob.
 
 Knobs (``sample_perfect_tile`` decisions unless said otherwise), fp32:
@@ -47,7 +49,7 @@ from ..common import (
     static_extents_reason,
 )
 from ..rule import Knobs, TemplateRule
-from . import tensorcore
+from . import tensorcore, tensorcore_int8
 
 VECTOR_WIDTHS = (1, 2, 4)
 UNROLL_STEPS = (0, 16, 64, 512)
@@ -95,12 +97,22 @@ def _gemm_shape(sch: s_tir.Schedule, block):
 
 def dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
                knobs: Optional[dict] = None) -> None:
-    if (padded_rows_stage(sch, block) is None and TargetInfo.of(target).tensor_cores
-            and tensorcore.supports(*_gemm_shape(sch, block), _input_dtype(sch, block),
-                                    tensorcore.weight_is_transposed(sch, block))):
-        tensorcore.dense_mma(sch, block, target, knobs)
+    tiles = _tensor_core_tiles(sch, block, target)
+    if tiles is not None:
+        tensorcore.dense_mma(sch, block, target, knobs, tiles)
     else:
         dense_simt(sch, block, target, knobs)
+
+
+def _tensor_core_tiles(sch: s_tir.Schedule, block, target: tvm.target.Target):
+    """The tensor-core operands of this dense (fp16 / bf16, or u8 activations × s8 weights), None for SIMT."""
+    if padded_rows_stage(sch, block) is not None or not TargetInfo.of(target).tensor_cores:
+        return None
+    (M, N, K), dtype = _gemm_shape(sch, block), _input_dtype(sch, block)
+    trans_b = tensorcore.weight_is_transposed(sch, block)
+    if dtype == "uint8":
+        return tensorcore_int8.operand_tiles() if tensorcore_int8.supports(M, N, K, trans_b) else None
+    return tensorcore.operand_tiles(dtype, trans_b) if tensorcore.supports(M, N, K, dtype) else None
 
 
 def dense_simt(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Optional[dict] = None) -> None:
@@ -206,7 +218,8 @@ def simt_transferable_knobs(static: dict) -> dict:
 
 
 class DenseCUDA(TemplateRule):
-    """``fused_dense`` on CUDA: mma.sync tensor cores for fp16/bf16 in 16-multiples, a SIMT GEMM otherwise."""
+    """``fused_dense`` (and ``fused_dense_int8``) on CUDA: mma.sync tensor cores for fp16/bf16 in 16-multiples and
+    for u8 × s8 in 16 × 16 × 32 tiles, a SIMT GEMM otherwise."""
 
     block_rule = "tfx.dense"
     family = "cuda"

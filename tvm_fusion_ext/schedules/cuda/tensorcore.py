@@ -29,7 +29,8 @@ unrolling, nvcc keeps each fragment in 4 (fp16 pairs) or 8 (fp32) registers.
 
 Knobs (``sample_perfect_tile`` decisions, in 16-element tiles): ``i``: [bm, wm, fm] and ``j``: [bn, wn, fn]
 (grid, warps, tiles per warp along M and N), ``k``: [ko, ki] (K steps, tiles per step); ``unroll``: index into
-:data:`UNROLL_STEPS`. Used for fp16/bf16 when M, N and K are multiples of 16 (:func:`supports`).
+:data:`UNROLL_STEPS`. Used for fp16/bf16 when M, N and K are multiples of 16 (:func:`supports`), and for the
+int8 dense with :mod:`.tensorcore_int8`'s operands (:class:`OperandTiles`: K in 32-byte tiles, int32 accumulators).
 """
 
 from __future__ import annotations
@@ -268,11 +269,7 @@ def register_intrinsics() -> None:
 
 # ----------------------------------------------------------------------------------------------- template
 
-def supports(M: int, N: int, K: int, dtype: str, trans_b: bool = True) -> bool:
-    """fp16/bf16 in 16-multiples; uint8 activations (int8 weights, :mod:`.tensorcore_int8`) with K in 32-multiples
-    and the weight (N, K)."""
-    if dtype == "uint8":
-        return trans_b and M % TILE == 0 and N % TILE == 0 and K % 32 == 0
+def supports(M: int, N: int, K: int, dtype: str) -> bool:
     return dtype in DTYPES and M % TILE == 0 and N % TILE == 0 and K % TILE == 0
 
 
@@ -293,12 +290,7 @@ class OperandTiles:
 
 
 def operand_tiles(dtype: str, trans_b: bool) -> OperandTiles:
-    if dtype == "uint8":
-        from . import tensorcore_int8 as i8
-
-        i8.register_intrinsics()
-        return OperandTiles(i8.NAMES, i8.TILE_K, 16, 1, (TILE, i8.TILE_K), (TILE, i8.TILE_K), i8.layout_a,
-                            i8.layout_b)
+    """fp16 / bf16 (registers the intrinsics); int8's are :func:`.tensorcore_int8.operand_tiles`."""
     register_intrinsics()
     return OperandTiles(intrin_names(dtype, trans_b, sync=True), TILE, VEC, 2, (TILE, TILE), (TILE, TILE),
                         fragment_layout, fragment_layout)
@@ -351,12 +343,13 @@ def _decision(knobs: dict, key: str, default):
     return [int(x) for x in v] if isinstance(default, list) else int(v)
 
 
-def dense_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Optional[dict] = None) -> None:
+def dense_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Optional[dict] = None,
+              tiles: Optional[OperandTiles] = None) -> None:
+    """The tensor-core template; ``tiles``: the input dtype's mma (default: fp16 / bf16 from the block)."""
     knobs = knobs or {}
     lim = TargetInfo.of(target).limits()
-    dtype = str(sch.get(block).reads[0].source.dtype)
-    trans_b = weight_is_transposed(sch, block)
-    tiles = operand_tiles(dtype, trans_b)
+    if tiles is None:
+        tiles = operand_tiles(str(sch.get(block).reads[0].source.dtype), weight_is_transposed(sch, block))
     names = tiles.names
     epilogue = sch.get_consumers(block)[0]
 

@@ -29,6 +29,8 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 from tvm.tirx import Cast
 
+from .tensorcore import OperandTiles, _fill, _store_shared, fragment_layout
+
 WARP = 32
 TILE = 16    # rows (m) and output channels (n) per tensorized tile
 TILE_K = 32  # bytes of K per tile (one m16n8k32)
@@ -96,7 +98,6 @@ def _ldmatrix(dtype: str, operand: str):
 def _mma():
     """C[16 × 16, int32] += A[16 × 32, u8] · B[16 × 32, s8]ᵀ as two m16n8k32 mma.sync (channels 0-7, 8-15)."""
     i32 = lambda v: Cast(ACC_DTYPE, v)  # noqa: E731
-    from .tensorcore import fragment_layout
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -146,11 +147,21 @@ def register_intrinsics() -> None:
     global _REGISTERED  # noqa: PLW0603
     if _REGISTERED:
         return
-    from .tensorcore import _fill, _store_shared
-
     TensorIntrin.register(NAMES["load_a"], *_ldmatrix(A_DTYPE, "a"), override=True)
     TensorIntrin.register(NAMES["load_b"], *_ldmatrix(B_DTYPE, "b"), override=True)
     TensorIntrin.register(NAMES["compute"], *_mma(), override=True)
     TensorIntrin.register(NAMES["init"], *_fill(ACC_DTYPE), override=True)
     TensorIntrin.register(NAMES["store"], *_store_shared(ACC_DTYPE), override=True)
     _REGISTERED = True
+
+
+def supports(M: int, N: int, K: int, trans_b: bool) -> bool:
+    """Whole 16 × 16 × 32 tiles, and the weight (N, K)."""
+    return trans_b and M % TILE == 0 and N % TILE == 0 and K % TILE_K == 0
+
+
+def operand_tiles() -> OperandTiles:
+    """The int8 operands for :func:`.tensorcore.dense_mma` (registers the intrinsics): 16-byte accesses of
+    bytes, x and W tiles of 16 × 32."""
+    register_intrinsics()
+    return OperandTiles(NAMES, TILE_K, 16, 1, (TILE, TILE_K), (TILE, TILE_K), layout_a, layout_b)
