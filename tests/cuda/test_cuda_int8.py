@@ -107,3 +107,16 @@ def test_compile_model_int8_for_cuda_reports_its_kernels():
     compiled = compile_model(load_onnx(default_model_path()), "cuda:sm_80", precision="int8")
     assert compiled.precision.converted == {"fused_dense": 8}  # 2 layers: QKV, output, FFN up and down
     assert compiled.precision.features == []  # LLVM features: a CPU notion
+
+
+def test_int8_cuda_artifact_says_its_accuracy_was_not_measured(tmp_path):
+    # the accuracy contract runs both builds in this process: a CUDA artifact records that it did not
+    from tvm_fusion_ext.compile.artifact import compile_artifact
+    from tvm_fusion_ext.models import default_model_path
+
+    manifest = compile_artifact(default_model_path(), str(tmp_path / "art"), target="cuda:sm_80", precision="int8",
+                                samples=[{}])
+    precision = manifest["precision"]
+    assert precision["precision"] == "int8" and precision["converted"] == {"fused_dense": 8}
+    assert "accuracy" not in precision
+    assert "accuracy against fp32 not measured: a cuda build runs on its device, not here" in precision["notes"]
