@@ -120,3 +120,23 @@ def test_int8_cuda_artifact_says_its_accuracy_was_not_measured(tmp_path):
     assert precision["precision"] == "int8" and precision["converted"] == {"fused_dense": 8}
     assert "accuracy" not in precision
     assert "accuracy against fp32 not measured: a cuda build runs on its device, not here" in precision["notes"]
+
+
+def test_int8_dense_with_symbolic_rows_builds_on_the_fallback():
+    # the template declines rows known only at run time (its padded-row path is fp16/fp32 only); dlight binds it
+    import numpy as np
+
+    from tvm_fusion_ext.compile import compile_model
+    from tvm_fusion_ext.ops.registry import call_op
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, tvm.tirx.Var("seq", "int64"), 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(np.random.default_rng(0).standard_normal((64, 48)).astype("float32"))
+            out = bb.emit_output(bb.emit(call_op(bb, "fused_dense", {"x": x, "w": w}, {"act": "gelu"})))
+        bb.emit_func_output(out)
+    compiled = compile_model(bb.get(), "cuda:sm_80", fuse_graph=False, precision="int8")
+    rows = [r for src in cuda_sources(compiled.executable) for r in kernel_report(src, "sm_80")]
+    dense = [r for r in rows if r["name"].startswith("fused_dense_int8")]
+    assert dense and not dense[0]["tensor_core"] and all(r["spill_bytes"] == 0 for r in rows), rows

@@ -198,7 +198,7 @@ def _write_back_real_rows(sch: s_tir.Schedule, acc, tile_loop) -> None:
 class DenseCudaKnobs(Knobs):
     i: Optional[Sequence[int]] = None       # SIMT [by, ty, yi]; tensor cores [bm, wm, fm] in 16-row tiles
     j: Optional[Sequence[int]] = None       # SIMT [bx, tx, xi]; tensor cores [bn, wn, fn] in 16-column tiles
-    k: Optional[Sequence[int]] = None       # [ko, kc] (tensor cores: in 16-element tiles)
+    k: Optional[Sequence[int]] = None       # [ko, kc] (tensor cores: in 16-element tiles; int8: 32-byte tiles)
     vec: Optional[int] = None               # SIMT only: index into VECTOR_WIDTHS
     unroll: Optional[int] = None            # index into UNROLL_STEPS
     row_block: Optional[int] = None         # symbolic rows: rows per padded tile (the operator's row_block)
@@ -242,5 +242,7 @@ class DenseCUDA(TemplateRule):
         return simt_transferable_knobs(static)
 
     def prepare_operator(self, call, target):
-        """Rows known only at run time padded to whole row tiles (``row_block``, see ops/dense.py)."""
+        """Rows known only at run time padded to whole row tiles (``row_block``, see ops/dense.py). Not the int8
+        dense: the SIMT template's padded-row write-back does not take its epilogue yet, so its symbolic rows are
+        declined and take the fallback schedule."""
         return pad_symbolic_rows(call, "fused_dense", self.knobs.row_block or SYMBOLIC_ROW_BLOCK)
