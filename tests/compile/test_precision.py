@@ -107,17 +107,18 @@ def test_int8_weight_in_cuda_layout_computes_the_same(rows, K, N):
     mod, _, _ = _dense_module(rows, K, N, "gelu")
     x = (np.random.default_rng(3).standard_normal((*rows, K)) + 0.3).astype("float32")
     got = {}
-    for weight_nk in (False, True):
-        lowered = LowerPrecision("int8", weight_nk=weight_nk)(mod)
+    for for_cuda in (False, True):
+        lowered = LowerPrecision("int8", for_cuda=for_cuda)(mod)
         weights = [c.value.numpy() for c in _constants(lowered) if str(c.ty.dtype) == "int8"]
-        assert [w.shape for w in weights] == [(N, K) if weight_nk else (K, N)]
-        got[weight_nk] = _run(compile_model(lowered, TARGET, fuse_graph=False), x)
+        assert [w.shape for w in weights] == [(N, K) if for_cuda else (K, N)]
+        got[for_cuda] = _run(compile_model(lowered, TARGET, fuse_graph=False), x)
     np.testing.assert_array_equal(got[True], got[False])
 
 
 def _constants(mod):
     found = []
-    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(e) if isinstance(e, tvm.ir.GenericConst) else None)
+    relax.analysis.post_order_visit(mod["main"],
+                                    lambda e: found.append(e) if isinstance(e, tvm.ir.GenericConst) else None)
     return found
 
 
@@ -226,20 +227,16 @@ def test_unknown_precision_is_one_line(bad):
         compile_model(mod, TARGET, precision=bad)
 
 
-def test_bf16_refused_on_cuda_in_one_line():
-    # int8 compiles for CUDA (tests/cuda/test_cuda_int8.py); bf16 has no CUDA kernel for fp32 activations
-    mod, _, _ = _dense_module((3,), 16, 8, "none")
-    with pytest.raises(InputError, match=r"^precision bf16: implemented for CPU \(llvm\) targets only, not cuda$"):
-        compile_model(mod, "cuda", precision="bf16")
-
-
-def test_int8_refused_on_other_gpu_kinds_in_one_line():
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_low_precision_refused_on_other_gpu_kinds_in_one_line(precision):
+    # CUDA compiles both (tests/cuda/test_cuda_precision.py); the OpenCL stand-in for GPU schedules does not
     from tvm_fusion_ext.compile.precision import apply_precision
     from tvm_fusion_ext.targets import opencl_emulation_target
 
     mod, _, _ = _dense_module((3,), 16, 8, "none")
-    with pytest.raises(InputError, match=r"^precision int8: implemented for CPU \(llvm\) and CUDA targets only"):
-        apply_precision(mod, "int8", opencl_emulation_target())
+    with pytest.raises(InputError, match=rf"^precision {precision}: implemented for CPU \(llvm\) and CUDA targets "
+                                         r"only, not opencl$"):
+        apply_precision(mod, precision, opencl_emulation_target())
 
 
 def test_contract_compare():

@@ -331,7 +331,7 @@ def mma_defaults(M: int, N: int, K: int, lim: dict, tile_k: int = TILE, in_bytes
             fn = largest_divisor(nt // wn, fn - 1)
     # int8: no auto-unroll. At 16 steps ptxas keeps an 8-byte stack frame with 8 bytes of spills in MiniLM's QKV
     # projection (K = 384, N = 1152) on sm_90; with none, no MiniLM, BERT-base or LLaMA-7B shape spills on
-    # sm_80 or sm_90 (tests/cuda/test_cuda_int8.py)
+    # sm_80 or sm_90 (tests/cuda/test_cuda_precision.py)
     unroll = 0 if in_bytes == 1 else 1
     return {"i": [mt // (wm * fm), wm, fm], "j": [nt // (wn * fn), wn, fn], "k": [kt // ki, ki], "unroll": unroll}
 

@@ -2,8 +2,9 @@
 ``numerics`` part; ``scripts/gpu_check.py`` is this part alone, its command line unchanged).
 
 ``build`` compiles the cases of ``tests/gpu/`` (the CUDA templates one kernel at a time: dense fp32 / fp16 / bf16
-with tensor cores and SIMT, the int8 dense (u8 × s8 tensor cores, int32 accumulation) on quantised inputs, bias + residual + LayerNorm, attention fp32 / fp16 / bf16, each 16-bit attention also
-through the opt-in tensor-core template; a symbolic-shape chain of dense → causal attention → LayerNorm through the
+with tensor cores and SIMT, the int8 dense (u8 × s8 tensor cores, int32 accumulation) on quantised inputs,
+bias + residual + LayerNorm, attention fp32 / fp16 / bf16, each 16-bit attention also through the opt-in
+tensor-core template; a symbolic-shape chain of dense → causal attention → LayerNorm through the
 Relax VM; the packed varlen attention) with ``export_library`` into ``DIR``, with each case's inputs and the
 reference it must match (numpy in float64 on the values the GPU sees, or the CPU build for the VM chain) and a
 ``cases.json`` index. ``arch="llvm"`` builds the float32 cases for this CPU instead, so that the run side is

@@ -1,7 +1,8 @@
-"""``precision="int8"`` on CUDA, compiled with nvcc (no GPU needed): the int8 dense runs on tensor cores (mma.sync
-m16n8k32 with u8 activations and s8 weights, int32 accumulation) on sm_80 and sm_90 without spills, other shapes
-take the SIMT dense, and a whole encoder builds (the row quantisation's stock kernels bound to threads). Its
-numerics need a GPU: ``tvm_fusion_ext.tools.gpu_campaign`` (the int8 dense case)."""
+"""``precision="int8"`` and ``"bf16"`` on CUDA, compiled with nvcc (no GPU needed): the int8 dense runs on tensor
+cores (mma.sync m16n8k32 with u8 activations and s8 weights, int32 accumulation) on sm_80 and sm_90 without
+spills, other shapes take the SIMT dense, and a whole encoder builds (the row quantisation's stock kernels bound to
+threads); bf16 takes the bf16 tensor-core dense. Numerics need a GPU:
+``tests/gpu/test_cuda_precision_numerics.py`` and the GPU campaign's int8 dense cases."""
 
 import json
 import shutil
@@ -107,6 +108,17 @@ def test_compile_model_int8_for_cuda_reports_its_kernels():
     compiled = compile_model(load_onnx(default_model_path()), "cuda:sm_80", precision="int8")
     assert compiled.precision.converted == {"fused_dense": 8}  # 2 layers: QKV, output, FFN up and down
     assert compiled.precision.features == []  # LLVM features: a CPU notion
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_bf16_precision_on_cuda_takes_the_bf16_tensor_core_dense(arch):
+    from tvm_fusion_ext.models import default_model_path
+    from tvm_fusion_ext.tools.inspect_cuda import inspect_cuda
+
+    rows = inspect_cuda(default_model_path(), arch=arch, precision="bf16")
+    assert all(r["spill_bytes"] == 0 for r in rows), [r for r in rows if r["spill_bytes"]]
+    dense = [r for r in rows if r["name"].startswith("fused_dense")]
+    assert dense and all(r["tensor_core"] for r in dense), dense
 
 
 def test_int8_cuda_artifact_says_its_accuracy_was_not_measured(tmp_path):
