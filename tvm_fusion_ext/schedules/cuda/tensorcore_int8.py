@@ -50,15 +50,21 @@ def layout_b(n, k):
     return 4 * (n % 8) + (k % 16) // 4, 4 * (2 * (n // 8) + k // 16) + k % 4
 
 
+def ldmatrix_row(operand: str, tx, half=WARP // 2):
+    """(row, byte) of the tile row lane ``tx`` addresses for ldmatrix.x4 (lanes 8·j…8·j+7: matrix j's rows, which
+    lands in register j). x: lanes 0-15 rows 0-15 at byte 0, lanes 16-31 the same rows at byte 16; W: lanes
+    0-7 / 8-15 / 16-23 / 24-31 channels 0-7 / 0-7 (+16 bytes) / 8-15 / 8-15 (+16 bytes)."""
+    if operand == "a":
+        return tx % half, 16 * (tx // half)
+    return 8 * (tx // half) + tx % 8, 16 * ((tx % half) // 8)
+
+
 def _ldmatrix(dtype: str, operand: str):
     """shared 16 × 32 bytes -> fragment, ldmatrix.x4 .b16 without .trans, with the block barriers of
     :func:`.tensorcore._ldmatrix` (``sync``) around it."""
     layout = layout_a if operand == "a" else layout_b
     half = convert(WARP // 2)
-    if operand == "a":  # lanes 0-15: rows 0-15 at byte 0; lanes 16-31: the same rows at byte 16
-        row_col = lambda tx: (tx % half, 16 * (tx // half))  # noqa: E731
-    else:  # lanes 0-7 / 8-15 / 16-23 / 24-31: channels 0-7 / 0-7 (+16 bytes) / 8-15 / 8-15 (+16 bytes)
-        row_col = lambda tx: (8 * (tx // half) + tx % 8, 16 * ((tx % half) // 8))  # noqa: E731
+    row_col = lambda tx: ldmatrix_row(operand, tx, half)  # noqa: E731
 
     @T.prim_func(s_tir=True)
     def desc(warp_h: T.handle, shared_h: T.handle) -> None:
