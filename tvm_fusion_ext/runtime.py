@@ -42,24 +42,30 @@ class CompiledModel:
     @classmethod
     def from_module(cls, mod: tvm.IRModule, target=None, logs: Optional[str] = None, fuse: bool = True,
                     label: str = "model", knobs: Optional[dict] = None,
-                    remove_padding: bool = False, precision: str = "fp32") -> "CompiledModel":
+                    remove_padding: bool = False, precision: str = "fp32", calibration=None) -> "CompiledModel":
         from .compile import compile_model
         from .frontend.dims import bound_reasons, shape_bounds
         from .frontend import input_specs, output_names
 
         compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding,
-                                 precision=precision)
+                                 precision=precision, calibration=calibration)
         return cls(compiled.executable, compiled.target, input_specs(mod), output_names(mod), label, compiled,
                    shape_bounds(mod), bound_reasons(mod))
 
     @classmethod
     def from_onnx(cls, model, target=None, shapes=None, logs: Optional[str] = None, fuse: bool = True,
-                  precision: str = "fp32"):
+                  precision: str = "fp32", calibration=None):
+        """Import and compile the ONNX ``model``. int8 without ``calibration`` (input dicts) calibrates its
+        activation smoothing on generated inputs (:func:`~.compile.calibration.generated_samples`)."""
         from .frontend import load_onnx
 
         mod = load_onnx(model, shapes=shapes)
+        if calibration is None:
+            from .compile.calibration import default_calibration
+
+            calibration = default_calibration(model, precision, shapes)
         return cls.from_module(mod, target, logs=logs, fuse=fuse, label=str(model) if isinstance(model, str)
-                               else "model", precision=precision)
+                               else "model", precision=precision, calibration=calibration)
 
     @property
     def report(self):

@@ -11,6 +11,7 @@ from tvm import relax
 
 from tvm_fusion_ext.compile import build, compile_model
 from tvm_fusion_ext.compile.accuracy import compare, row_cosines
+from tvm_fusion_ext.compile.calibration import SMOOTHING_ALPHA, dense_input_ranges, smoothing_factors
 from tvm_fusion_ext.compile.precision import PRECISIONS, check_precision
 from tvm_fusion_ext.errors import InputError
 from tvm_fusion_ext.ops.dense_int8 import quantize_weight
@@ -258,3 +259,76 @@ def test_template_knobs_reach_the_low_precision_kernels(precision, knobs):
     default = _run(compile_model(mod, TARGET, fuse_graph=False, precision=precision), x)
     tuned = compile_model(mod, TARGET, fuse_graph=False, precision=precision, knobs={"tfx.dense": knobs})
     np.testing.assert_allclose(_run(tuned, x), default, rtol=1e-5, atol=1e-5)
+
+
+# -- int8's activation smoothing (compile/calibration.py): the calibrated ranges are the channel-wise max |x| each
+# dense sees; the smoothed kernel computes quant(x / s) @ quant(s w) exactly as its numpy twin, and on inputs with
+# outlier channels it is closer to fp32 than the unsmoothed kernel.
+
+SK, SN = 48, 40
+
+
+def _smoothing_module(seed=0):
+    """x (2, seq, SK) → dense(x, w, b), seq symbolic."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((SK, SN)) / math.sqrt(SK)).astype("float32")
+    b = rng.standard_normal(SN).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, tvm.tirx.Var("seq", "int64"), SK), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            d = bb.emit(call_op(bb, "fused_dense", {"x": x, "w": relax.const(w), "bias": relax.const(b)},
+                                {"act": "none"}))
+            out = bb.emit_output(d)
+        bb.emit_func_output(out)
+    return bb.get(), w, b
+
+
+def _outlier_activations(seed, seq=9):
+    """Token activations with three outlier channels 40× the rest, as LayerNorm outputs of BERT-style models."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, seq, SK)).astype("float32")
+    x[..., [3, 17, 40]] *= np.float32(40.0)
+    return x
+
+
+def test_int8_calibration_ranges_are_the_channel_max_over_samples():
+    mod, w, _ = _smoothing_module()
+    samples = [{"x": _outlier_activations(s, seq=5 + s)} for s in range(3)]
+    ranges = dense_input_ranges(mod, samples)
+    assert len(ranges) == 1
+    want = np.max([np.abs(s["x"]).reshape(-1, SK).max(0) for s in samples], axis=0)
+    np.testing.assert_allclose(next(iter(ranges.values())), want, rtol=0, atol=0)
+
+
+def test_smoothed_int8_matches_its_numpy_twin_and_is_closer_to_fp32():
+    mod, w, b = _smoothing_module()
+    calibration = [{"x": _outlier_activations(s)} for s in range(2)]
+    smoothed = compile_model(mod, "llvm", fuse_graph=False, precision="int8", calibration=calibration)
+    plain = compile_model(mod, "llvm", fuse_graph=False, precision="int8")
+    assert any("smoothed" in n for n in smoothed.precision.notes), smoothed.precision.notes
+    assert any("smoothing off" in n for n in plain.precision.notes), plain.precision.notes
+
+    x = _outlier_activations(7)
+    got = _run(smoothed, x)
+    x_range = np.max([np.abs(c["x"]).reshape(-1, SK).max(0) for c in calibration], axis=0)
+    s = smoothing_factors(x_range, w, SMOOTHING_ALPHA)
+    wq, w_scale, _ = quantize_weight(w * s[:, None])
+    xq, x_scale, x_zero = _quantize_rows(x * (np.float32(1) / s))
+    want = ((xq - x_zero) @ wq.astype(np.float64)) * x_scale * w_scale.astype(np.float64) + b
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+    exact = x.astype(np.float64) @ w + b
+    err_smoothed = np.abs(got - exact).max()
+    err_plain = np.abs(_run(plain, x) - exact).max()
+    assert err_smoothed < 0.5 * err_plain, (err_smoothed, err_plain)
+    assert row_cosines(got.reshape(-1, SN), exact.reshape(-1, SN)).min() > 0.999
+
+
+def test_int8_smoothing_factors_leave_dead_channels_alone():
+    w = np.ones((4, 3), np.float32)
+    w[2] = 0
+    s = smoothing_factors(np.array([4.0, 0.0, 9.0, 1.0], np.float32), w, 0.5)
+    np.testing.assert_allclose(s, [2.0, 1.0, 1.0, 1.0])
+    assert (smoothing_factors(None, w) == 1).all()
+    assert (smoothing_factors(np.ones(5, np.float32), w) == 1).all()  # ranges of another shape: no smoothing

@@ -126,8 +126,7 @@ def test_int8_cuda_artifact_says_its_accuracy_was_not_measured(tmp_path):
     from tvm_fusion_ext.compile.artifact import compile_artifact
     from tvm_fusion_ext.models import default_model_path
 
-    manifest = compile_artifact(default_model_path(), str(tmp_path / "art"), target="cuda:sm_80", precision="int8",
-                                samples=[{}])
+    manifest = compile_artifact(default_model_path(), str(tmp_path / "art"), target="cuda:sm_80", precision="int8")
     precision = manifest["precision"]
     assert precision["precision"] == "int8" and precision["converted"] == {"fused_dense": 8}
     assert "accuracy" not in precision

@@ -96,3 +96,22 @@ def test_a_static_build_pins_the_past_to_zero(tiny_causal_lm):
         load_onnx(tiny_causal_lm, max_shapes={"past_key_values.0.key": [2, 2, 0, 16]})
     with pytest.raises(InputError, match="bad shape item"):
         parse_shape_arg("past:1x2x-1x16")
+
+
+def test_cache_inputs_are_bounded_and_pinned_by_one_pattern(tiny_causal_lm):
+    """A decoder has two cache inputs per layer: ``past_key_values.*`` names them all in ``shapes``/``max_shapes``
+    (``--shape``/``--max-shape``); an exact name beside the pattern wins, a pattern matching nothing is one line."""
+    import onnx as _onnx
+
+    from tvm_fusion_ext.frontend import input_specs
+
+    graph = _onnx.load(tiny_causal_lm, load_external_data=False).graph
+    kv = [d.dim_value for d in graph.input[3].type.tensor_type.shape.dim][1::2]  # (kv_heads, head_dim)
+    mod = load_onnx(tiny_causal_lm, max_shapes={"past_key_values.*": [3, kv[0], 700, kv[1]],
+                                                "attention_mask": [3, 703]})
+    assert shape_bounds(mod)["past_sequence_length"] == (0, 700)
+    pinned = input_specs(load_onnx(tiny_causal_lm, shapes=parse_shape_arg(
+        f"input_ids:1x1,attention_mask:1x6,position_ids:1x1,past_key_values.*:1x{kv[0]}x5x{kv[1]}")))
+    assert {spec[0] for name, spec in pinned.items() if name.startswith("past_key_values.")} == {(1, kv[0], 5, kv[1])}
+    with pytest.raises(InputError, match=r"pattern 'past\.\*' matches no input; model inputs are: input_ids"):
+        load_onnx(tiny_causal_lm, max_shapes={"past.*": [1, 2, 3, 4]})

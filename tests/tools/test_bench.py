@@ -55,6 +55,9 @@ def test_model_bench_writes_contract_json_and_png(tiny_encoder_path, tmp_path, c
     assert sum(k["calls"] for n, k in kernels.items() if n.startswith("fused_dense")) == r["fused"]["dense"]
     assert sum(k["calls"] for n, k in kernels.items() if n.startswith("fused_attention")) == r["fused"]["attention"]
     assert r["kernels"]["runs"] == 3 and "where our call's time goes" in printed
+    peaks = r["kernels"]["peaks"]  # the host's peak per precision, measured in the same run (or why not)
+    assert r["kernels"]["precision"] == "fp32" and ("fp32_gflops" in peaks or "error" in peaks)
+    assert "host peaks" in printed
     # and ONNX Runtime's call, split by its own profiler (tools/bench/ort_profile.py): the same number of calls
     ort_ops = {o["op"]: o for o in r["ort_kernels"]["ops"]}
     assert r["ort_kernels"]["runs"] == 3 and "MatMul" in ort_ops and "where ONNX Runtime's call goes" in printed

@@ -12,7 +12,7 @@ from ..errors import InputError
 def add_model_args(p: argparse.ArgumentParser, model_help: str = "ONNX model file") -> None:
     p.add_argument("model", help=model_help)
     p.add_argument("--shape", help="pin dynamic dims to a static build, e.g. input_ids:1x128,attention_mask:1x128 "
-                                   "(without it they stay symbolic)")
+                                   "(without it they stay symbolic); a name may be a pattern: past_key_values.*:1x4x0x64")
     p.add_argument("--max-shape", help="upper bounds of the dynamic dims, same form as --shape (default: batch 64, "
                                        "sequence the position table's length when the graph shows one, else 512)")
 

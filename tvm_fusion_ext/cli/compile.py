@@ -44,34 +44,15 @@ def cmd_compile(args) -> int:
 
 
 def contract_samples(args):
-    """The sample inputs of the accuracy contract: ``--calibration`` (one .npz, one array per input), else
-    generated ones (:func:`~tvm_fusion_ext.models.inputs.sample_inputs`: token ids from the embedding table's
-    range, masks with a padded tail), dynamic dims at :data:`CONTRACT_BATCH` × :data:`CONTRACT_SEQ`."""
-    from ..models.inputs import sample_inputs
+    """The sample inputs of the accuracy contract (and int8's calibration): ``--calibration`` (one .npz, one
+    array per input), else generated ones (:func:`~tvm_fusion_ext.compile.calibration.generated_samples`), dynamic
+    dims at :data:`CONTRACT_BATCH` × :data:`CONTRACT_SEQ`."""
+    from ..compile.calibration import generated_samples
 
     if args.calibration:
         return [load_npz(args.calibration)], args.calibration
-    shapes = contract_shapes(args.model, shapes_arg(args) or {})
-    sets = [sample_inputs(args.model, seed=s, shapes=shapes) for s in range(CONTRACT_SETS)]
+    sets = generated_samples(args.model, shapes_arg(args) or {}, CONTRACT_SETS, CONTRACT_BATCH, CONTRACT_SEQ)
     return sets, f"{CONTRACT_SETS} generated sets, batch {CONTRACT_BATCH} x seq {CONTRACT_SEQ} where dynamic"
-
-
-def contract_shapes(model: str, pinned: dict) -> dict:
-    """Every input's shape for the contract's samples: ``--shape`` where given, the file's static dims, a
-    dynamic leading dim :data:`CONTRACT_BATCH` and other dynamic dims :data:`CONTRACT_SEQ`."""
-    import onnx
-
-    graph = onnx.load(model, load_external_data=False).graph
-    inits = {t.name for t in graph.initializer}
-    shapes = {}
-    for vi in graph.input:
-        if vi.name in inits:
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-                for d in vi.type.tensor_type.shape.dim]
-        shapes[vi.name] = list(pinned.get(vi.name) or [d if d is not None else CONTRACT_BATCH if i == 0
-                                                       else CONTRACT_SEQ for i, d in enumerate(dims)])
-    return shapes
 
 
 def describe(manifest: dict, out: str, seconds: float) -> str:

@@ -38,14 +38,17 @@ def _run_onnx(args, inputs):
     from ..frontend import input_specs
     from ..runtime import CompiledModel
     from ..targets import resolve_target
-    from .common import load_model_arg
+    from ..compile.calibration import default_calibration
+    from .common import load_model_arg, shapes_arg
 
     target = resolve_target(args.target or "llvm")
     mod = load_model_arg(args)
     # before the build: bad inputs fail fast
     check_inputs(input_specs(mod), inputs, args.model, shape_bounds(mod), bound_reasons(mod))
+    precision = args.precision or "fp32"
     model = CompiledModel.from_module(mod, target, logs=args.logs, fuse=not args.no_fusion, label=args.model,
-                                      remove_padding=args.remove_padding, precision=args.precision or "fp32")
+                                      remove_padding=args.remove_padding, precision=precision,
+                                      calibration=default_calibration(args.model, precision, shapes_arg(args)))
     if args.logs is not None:
         print(model.compiled.records_note)
     return model.run(inputs)

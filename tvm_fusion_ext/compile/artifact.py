@@ -36,7 +36,7 @@ def compile_artifact(model, out: str, target: TargetSpec = None, logs: Optional[
     directory ``out``; returns its manifest. ``shapes`` pins input dims (a static build), ``max_shapes`` bounds
     the symbolic ones (``NAME: [max dims]``, as ``--max-shape``). ``precision`` other than fp32: the outputs
     are measured against the fp32 build on ``samples`` (input dicts; ``samples_source`` says where they came
-    from) and the accuracy contract (:mod:`.accuracy`) goes into the manifest's ``precision`` entry, passed or
+    from; int8 also calibrates its activation smoothing on them) and the accuracy contract (:mod:`.accuracy`) goes into the manifest's ``precision`` entry, passed or
     not (``manifest["precision"]["accuracy"]["passed"]``)."""
     from ..frontend import load_onnx
     from .precision import check_precision
@@ -46,7 +46,7 @@ def compile_artifact(model, out: str, target: TargetSpec = None, logs: Optional[
     target = resolve_target(target)  # a bad target is refused before the model is read
     mod = load_onnx(model, shapes=shapes, max_shapes=max_shapes)
     compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse_graph, lift_weights=True,
-                             remove_padding=remove_padding, precision=precision)
+                             remove_padding=remove_padding, precision=precision, calibration=samples)
     if precision != "fp32" and compiled.precision.kernels:
         if not TargetInfo.of(target).is_cpu:
             # the contract runs both builds in this process (accuracy.run_compiled: CPU only)

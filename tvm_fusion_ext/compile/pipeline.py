@@ -70,7 +70,8 @@ def prepare(mod: tvm.IRModule, target: TargetSpec = None, fuse_graph: bool = Tru
     return lowered, report
 
 
-def _prepare(mod, target, fuse_graph, remove_padding, knobs, kernel_knobs, precision, templates=None):
+def _prepare(mod, target, fuse_graph, remove_padding, knobs, kernel_knobs, precision, templates=None,
+             calibration=None):
     """:func:`prepare`, also returning the PrecisionReport (which exists without fusion too)."""
     from .precision import apply_precision
 
@@ -78,7 +79,7 @@ def _prepare(mod, target, fuse_graph, remove_padding, knobs, kernel_knobs, preci
     report = None
     if fuse_graph:
         mod, report = fuse(mod, remove_padding)
-    mod, precision_report = apply_precision(mod, precision, target)
+    mod, precision_report = apply_precision(mod, precision, target, calibration)
     if report is not None:
         report.precision = precision_report
     return lower(mod, target, knobs, kernel_knobs, templates=templates), report, precision_report
@@ -97,7 +98,7 @@ def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Ta
 
 def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse_graph: bool = True,
                   knobs: Optional[dict] = None, lift_weights: bool = False, remove_padding: bool = False,
-                  precision: str = "fp32") -> Compiled:
+                  precision: str = "fp32", calibration=None) -> Compiled:
     """Fuse, lower, schedule (records from ``logs``, templates, fallback) and build ``mod`` for ``target``.
 
     ``logs`` is a record directory or a root of them (the one whose manifest matches this model and target is
@@ -107,7 +108,9 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
     rule (``"tfx.dense"``) to template knobs, for kernels neither covers. ``lift_weights``: the scheduled
     module's large constants become trailing parameters of ``main`` (:attr:`Compiled.weights`), so that an
     artifact can store them beside the library (:mod:`.codegen.weights`). ``precision``: ``fp32`` (default),
-    ``bf16`` or ``int8`` for the constant-weight dense kernels (:mod:`.precision`; :attr:`Compiled.precision`)."""
+    ``bf16`` or ``int8`` for the constant-weight dense kernels (:mod:`.precision`; :attr:`Compiled.precision`).
+    ``calibration``: sample input dicts (by ONNX input name) from which int8 calibrates its activation smoothing
+    (:mod:`.calibration`); without them int8 quantises activations unsmoothed, less accurately."""
     from ..schedules.registry import template_rules
     from .precision import check_precision
 
@@ -122,7 +125,7 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
     table = transfer.table if transfer is not None else None
     templates = template_rules(target, knobs, table)  # here: a bad knob is a one-line error, not a TVM one
     lowered, report, precision_report = _prepare(mod, target, fuse_graph, remove_padding, None, None, precision,
-                                                 templates)
+                                                 templates, calibration)
     scheduled = schedule(lowered, target, records=records, templates=templates)
     if transfer is not None:
         if transfer.table.kernels and records is None:
@@ -152,13 +155,13 @@ def transfer_note(transfer) -> str:
 
 
 def build(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse: bool = True,
-          knobs: Optional[dict] = None, remove_padding: bool = False, precision: str = "fp32"):
+          knobs: Optional[dict] = None, remove_padding: bool = False, precision: str = "fp32", calibration=None):
     """:func:`compile_model`, returning just the executable (run it with ``relax.VirtualMachine(ex, dev)``).
 
     As a convenience for running in this process, a CPU build also sizes TVM's thread pool to the target's
     cores (:func:`~tvm_fusion_ext.deploy.threads.configure_cpu_threads`)."""
     compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding,
-                             precision=precision)
+                             precision=precision, calibration=calibration)
     info = TargetInfo.of(compiled.target)
     if info.is_cpu:
         from ..deploy.threads import configure_cpu_threads

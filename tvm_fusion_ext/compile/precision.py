@@ -118,13 +118,16 @@ def target_features(target: tvm.target.Target, precision: str) -> List[str]:
 
 @relax.expr_functor.mutator
 class _LowerPrecision(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, precision: str, report: PrecisionReport, for_cuda: bool = False):
+    def __init__(self, mod: tvm.IRModule, precision: str, report: PrecisionReport, ranges=None,
+                 for_cuda: bool = False):
         super().__init__(mod)
         self.mod = mod
         self.precision = precision
         self.for_cuda = for_cuda
         self.report = report
+        self.ranges = ranges  # int8's activation smoothing (:mod:`.calibration`), when calibrated
         self.changed = 0
+        self.smoothed = 0
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
@@ -173,10 +176,19 @@ class _LowerPrecision(relax.PyExprMutator):
 
     def _int8(self, inputs, params, w):
         from ..ops.dense_int8 import quantize_weight
+        from .calibration import smoothing_factors, weight_key
 
-        transpose_b = bool(params.get("transpose_b", False))
-        wq, w_scale, w_sum = quantize_weight(w.T if transpose_b else w)  # (K, N) int8, (N,), (N,)
-        xq, x_scale, x_zero = quantize_rows(self.builder_, inputs["x"])
+        w = w.T if bool(params.get("transpose_b", False)) else w  # (K, N)
+        x = inputs["x"]
+        if self.ranges is not None:
+            s = smoothing_factors(self.ranges.get(weight_key(w)), w)
+            if not np.all(s == 1.0):
+                # (x / s) @ (s w): the outlier channels' range moves into the per-channel weight scales
+                x = self.builder_.emit(relax.op.multiply(x, relax.const((1.0 / s).astype(np.float32))))
+                w = w * s[:, None]
+                self.smoothed += 1
+        wq, w_scale, w_sum = quantize_weight(w)  # (K, N) int8, (N,), (N,)
+        xq, x_scale, x_zero = quantize_rows(self.builder_, x)
         given = {"x": xq, "x_scale": x_scale, "x_zero": x_zero,
                  "w": relax.const(np.ascontiguousarray(wq.T) if self.for_cuda else wq),
                  "w_scale": relax.const(w_scale), "w_sum": relax.const(w_sum), "bias": inputs.get("bias")}
@@ -220,10 +232,12 @@ def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr):
 
 
 def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None,  # noqa: N802
-                   for_cuda: bool = False) -> tvm.transform.Pass:
+                   ranges: Optional[dict] = None, for_cuda: bool = False) -> tvm.transform.Pass:
     """Rewrite the constant-weight dense operators of every function to ``precision`` (module docstring);
-    what changed goes to ``report``. ``fp32``: nothing. ``for_cuda``: the operands as the CUDA tensor-core kernels
-    read them: int8 weights stored (N, K); bf16 activations cast to a bfloat16 tensor (fp32 output)."""
+    what changed goes to ``report``. ``fp32``: nothing. ``ranges``: int8's calibrated activation ranges
+    (:func:`~.calibration.dense_input_ranges`), which turn on activation smoothing. ``for_cuda``: the operands as
+    the CUDA tensor-core kernels read them: int8 weights stored (N, K); bf16 activations cast to a bfloat16 tensor
+    (fp32 output)."""
     precision = check_precision(precision)
     report = report if report is not None else PrecisionReport(precision)
 
@@ -231,10 +245,13 @@ def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None,  # 
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if precision == "fp32":
             return mod
-        mutator = _LowerPrecision(mod, precision, report, for_cuda)
+        mutator = _LowerPrecision(mod, precision, report, ranges, for_cuda)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 mutator.builder_.update_func(gv, mutator.visit_expr(func))
+        if mutator.smoothed:
+            report.notes.append(f"activations smoothed per input channel in {mutator.smoothed} of "
+                                f"{mutator.changed} int8 denses (calibrated ranges)")
         if not mutator.changed:
             what = "dense or gated-dense operator with a constant fp32 weight"
             report.notes.append(f"nothing to run in {precision}: no {what} (the model runs in fp32)")
@@ -244,8 +261,9 @@ def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None,  # 
     return _pass
 
 
-def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target):
-    """``(mod in precision, PrecisionReport)``."""
+def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target, calibration=None):
+    """``(mod in precision, PrecisionReport)``. ``calibration``: sample input dicts; for int8 they calibrate
+    activation smoothing (:mod:`.calibration`), without them int8 quantises activations as they are."""
     from ..targets import TargetInfo
 
     precision = check_precision(precision)
@@ -254,4 +272,12 @@ def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target
         raise InputError(f"precision {precision}: implemented for CPU (llvm) and CUDA targets only, not "
                          f"{target.kind.name}")
     report = PrecisionReport(precision, features=target_features(target, precision))
-    return LowerPrecision(precision, report, for_cuda=info.kind == "cuda")(mod), report
+    ranges = None
+    if precision == "int8":
+        if calibration:
+            from .calibration import dense_input_ranges
+
+            ranges = dense_input_ranges(mod, calibration)
+        else:
+            report.notes.append("activation smoothing off: no calibration inputs (calibration=, --calibration)")
+    return LowerPrecision(precision, report, ranges, for_cuda=info.kind == "cuda")(mod), report

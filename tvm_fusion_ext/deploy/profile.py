@@ -64,8 +64,9 @@ class KernelProfile:
         return {"call_ms": self.call_ms, "profiled_call_ms": self.profiled_ms, "kernels_ms": total, "runs": self.runs,
                 "kernels": [k.to_dict(total) for k in self.kernels]}
 
-    def table(self, top: int = 12) -> str:
-        """Markdown: the ``top`` slowest kernels, the rest folded into one row, VM bookkeeping last."""
+    def table(self, top: int = 12, peak=None) -> str:
+        """Markdown: the ``top`` slowest kernels, the rest folded into one row, VM bookkeeping last. ``peak``:
+        kernel name → the host's peak GFLOP/s (GOP/s) for it, adding each dense kernel's share of it."""
         total = self.kernels_ms
         compiled = [k for k in self.kernels if k.name != VM_BOOKKEEPING]
         shown = compiled[:top]
@@ -73,18 +74,21 @@ class KernelProfile:
         if rest:
             shown.append(KernelTime(f"{len(rest)} other kernels", sum(k.calls for k in rest), sum(k.ms for k in rest)))
         shown += [k for k in self.kernels if k.name == VM_BOOKKEEPING]
-        lines = ["| kernel | calls | ms | share | ms per call | GFLOP/s |", "|---|---|---|---|---|---|"]
+        lines = ["| kernel | calls | ms | share | ms per call | GFLOP/s | of peak |", "|---|---|---|---|---|---|---|"]
         for k in shown:
             rate = f"{k.gflop_per_s:.1f}" if k.gflop_per_s else ""
+            limit = peak(k.name) if peak is not None and k.gflop_per_s else None
+            of_peak = f"{k.gflop_per_s / limit * 100:.0f} %" if limit else ""
             lines.append(f"| {k.name} | {k.calls} | {k.ms:.3f} | {k.ms / total * 100 if total else 0:.1f} % | "
-                         f"{k.ms / max(k.calls, 1):.3f} | {rate} |")
+                         f"{k.ms / max(k.calls, 1):.3f} | {rate} | {of_peak} |")
         lines.append(f"kernels {total:.2f} ms per call (median of {self.runs} profiled calls: "
                      f"{self.profiled_ms:.2f} ms with the instrument); un-instrumented call {self.call_ms:.2f} ms")
         return "\n".join(lines)
 
 
 def dense_gflops(name: str, args) -> Optional[float]:
-    """2·M·N·K of a ``fused_dense`` kernel call from its arguments (x first, the output last), else None."""
+    """2·M·N·K of a ``fused_dense`` kernel call (``fused_dense_int8``'s too: operations, not floating-point ones)
+    from its arguments (x first, the output last), else None."""
     if not name.startswith("fused_dense") or len(args) < 2:
         return None
     x, out = args[0], args[-1]

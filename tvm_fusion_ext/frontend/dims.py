@@ -60,12 +60,33 @@ def past_length_dims(graph_inputs) -> set:
     return past - elsewhere
 
 
+def expand_input_patterns(spec: Optional[Mapping[str, Sequence[int]]], known: Sequence[str], label: str,
+                          what: str) -> Dict[str, Sequence[int]]:
+    """``spec`` (input name → dims) with each shell-style pattern (``past_key_values.*``: a decoder has two per
+    layer) replaced by every input it matches; a name given exactly wins over a pattern that also matches it. A
+    pattern that matches nothing is one line naming the inputs."""
+    import fnmatch
+
+    out: Dict[str, Sequence[int]] = {}
+    for name, dims in (spec or {}).items():
+        if not any(c in name for c in "*?["):
+            continue
+        matched = fnmatch.filter(known, name)
+        if not matched:
+            raise InputError(f"{label}: {what} pattern {name!r} matches no input; model inputs are: "
+                             f"{', '.join(known)}")
+        out.update({m: dims for m in matched})
+    out.update({name: dims for name, dims in (spec or {}).items() if not any(c in name for c in "*?[")})
+    return out
+
+
 def input_dims(graph_inputs, shapes: Optional[Mapping[str, Sequence[int]]], label: str):
-    """``({input: [int | tirx.Var per dim]}, {dim name: tirx.Var})`` for the importer; pinned dims from ``shapes``."""
+    """``({input: [int | tirx.Var per dim]}, {dim name: tirx.Var})`` for the importer; pinned dims from ``shapes``
+    (input names or patterns, :func:`expand_input_patterns`)."""
     from tvm import tirx
 
-    shapes = dict(shapes or {})
     known = [i.name for i in graph_inputs]
+    shapes = expand_input_patterns(shapes, known, label, "shapes")
     empty_ok = past_length_dims(graph_inputs)  # a past length may be pinned to 0 (the first generation step)
     for name in shapes:
         if name not in known:
@@ -331,11 +352,13 @@ def _as_dim(d, name, label, zero_ok: bool = False) -> int:
 
 
 def given_bounds(dim_vars, graph_inputs, max_shapes, label) -> Dict[str, int]:
-    """``{dim name: upper bound}`` from ``max_shapes`` (by ONNX input name), checked against the declared dims."""
+    """``{dim name: upper bound}`` from ``max_shapes`` (by ONNX input name or pattern), checked against the declared
+    dims."""
     out: Dict[str, int] = {}
     if not max_shapes:
         return out
     by_name = {vi.name: vi for vi in graph_inputs}
+    max_shapes = expand_input_patterns(max_shapes, list(by_name), label, "max shapes")
     for name, dims in max_shapes.items():
         if name not in by_name:
             raise InputError(f"{label}: max shapes name unknown input {name!r}; model inputs are: "

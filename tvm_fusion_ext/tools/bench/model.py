@@ -191,8 +191,10 @@ def _bench_loaded(path, shapes, n_batch, n_seq, tgt, threads, logs, against, rep
     feeds = dict(given) if given is not None else sample_inputs(path, seed=0, shapes=shapes)
     if drawn is not None:
         feeds = apply_lengths(feeds, drawn, label)
+    from ...compile.calibration import default_calibration
+
     ours = CompiledModel.from_module(mod, tgt, logs=logs, fuse=True, label=label, remove_padding=remove_padding,
-                                     precision=precision)
+                                     precision=precision, calibration=default_calibration(path, precision, shapes))
     build_s = time.perf_counter() - t0
     report = ours.report
     out(report.summary(list_expected=False))

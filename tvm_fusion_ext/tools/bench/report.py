@@ -185,14 +185,33 @@ def _runtime_bars(ax, rows: Sequence[dict]) -> None:
 
 
 def kernel_profile(model, feeds, runs: int, out) -> dict:
-    """``--kernels``: each kernel of ``model``'s call on ``feeds`` timed inside the VM, printed as a table; the
-    JSON-able profile (:func:`~tvm_fusion_ext.deploy.profile_kernels`)."""
+    """``--kernels``: each kernel of ``model``'s call on ``feeds`` timed inside the VM, printed as a table with
+    each dense kernel's share of the host's peak for the precision it computes in (measured now,
+    :mod:`.host_peaks`); the JSON-able profile (:func:`~tvm_fusion_ext.deploy.profile_kernels`) with ``peaks``."""
+    import tvm_ffi
+
     from ...deploy.profile import profile_kernels
+    from .host_peaks import describe_peaks, measure_peaks, peak_for
 
     profile = profile_kernels(model, feeds, runs=runs)
+    peaks = measure_peaks(int(tvm_ffi.get_global_func("runtime.NumThreads")()))
+    precision = model_precision(model)
     out("where our call's time goes (each kernel timed inside the VM):")
-    out(profile.table())
-    return profile.to_dict()
+    out(profile.table(peak=lambda name: peak_for(peaks, "int8" if "int8" in name else precision)))
+    out(describe_peaks(peaks))
+    result = profile.to_dict()
+    result["peaks"] = peaks
+    result["precision"] = precision
+    return result
+
+
+def model_precision(model) -> str:
+    """The precision of a CompiledModel or a loaded artifact's dense kernels (fp32 when it does not say)."""
+    precision = getattr(model, "precision", None)
+    if isinstance(precision, str):
+        return precision
+    manifest = getattr(model, "manifest", None) or {}
+    return str((manifest.get("precision") or {}).get("precision", "fp32"))
 
 
 def ort_kernel_profile(path: str, feeds, threads, spin: bool, runs: int, out) -> dict:
