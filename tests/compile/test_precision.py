@@ -99,6 +99,30 @@ def test_int8_dense_matches_quantised_reference(rows, K, N, act):
     assert row_cosines(got, numpy_activation(x.astype(np.float64) @ w + (b if b is not None else 0), act)).min() > 0.99
 
 
+@pytest.mark.parametrize("rows,K,N", [((13,), 37, 40), ((2, 3), 64, 48)])
+def test_int8_weight_in_cuda_layout_computes_the_same(rows, K, N):
+    # CUDA targets store the int8 weight (N, K) (transpose_b, the tensor-core kernel's layout): the operator must
+    # compute exactly what the (K, N) weight does; checked here on the CPU, where it runs
+    from tvm_fusion_ext.compile.precision import LowerPrecision
+
+    mod, _, _ = _dense_module(rows, K, N, "gelu")
+    x = (np.random.default_rng(3).standard_normal((*rows, K)) + 0.3).astype("float32")
+    got = {}
+    for for_cuda in (False, True):
+        lowered = LowerPrecision("int8", for_cuda=for_cuda)(mod)
+        weights = [c.value.numpy() for c in _constants(lowered) if str(c.ty.dtype) == "int8"]
+        assert [w.shape for w in weights] == [(N, K) if for_cuda else (K, N)]
+        got[for_cuda] = _run(compile_model(lowered, TARGET, fuse_graph=False), x)
+    np.testing.assert_array_equal(got[True], got[False])
+
+
+def _constants(mod):
+    found = []
+    relax.analysis.post_order_visit(mod["main"],
+                                    lambda e: found.append(e) if isinstance(e, tvm.ir.GenericConst) else None)
+    return found
+
+
 def test_quantize_weight_is_symmetric_per_channel():
     w = np.array([[1.0, 0.0, -2.0], [-0.5, 0.0, 1.0]], np.float32)
     q, scale, col_sum = quantize_weight(w)
@@ -204,10 +228,16 @@ def test_unknown_precision_is_one_line(bad):
         compile_model(mod, TARGET, precision=bad)
 
 
-def test_low_precision_refused_on_cuda_in_one_line():
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_low_precision_refused_on_other_gpu_kinds_in_one_line(precision):
+    # CUDA compiles both (tests/cuda/test_cuda_precision.py); the OpenCL stand-in for GPU schedules does not
+    from tvm_fusion_ext.compile.precision import apply_precision
+    from tvm_fusion_ext.targets import opencl_emulation_target
+
     mod, _, _ = _dense_module((3,), 16, 8, "none")
-    with pytest.raises(InputError, match="CPU .* only, not cuda"):
-        compile_model(mod, "cuda", precision="int8")
+    with pytest.raises(InputError, match=rf"^precision {precision}: implemented for CPU \(llvm\) and CUDA targets "
+                                         r"only, not opencl$"):
+        apply_precision(mod, precision, opencl_emulation_target())
 
 
 def test_contract_compare():

@@ -17,6 +17,13 @@ arithmetic of a bf16 dot-product instruction (``vdpbf16ps``), on any x86 with AV
 uint8 asymmetric per row (token), quantised at run time by a small stock kernel in front of the dense (the
 ONNX Runtime ``quantize_dynamic`` scheme, whose activations are quantised per tensor: per row is finer), int32
 accumulation, the zero-point correction, scales, bias and activation in the dense kernel's epilogue.
+
+CUDA targets take both. ``int8``: the weight is stored (N, K) (``transpose_b``), the layout of the tensor-core
+path (:mod:`..schedules.cuda.tensorcore_int8`: mma.sync m16n8k32 u8 × s8 → s32 where M and N are multiples of 16
+and K of 32; the SIMT dense otherwise), and the quantisation kernels in front of it are stock reductions and
+elementwise kernels that dlight binds to threads. ``bf16``: the activation is cast to a bfloat16 tensor (the same
+round-to-nearest-even) and the dense is the fp16/bf16 tensor-core one (m16n8k16, fp32 accumulation) with an fp32
+output; the gated dense keeps fp32 there.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from .lowering.operator_calls import bound_constant, operator_call
 PRECISIONS = ("fp32", "bf16", "int8")
 #: the operators whose constant weights change precision
 LOW_PRECISION_OPS = ("fused_dense", "fused_gated_dense")
+#: precisions each non-CPU target family compiles (CPU targets: all of :data:`PRECISIONS`)
+GPU_PRECISIONS = {"cuda": ("fp32", "bf16", "int8")}
 #: LLVM features the kernels of each precision are built on, recorded when the target has them. The dot-product
 #: instructions (``vdpbf16ps``, ``vpdpbusd``, AMX) are not among them: LLVM does not form them from these loop
 #: nests (checked in the assembly for znver4 and sapphirerapids), so bf16 widens its weights and int8
@@ -109,10 +118,12 @@ def target_features(target: tvm.target.Target, precision: str) -> List[str]:
 
 @relax.expr_functor.mutator
 class _LowerPrecision(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, precision: str, report: PrecisionReport, ranges=None):
+    def __init__(self, mod: tvm.IRModule, precision: str, report: PrecisionReport, ranges=None,
+                 for_cuda: bool = False):
         super().__init__(mod)
         self.mod = mod
         self.precision = precision
+        self.for_cuda = for_cuda
         self.report = report
         self.ranges = ranges  # int8's activation smoothing (:mod:`.calibration`), when calibrated
         self.changed = 0
@@ -150,7 +161,16 @@ class _LowerPrecision(relax.PyExprMutator):
     def _bf16(self, op, inputs, params, w):
         import ml_dtypes
 
-        x = self.builder_.emit_te(round_to_bf16, inputs["x"], primfunc_name_hint="round_to_bf16")
+        if self.for_cuda:
+            if op != "fused_dense":
+                self.report.kept.append(f"{op}: no CUDA bf16 kernel for the gated projection pair; kept fp32")
+                return None
+            # a bf16 tensor (the same round-to-nearest-even): the tensor-core dense's input; fp32 accumulation
+            # and output as on the CPU
+            x = self.builder_.emit(relax.op.astype(inputs["x"], "bfloat16"))
+            params = dict(params, out_dtype="float32")
+        else:
+            x = self.builder_.emit_te(round_to_bf16, inputs["x"], primfunc_name_hint="round_to_bf16")
         given = dict(inputs, x=x, w=relax.const(w.astype(ml_dtypes.bfloat16)))
         return call_op(self.builder_, op, given, params)
 
@@ -169,9 +189,12 @@ class _LowerPrecision(relax.PyExprMutator):
                 self.smoothed += 1
         wq, w_scale, w_sum = quantize_weight(w)  # (K, N) int8, (N,), (N,)
         xq, x_scale, x_zero = quantize_rows(self.builder_, x)
-        given = {"x": xq, "x_scale": x_scale, "x_zero": x_zero, "w": relax.const(wq),
+        given = {"x": xq, "x_scale": x_scale, "x_zero": x_zero,
+                 "w": relax.const(np.ascontiguousarray(wq.T) if self.for_cuda else wq),
                  "w_scale": relax.const(w_scale), "w_sum": relax.const(w_sum), "bias": inputs.get("bias")}
         kept = {k: v for k, v in params.items() if k in ("act", "out_dtype", "row_block", "row_clamp")}
+        if self.for_cuda:
+            kept["transpose_b"] = True
         return call_op(self.builder_, "fused_dense_int8", given, kept)
 
 
@@ -209,10 +232,12 @@ def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr):
 
 
 def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None,  # noqa: N802
-                   ranges: Optional[dict] = None) -> tvm.transform.Pass:
+                   ranges: Optional[dict] = None, for_cuda: bool = False) -> tvm.transform.Pass:
     """Rewrite the constant-weight dense operators of every function to ``precision`` (module docstring);
     what changed goes to ``report``. ``fp32``: nothing. ``ranges``: int8's calibrated activation ranges
-    (:func:`~.calibration.dense_input_ranges`), which turn on activation smoothing."""
+    (:func:`~.calibration.dense_input_ranges`), which turn on activation smoothing. ``for_cuda``: the operands as
+    the CUDA tensor-core kernels read them: int8 weights stored (N, K); bf16 activations cast to a bfloat16 tensor
+    (fp32 output)."""
     precision = check_precision(precision)
     report = report if report is not None else PrecisionReport(precision)
 
@@ -220,7 +245,7 @@ def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None,  # 
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if precision == "fp32":
             return mod
-        mutator = _LowerPrecision(mod, precision, report, ranges)
+        mutator = _LowerPrecision(mod, precision, report, ranges, for_cuda)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 mutator.builder_.update_func(gv, mutator.visit_expr(func))
@@ -242,8 +267,10 @@ def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target
     from ..targets import TargetInfo
 
     precision = check_precision(precision)
-    if precision != "fp32" and not TargetInfo.of(target).is_cpu:
-        raise InputError(f"precision {precision}: implemented for CPU (llvm) targets only, not {target.kind.name}")
+    info = TargetInfo.of(target)
+    if not info.is_cpu and precision not in GPU_PRECISIONS.get(info.kind, ("fp32",)):
+        raise InputError(f"precision {precision}: implemented for CPU (llvm) and CUDA targets only, not "
+                         f"{target.kind.name}")
     report = PrecisionReport(precision, features=target_features(target, precision))
     ranges = None
     if precision == "int8":
@@ -258,4 +285,4 @@ def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target
                 report.notes.append(f"activation smoothing off: generated calibration inputs do not fit ({err})")
         else:
             report.notes.append("activation smoothing off: no calibration inputs (calibration=, --calibration)")
-    return LowerPrecision(precision, report, ranges)(mod), report
+    return LowerPrecision(precision, report, ranges, for_cuda=info.kind == "cuda")(mod), report

@@ -3,7 +3,8 @@
 
 ``x``: (..., K) uint8, quantised per row (``x_scale``, ``x_zero``: (..., 1), float32 and int32; see
 :func:`~tvm_fusion_ext.compile.precision.quantize_rows`); ``w``: (K, N) int8, symmetric per output channel
-(``w_scale``: (N,)), or pre-packed (``w_layout="packed"``, the (ceil(N / nr), K, nr) panels of
+(``w_scale``: (N,)), or (N, K) with ``transpose_b`` (the layout of the CUDA tensor-core path: each output
+channel's K bytes contiguous, as ``mma``'s column-major B operand and ``ldmatrix`` want), or pre-packed (``w_layout="packed"``, the (ceil(N / nr), K, nr) panels of
 :func:`.dense.pack_weight`); ``w_sum``: (N,) int32, the column sums of ``w``. The accumulator is
 ``sum_k xq·wq`` in int32 (the u8 × s8 product of VNNI's ``vpdpbusd``); the epilogue subtracts the zero point's
 share (``x_zero · w_sum[j]``), scales by ``x_scale · w_scale[j]``, adds the bias and applies the activation, on the
@@ -34,23 +35,27 @@ def quantize_weight(w: np.ndarray):
 
 @register_op("fused_dense_int8", inputs=("x", "x_scale", "x_zero", "w", "w_scale", "w_sum", "bias"))
 def fused_dense_int8(x, x_scale, x_zero, w, w_scale, w_sum, bias=None, *, act="none", w_layout="plain",
-                     out_features=None, out_dtype="float32", row_block=None, row_clamp="min"):
+                     out_features=None, out_dtype="float32", row_block=None, row_clamp="min", transpose_b=False):
     if w_layout not in W_LAYOUTS:
         raise ValueError(f"fused_dense_int8: unknown weight layout '{w_layout}' (known: {', '.join(W_LAYOUTS)})")
     *batch, K = x.shape
     if not batch:
         raise ValueError("fused_dense_int8: x is a vector; it needs a row axis (its per-row scale)")
+    if transpose_b and w_layout != "plain":
+        raise ValueError("fused_dense_int8: transpose_b takes a plain (N, K) weight, not a packed one")
     if w_layout == "packed":
         from tvm import tirx
 
         nr = int(w.shape[2])
         N = tirx.IntImm(str(x.shape[0].ty), int(out_features) if out_features is not None else int(w.shape[0]) * nr)
     else:
-        N = w.shape[1]
+        N = w.shape[0] if transpose_b else w.shape[1]
     k = te.reduce_axis((0, K), name="k")
 
     def weight(j):
-        return w[j // nr, k, j % nr] if w_layout == "packed" else w[k, j]
+        if w_layout == "packed":
+            return w[j // nr, k, j % nr]
+        return w[j, k] if transpose_b else w[k, j]
 
     if row_block is None:
         acc = te.compute((*batch, N), lambda *idx: te.sum(

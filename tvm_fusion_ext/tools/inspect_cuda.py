@@ -193,10 +193,11 @@ def _cast_floats(mod, dtype: str):
     return relax.transform.Normalize()(out)
 
 
-def inspect_cuda(model_path: str, arch: str = "sm_90", dtype: str = "float32") -> List[dict]:
+def inspect_cuda(model_path: str, arch: str = "sm_90", dtype: str = "float32", precision: str = "fp32") -> List[dict]:
     """Per-kernel CUDA resources of ``model_path`` built for ``arch`` in ``dtype`` (no GPU needed).
 
-    One row per distinct kernel (layers of the same shape share their kernels)."""
+    One row per distinct kernel (layers of the same shape share their kernels). ``precision``: the dense kernels'
+    (:mod:`~tvm_fusion_ext.compile.precision`; ``int8`` quantises fp32 weights, so it takes ``dtype`` float32)."""
     from ..compile import build
     from ..frontend import load_onnx
     from ..targets import cuda_target
@@ -204,6 +205,12 @@ def inspect_cuda(model_path: str, arch: str = "sm_90", dtype: str = "float32") -
     if arch not in ARCHS and not re.match(r"^sm_\d{2,3}a?$", arch):
         raise TargetError(f"unknown CUDA architecture '{arch}' (expected one of {', '.join(ARCHS)})")
     target = cuda_target(arch)
+    from ..compile.precision import check_precision
+
+    precision = check_precision(precision)
+    if precision != "fp32" and dtype != "float32":
+        raise FusionExtError(f"precision {precision} quantises a float32 model's weights: use it with dtype "
+                             f"float32, not {dtype}")
     if not nvcc_available():
         raise CudaToolchainError("nvcc is not on PATH (needed to compile CUDA kernels)")
     mod = load_onnx(model_path)
@@ -212,7 +219,7 @@ def inspect_cuda(model_path: str, arch: str = "sm_90", dtype: str = "float32") -
     mode = os.environ.get("TVM_CUDA_COMPILE_MODE")
     os.environ["TVM_CUDA_COMPILE_MODE"] = mode or "nvcc"
     try:
-        ex = build(mod, target)
+        ex = build(mod, target, precision=precision)
     finally:
         if mode is None:
             del os.environ["TVM_CUDA_COMPILE_MODE"]

@@ -11,6 +11,8 @@ fp32 inputs: a SIMT shared-memory GEMM::
 
 fp16 / bf16 inputs with M, N, K multiples of 16: the tensor-core path of :mod:`.tensorcore` (mma.sync
 m16n8k16, fp32 accumulation); other fp16/bf16 shapes take the SIMT path, which accumulates in fp32 too.
+``fused_dense_int8`` (uint8 activations, an (N, K) int8 weight) with M, N multiples of 16 and K of 32: the same
+template with :mod:`.tensorcore_int8`'s operands (mma.sync m16n8k32 u8 × s8, int32 accumulation); SIMT otherwise.
 The path follows dtype and shape, static properties of the PrimFunc, never a knob.
 
 Knobs (``sample_perfect_tile`` decisions unless said otherwise), fp32:
@@ -47,7 +49,7 @@ from ..common import (
     static_extents_reason,
 )
 from ..rule import Knobs, TemplateRule
-from . import tensorcore
+from . import tensorcore, tensorcore_int8
 
 VECTOR_WIDTHS = (1, 2, 4)
 UNROLL_STEPS = (0, 16, 64, 512)
@@ -95,11 +97,22 @@ def _gemm_shape(sch: s_tir.Schedule, block):
 
 def dense_cuda(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
                knobs: Optional[dict] = None) -> None:
-    if (padded_rows_stage(sch, block) is None and TargetInfo.of(target).tensor_cores
-            and tensorcore.supports(*_gemm_shape(sch, block), _input_dtype(sch, block))):
-        tensorcore.dense_mma(sch, block, target, knobs)
+    tiles = _tensor_core_tiles(sch, block, target)
+    if tiles is not None:
+        tensorcore.dense_mma(sch, block, target, knobs, tiles)
     else:
         dense_simt(sch, block, target, knobs)
+
+
+def _tensor_core_tiles(sch: s_tir.Schedule, block, target: tvm.target.Target):
+    """The tensor-core operands of this dense (fp16 / bf16, or u8 activations × s8 weights), None for SIMT."""
+    if padded_rows_stage(sch, block) is not None or not TargetInfo.of(target).tensor_cores:
+        return None
+    (M, N, K), dtype = _gemm_shape(sch, block), _input_dtype(sch, block)
+    trans_b = tensorcore.weight_is_transposed(sch, block)
+    if dtype == "uint8":
+        return tensorcore_int8.operand_tiles() if tensorcore_int8.supports(M, N, K, trans_b) else None
+    return tensorcore.operand_tiles(dtype, trans_b) if tensorcore.supports(M, N, K, dtype) else None
 
 
 def dense_simt(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Optional[dict] = None) -> None:
@@ -185,7 +198,7 @@ def _write_back_real_rows(sch: s_tir.Schedule, acc, tile_loop) -> None:
 class DenseCudaKnobs(Knobs):
     i: Optional[Sequence[int]] = None       # SIMT [by, ty, yi]; tensor cores [bm, wm, fm] in 16-row tiles
     j: Optional[Sequence[int]] = None       # SIMT [bx, tx, xi]; tensor cores [bn, wn, fn] in 16-column tiles
-    k: Optional[Sequence[int]] = None       # [ko, kc] (tensor cores: in 16-element tiles)
+    k: Optional[Sequence[int]] = None       # [ko, kc] (tensor cores: in 16-element tiles; int8: 32-byte tiles)
     vec: Optional[int] = None               # SIMT only: index into VECTOR_WIDTHS
     unroll: Optional[int] = None            # index into UNROLL_STEPS
     row_block: Optional[int] = None         # symbolic rows: rows per padded tile (the operator's row_block)
@@ -205,7 +218,8 @@ def simt_transferable_knobs(static: dict) -> dict:
 
 
 class DenseCUDA(TemplateRule):
-    """``fused_dense`` on CUDA: mma.sync tensor cores for fp16/bf16 in 16-multiples, a SIMT GEMM otherwise."""
+    """``fused_dense`` (and ``fused_dense_int8``) on CUDA: mma.sync tensor cores for fp16/bf16 in 16-multiples and
+    for u8 × s8 in 16 × 16 × 32 tiles, a SIMT GEMM otherwise."""
 
     block_rule = "tfx.dense"
     family = "cuda"
@@ -228,5 +242,7 @@ class DenseCUDA(TemplateRule):
         return simt_transferable_knobs(static)
 
     def prepare_operator(self, call, target):
-        """Rows known only at run time padded to whole row tiles (``row_block``, see ops/dense.py)."""
+        """Rows known only at run time padded to whole row tiles (``row_block``, see ops/dense.py). Not the int8
+        dense: the SIMT template's padded-row write-back does not take its epilogue yet, so its symbolic rows are
+        declined and take the fallback schedule."""
         return pad_symbolic_rows(call, "fused_dense", self.knobs.row_block or SYMBOLIC_ROW_BLOCK)

@@ -29,12 +29,14 @@ unrolling, nvcc keeps each fragment in 4 (fp16 pairs) or 8 (fp32) registers.
 
 Knobs (``sample_perfect_tile`` decisions, in 16-element tiles): ``i``: [bm, wm, fm] and ``j``: [bn, wn, fn]
 (grid, warps, tiles per warp along M and N), ``k``: [ko, ki] (K steps, tiles per step); ``unroll``: index into
-:data:`UNROLL_STEPS`. Used for fp16/bf16 when M, N and K are multiples of 16 (:func:`supports`).
+:data:`UNROLL_STEPS`. Used for fp16/bf16 when M, N and K are multiples of 16 (:func:`supports`), and for the
+int8 dense with :mod:`.tensorcore_int8`'s operands (:class:`OperandTiles`: K in 32-byte tiles, int32 accumulators).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import tvm
 from tvm import s_tir
@@ -173,10 +175,10 @@ def _mma(dtype: str, trans_b: bool):
     return desc, impl
 
 
-def _fill():
+def _fill(acc: str = "float32"):
     @T.prim_func(s_tir=True)
     def desc(c: T.handle) -> None:
-        C = T.match_buffer(c, (WARP, LOCAL), "float32", scope=FRAG_SCOPE)
+        C = T.match_buffer(c, (WARP, LOCAL), acc, scope=FRAG_SCOPE)
         with T.sblock("root"):
             T.reads()
             T.writes(C[0:WARP, 0:LOCAL])
@@ -186,27 +188,28 @@ def _fill():
                     lane, value = T.meta_var(fragment_layout(i, j))
                     T.reads()
                     T.writes(C[lane, value])
-                    C[lane, value] = T.float32(0)
+                    C[lane, value] = T.cast(0, acc)
 
     @T.prim_func(s_tir=True)
     def impl(c: T.handle) -> None:
-        C = T.match_buffer(c, (WARP, LOCAL), "float32", scope=FRAG_SCOPE, offset_factor=1)
+        C = T.match_buffer(c, (WARP, LOCAL), acc, scope=FRAG_SCOPE, offset_factor=1)
         with T.sblock("root"):
             T.reads()
             T.writes(C[0:WARP, 0:LOCAL])
             for tx in T.thread_binding(0, WARP, "threadIdx.x"):
-                T.evaluate(T.cuda.mma_fill_legacy(LOCAL, C.data, C.elem_offset, dtype="float32"))
+                T.evaluate(T.cuda.mma_fill_legacy(LOCAL, C.data, C.elem_offset, dtype=acc))
 
     return desc, impl
 
 
-def _store_shared():
-    """Accumulators -> shared fp32 tile, as BufferStores (see the module docstring for why not wmma/access_ptr)."""
+def _store_shared(acc: str = "float32"):
+    """Accumulators (fp32; int32 for int8) -> shared tile, as BufferStores (the module docstring says why not
+    wmma or access_ptr)."""
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, c: T.handle) -> None:
-        W = T.match_buffer(a, (WARP, LOCAL), "float32", scope=FRAG_SCOPE)
-        C = T.match_buffer(c, (TILE, TILE), "float32", scope="shared")
+        W = T.match_buffer(a, (WARP, LOCAL), acc, scope=FRAG_SCOPE)
+        C = T.match_buffer(c, (TILE, TILE), acc, scope="shared")
         with T.sblock("root"):
             T.reads(W[0:WARP, 0:LOCAL])
             T.writes(C[0:TILE, 0:TILE])
@@ -222,8 +225,8 @@ def _store_shared():
     def impl(a: T.handle, c: T.handle) -> None:
         s0 = T.int32()
         s1 = T.int32()
-        W = T.match_buffer(a, (WARP, LOCAL), "float32", scope=FRAG_SCOPE, offset_factor=1)
-        C = T.match_buffer(c, (TILE, TILE), "float32", scope="shared", offset_factor=1, strides=[s0, s1])
+        W = T.match_buffer(a, (WARP, LOCAL), acc, scope=FRAG_SCOPE, offset_factor=1)
+        C = T.match_buffer(c, (TILE, TILE), acc, scope="shared", offset_factor=1, strides=[s0, s1])
         with T.sblock("root"):
             T.reads(W[0:WARP, 0:LOCAL])
             T.writes(C[0:TILE, 0:TILE])
@@ -270,6 +273,29 @@ def supports(M: int, N: int, K: int, dtype: str) -> bool:
     return dtype in DTYPES and M % TILE == 0 and N % TILE == 0 and K % TILE == 0
 
 
+@dataclass(frozen=True)
+class OperandTiles:
+    """What the template needs to know about one input dtype's mma: intrinsic names, K per tensorized tile,
+    elements per 16-byte access (global loads, shared-row padding), and each operand's tile shape and fragment
+    layout over its cached buffer's (row, col)."""
+
+    names: dict
+    tile_k: int
+    vec: int
+    in_bytes: int
+    a_tile: tuple
+    b_tile: tuple
+    a_layout: Callable
+    b_layout: Callable
+
+
+def operand_tiles(dtype: str, trans_b: bool) -> OperandTiles:
+    """fp16 / bf16 (registers the intrinsics); int8's are :func:`.tensorcore_int8.operand_tiles`."""
+    register_intrinsics()
+    return OperandTiles(intrin_names(dtype, trans_b, sync=True), TILE, VEC, 2, (TILE, TILE), (TILE, TILE),
+                        fragment_layout, fragment_layout)
+
+
 def weight_is_transposed(sch: s_tir.Schedule, block) -> bool:
     """True for an (N, K) weight: its first index is not the reduction variable."""
     stmt = sch.get(block)
@@ -279,17 +305,18 @@ def weight_is_transposed(sch: s_tir.Schedule, block) -> bool:
 
 
 def smem_bytes(bm: int, bn: int, kc: int, in_bytes: int = 2) -> int:
-    """Shared memory of one block: padded x and W tiles plus the fp32 output tile."""
-    return (bm * (kc + SMEM_PAD) + kc * (bn + SMEM_PAD)) * in_bytes + bm * bn * 4
+    """Shared memory of one block: x and W tiles, rows padded by 16 bytes, plus the 32-bit output tile."""
+    pad = 16 // in_bytes
+    return (bm * (kc + pad) + kc * (bn + pad)) * in_bytes + bm * bn * 4
 
 
-def mma_defaults(M: int, N: int, K: int, lim: dict) -> dict:
+def mma_defaults(M: int, N: int, K: int, lim: dict, tile_k: int = TILE, in_bytes: int = 2) -> dict:
     """2×2 warps; per warp 1×2 tiles of 16×16 (a 32×64 block tile) where the shape allows, kc = 32.
 
     At M=128 this gives 4 row tiles × N/64 column tiles: 24-48 blocks of 128 threads for BERT/MiniLM widths,
     and 16 fp32 accumulators per thread, far from the register limit. A narrower N falls back to fewer
-    tiles."""
-    mt, nt, kt = M // TILE, N // TILE, K // TILE
+    tiles. int8 (``tile_k`` 32, one byte per element): the same tiles with kc = 64."""
+    mt, nt, kt = M // TILE, N // TILE, K // tile_k
     max_warps = max(1, lim["threads"] // lim["warp"])
     wm = largest_divisor(mt, 2)
     wn = largest_divisor(nt, max(1, min(2, max_warps // wm)))
@@ -297,12 +324,16 @@ def mma_defaults(M: int, N: int, K: int, lim: dict) -> dict:
     fn = largest_divisor(nt // wn, 2)
     ki = largest_divisor(kt, 2)
     # never the case at these tile sizes, but the limit is the target's: shrink K first, then N
-    while smem_bytes(wm * fm * TILE, wn * fn * TILE, ki * TILE) > lim["smem"] and (ki > 1 or fn > 1):
+    while smem_bytes(wm * fm * TILE, wn * fn * TILE, ki * tile_k, in_bytes) > lim["smem"] and (ki > 1 or fn > 1):
         if ki > 1:
             ki = largest_divisor(kt, ki - 1)
         else:
             fn = largest_divisor(nt // wn, fn - 1)
-    return {"i": [mt // (wm * fm), wm, fm], "j": [nt // (wn * fn), wn, fn], "k": [kt // ki, ki], "unroll": 1}
+    # int8: no auto-unroll. At 16 steps ptxas keeps an 8-byte stack frame with 8 bytes of spills in MiniLM's QKV
+    # projection (K = 384, N = 1152) on sm_90; with none, no MiniLM, BERT-base or LLaMA-7B shape spills on
+    # sm_80 or sm_90 (tests/cuda/test_cuda_precision.py)
+    unroll = 0 if in_bytes == 1 else 1
+    return {"i": [mt // (wm * fm), wm, fm], "j": [nt // (wn * fn), wn, fn], "k": [kt // ki, ki], "unroll": unroll}
 
 
 def _decision(knobs: dict, key: str, default):
@@ -312,25 +343,26 @@ def _decision(knobs: dict, key: str, default):
     return [int(x) for x in v] if isinstance(default, list) else int(v)
 
 
-def dense_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Optional[dict] = None) -> None:
-    register_intrinsics()
+def dense_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Optional[dict] = None,
+              tiles: Optional[OperandTiles] = None) -> None:
+    """The tensor-core template; ``tiles``: the input dtype's mma (default: fp16 / bf16 from the block)."""
     knobs = knobs or {}
     lim = TargetInfo.of(target).limits()
-    dtype = str(sch.get(block).reads[0].source.dtype)
-    trans_b = weight_is_transposed(sch, block)
-    names = intrin_names(dtype, trans_b, sync=True)
+    if tiles is None:
+        tiles = operand_tiles(str(sch.get(block).reads[0].source.dtype), weight_is_transposed(sch, block))
+    names = tiles.names
     epilogue = sch.get_consumers(block)[0]
 
     flatten_write_rows(sch, block)
     i, j, k = flatten_block_rows(sch, block, extra=2)
     M, N, K = (int(sch.get(lp).extent) for lp in (i, j, k))
-    d = mma_defaults(M, N, K, lim)
+    d = mma_defaults(M, N, K, lim, tiles.tile_k, tiles.in_bytes)
 
     i0, i_tc = sch.split(i, [None, TILE])
     j0, j_tc = sch.split(j, [None, TILE])
-    k0, k_tc = sch.split(k, [None, TILE])
+    k0, k_tc = sch.split(k, [None, tiles.tile_k])
     sch.reorder(i0, j0, k0, i_tc, j_tc, k_tc)
-    outer = sch.blockize(i_tc)  # ``block`` is now the 16×16×16 tile the mma intrinsic replaces
+    outer = sch.blockize(i_tc)  # ``block`` is now the 16×16×tile_k tile the mma intrinsic replaces
 
     ti = sch.sample_perfect_tile(i0, n=3, max_innermost_factor=4, decision=_decision(knobs, "i", d["i"]))
     tj = sch.sample_perfect_tile(j0, n=3, max_innermost_factor=4, decision=_decision(knobs, "j", d["j"]))
@@ -357,16 +389,16 @@ def dense_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Opti
     for idx in (0, 1):
         shared = sch.cache_read(outer, idx, "shared")
         sch.compute_at(shared, ko, preserve_unit_loops=True)
-        spread(sch.fuse(*sch.get_loops(shared)[-len(sch.get(shared).writes[0].region):]), VEC)
-        sch.storage_align(shared, 0, axis=-2, factor=32, offset=SMEM_PAD)
+        spread(sch.fuse(*sch.get_loops(shared)[-len(sch.get(shared).writes[0].region):]), tiles.vec)
+        sch.storage_align(shared, 0, axis=-2, factor=32, offset=16 // tiles.in_bytes)  # 16 bytes
 
     frags = []
-    for idx in (0, 1):
+    for idx, (tr, tc) in ((0, tiles.a_tile), (1, tiles.b_tile)):
         frag = sch.cache_read(outer, idx, FRAG_SCOPE)
         sch.compute_at(frag, ki, preserve_unit_loops=True)
         r, c = sch.get_loops(frag)[-2:]
-        r0, r1 = sch.split(r, [None, TILE])
-        c0, c1 = sch.split(c, [None, TILE])
+        r0, r1 = sch.split(r, [None, tr])
+        c0, c1 = sch.split(c, [None, tc])
         sch.reorder(r0, c0, r1, c1)
         frags.append((frag, r1))
 
@@ -384,13 +416,14 @@ def dense_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Opti
     inline_consumers(sch, epilogue)
     spread(sch.fuse(*sch.get_loops(epilogue)[-2:]), 4)
 
-    def to_fragments(blk, rw):
-        sch.transform_layout(blk, (rw, 0), lambda *ax: (*ax[:-2], ax[-2] // TILE, ax[-1] // TILE,
-                                                        *fragment_layout(ax[-2] % TILE, ax[-1] % TILE)))
+    def to_fragments(blk, rw, tile, layout):
+        tr, tc = tile
+        sch.transform_layout(blk, (rw, 0), lambda *ax: (*ax[:-2], ax[-2] // tr, ax[-1] // tc,
+                                                        *layout(ax[-2] % tr, ax[-1] % tc)))
 
-    to_fragments(frags[0][0], "write")
-    to_fragments(frags[1][0], "write")
-    to_fragments(acc, "read")
+    to_fragments(frags[0][0], "write", tiles.a_tile, tiles.a_layout)
+    to_fragments(frags[1][0], "write", tiles.b_tile, tiles.b_layout)
+    to_fragments(acc, "read", (TILE, TILE), fragment_layout)
 
     init = sch.decompose_reduction(outer, ko)
     sch.tensorize(frags[0][1], names["load_a"])

@@ -2,8 +2,9 @@
 ``numerics`` part; ``scripts/gpu_check.py`` is this part alone, its command line unchanged).
 
 ``build`` compiles the cases of ``tests/gpu/`` (the CUDA templates one kernel at a time: dense fp32 / fp16 / bf16
-with tensor cores and SIMT, bias + residual + LayerNorm, attention fp32 / fp16 / bf16, each 16-bit attention also
-through the opt-in tensor-core template; a symbolic-shape chain of dense → causal attention → LayerNorm through the
+with tensor cores and SIMT, the int8 dense (u8 × s8 tensor cores, int32 accumulation) on quantised inputs,
+bias + residual + LayerNorm, attention fp32 / fp16 / bf16, each 16-bit attention also through the opt-in
+tensor-core template; a symbolic-shape chain of dense → causal attention → LayerNorm through the
 Relax VM; the packed varlen attention) with ``export_library`` into ``DIR``, with each case's inputs and the
 reference it must match (numpy in float64 on the values the GPU sees, or the CPU build for the VM chain) and a
 ``cases.json`` index. ``arch="llvm"`` builds the float32 cases for this CPU instead, so that the run side is
@@ -105,6 +106,44 @@ def _prim_cases():
     return cases
 
 
+def int8_dense_cases():
+    """The int8 dense of ``precision="int8"`` (``fused_dense_int8``, weight (N, K) as CUDA builds store it) on
+    already-quantised inputs, in the tuple form of :func:`_prim_cases`: u8 activations × s8 weights on tensor
+    cores (the first three: MiniLM's QKV, FFN up and a decode-sized LLaMA projection) and on the SIMT dense (rows
+    not a multiple of 16). The integer dot product is exact (numpy int64), so the reference leaves only the fp32
+    epilogue's rounding and the tolerance is tight. The torch peer is cuBLAS's fp16 ``linear`` of the same shape,
+    the dense int8 stands in for."""
+    cases = []
+    for M, K, N, act in [(128, 384, 1152, "none"), (128, 384, 1536, "gelu"), (16, 2048, 1024, "none"),
+                         (20, 64, 48, "relu")]:
+        rng = np.random.default_rng(M + K + N)
+        x = rng.integers(0, 256, (1, M, K)).astype("uint8")
+        x_zero = rng.integers(0, 256, (1, M, 1)).astype("int32")
+        x_scale = rng.uniform(0.01, 0.05, (1, M, 1)).astype("float32")
+        w = rng.integers(-127, 128, (N, K)).astype("int8")
+        w_scale = rng.uniform(0.5, 2.0, N).astype("float32") / np.float32(127 * math.sqrt(K))
+        w_sum = w.astype("int32").sum(axis=1).astype("int32")
+        b = rng.standard_normal(N).astype("float32")
+        acc = x[0].astype(np.int64) @ w.T.astype(np.int64) - x_zero[0].astype(np.int64) * w_sum.astype(np.int64)
+        z = (acc * (x_scale[0].astype("float64") * w_scale.astype("float64")) + b)[None]
+        want = {"none": z, "relu": np.maximum(z, 0), "gelu": _gelu(z)}[act]
+        inputs = {"x": (x, "uint8"), "x_scale": (x_scale, "float32"), "x_zero": (x_zero, "int32"), "w": (w, "int8"),
+                  "w_scale": (w_scale, "float32"), "w_sum": (w_sum, "int32"), "bias": (b, "float32")}
+        cases.append((f"dense_int8_{M}x{K}x{N}_{act}", "fused_dense_int8", "tfx.dense", inputs,
+                      {"act": act, "transpose_b": True}, (1, M, N), "float32", want, 1e-4,
+                      {"op": "dense_int8", "act": act}))
+    return cases
+
+
+def _torch_int8_dense_peer(torch, spec, tensors):
+    """What the int8 dense replaces: cuBLAS's fp16 ``linear`` (fp32 on a CPU rehearsal) of the same shape."""
+    F = torch.nn.functional
+    dtype = torch.float16 if tensors[0].is_cuda else torch.float32
+    x, w, b = tensors[0].to(dtype), tensors[3].to(dtype), tensors[6].to(dtype)
+    act = {"none": lambda z: z, "relu": F.relu, "gelu": F.gelu}[spec["act"]]
+    return lambda: act(F.linear(x, w, b))
+
+
 def _build_prim(case, target, out_dir):
     import tvm
     from tvm import relax, s_tir
@@ -191,7 +230,7 @@ def build(out_dir: Path, arch: str) -> None:
     cases = []
     from tvm_fusion_ext.schedules.cuda.attention_mma import OPT_IN
 
-    for case in _prim_cases():
+    for case in _prim_cases() + int8_dense_cases():
         if on_cpu and case[6] != "float32":
             continue  # the CPU rehearsal: the float32 cases exercise the same run-side code
         cases.append(_build_prim(case, target, out_dir))
@@ -211,7 +250,8 @@ def build(out_dir: Path, arch: str) -> None:
 
 # -- run (on the GPU machine: tvm.runtime, numpy, torch only) -----------------------------------------------------
 def _torch_dtype(torch, dtype):
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "uint8": torch.uint8,
+            "int8": torch.int8, "int32": torch.int32}[dtype]
 
 
 def _on_gpu(torch, a, dtype=None):
@@ -253,6 +293,8 @@ def torch_time(torch, fn, number=50):
 
 def _torch_op(torch, spec, tensors):
     F = torch.nn.functional
+    if spec["op"] == "dense_int8":
+        return _torch_int8_dense_peer(torch, spec, tensors)
     if spec["op"] == "dense":
         x, w, b = (list(tensors) + [None])[:3]  # bias optional
         act = {"none": lambda z: z, "relu": F.relu, "gelu": F.gelu}[spec["act"]]
