@@ -101,9 +101,9 @@ def _accumulator(x, batch, N, row_block, row_clamp, reduce):
 
 
 def _is_zero(expr) -> bool:
-    from tvm import arith, tirx
+    from tvm import sym, tirx
 
-    expr = arith.Analyzer().simplify(expr)
+    expr = sym.Analyzer().simplify(expr)
     return isinstance(expr, tirx.IntImm) and int(expr) == 0
 
 
