@@ -109,9 +109,10 @@ def target_features(target: tvm.target.Target, precision: str) -> List[str]:
 
 @relax.expr_functor.mutator
 class _LowerPrecision(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, precision: str, report: PrecisionReport):
+    def __init__(self, mod: tvm.IRModule, precision: str, report: PrecisionReport, x_dtype: str = "uint8"):
         super().__init__(mod)
         self.mod = mod
+        self.x_dtype = x_dtype
         self.precision = precision
         self.report = report
         self.changed = 0
@@ -157,7 +158,7 @@ class _LowerPrecision(relax.PyExprMutator):
 
         transpose_b = bool(params.get("transpose_b", False))
         wq, w_scale, w_sum = quantize_weight(w.T if transpose_b else w)  # (K, N) int8, (N,), (N,)
-        xq, x_scale, x_zero = quantize_rows(self.builder_, inputs["x"])
+        xq, x_scale, x_zero = quantize_rows(self.builder_, inputs["x"], self.x_dtype)
         given = {"x": xq, "x_scale": x_scale, "x_zero": x_zero, "w": relax.const(wq),
                  "w_scale": relax.const(w_scale), "w_sum": relax.const(w_sum), "bias": inputs.get("bias")}
         kept = {k: v for k, v in params.items() if k in ("act", "out_dtype", "row_block", "row_clamp")}
@@ -181,11 +182,12 @@ def round_to_bf16(x):
     return te.compute(x.shape, rounded, name="round_to_bf16")
 
 
-def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr):
+def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr, dtype: str = "uint8"):
     """Per-row (last axis) asymmetric uint8 quantisation, ONNX ``DynamicQuantizeLinear``'s arithmetic per row:
     the range always holds 0 (so 0 is exact), scale = range / 255, zero point = round(-min / scale) clipped to
     [0, 255], q = clip(round(x / scale) + zero point). Returns (q uint8, scale float32, zero point int32), the
-    last two of shape (..., 1)."""
+    last two of shape (..., 1). ``dtype`` int16: the same values, stored in the type AVX2's ``vpmaddwd`` kernel
+    multiplies (schedules/cpu/dot_intrin.py)."""
     f32 = lambda v: relax.const(v, "float32")  # noqa: E731
     lo = bb.emit(relax.op.minimum(relax.op.min(x, axis=-1, keepdims=True), f32(0.0)))
     hi = bb.emit(relax.op.maximum(relax.op.max(x, axis=-1, keepdims=True), f32(0.0)))
@@ -193,13 +195,15 @@ def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr):
     scale = bb.emit(relax.op.where(relax.op.equal(span, f32(0.0)), f32(1.0), span))
     zero = bb.emit(relax.op.clip(relax.op.round(relax.op.divide(relax.op.negative(lo), scale)), 0, 255))
     q = bb.emit(relax.op.astype(relax.op.clip(relax.op.add(relax.op.round(relax.op.divide(x, scale)), zero),
-                                              0, 255), "uint8"))
+                                              0, 255), dtype))
     return q, scale, bb.emit(relax.op.astype(zero, "int32"))
 
 
-def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None) -> tvm.transform.Pass:  # noqa: N802
+def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None,  # noqa: N802
+                   target: Optional[tvm.target.Target] = None) -> tvm.transform.Pass:
     """Rewrite the constant-weight dense operators of every function to ``precision`` (module docstring);
-    what changed goes to ``report``. ``fp32``: nothing."""
+    what changed goes to ``report``. ``fp32``: nothing. ``target``: int8 activations are stored in the type its
+    dot-product kernel reads (:func:`int8_activation_dtype`)."""
     precision = check_precision(precision)
     report = report if report is not None else PrecisionReport(precision)
 
@@ -207,7 +211,7 @@ def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None) -> 
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if precision == "fp32":
             return mod
-        mutator = _LowerPrecision(mod, precision, report)
+        mutator = _LowerPrecision(mod, precision, report, int8_activation_dtype(target))
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 mutator.builder_.update_func(gv, mutator.visit_expr(func))
@@ -228,4 +232,12 @@ def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target
     if precision != "fp32" and not TargetInfo.of(target).is_cpu:
         raise InputError(f"precision {precision}: implemented for CPU (llvm) targets only, not {target.kind.name}")
     report = PrecisionReport(precision, features=target_features(target, precision))
-    return LowerPrecision(precision, report)(mod), report
+    return LowerPrecision(precision, report, target)(mod), report
+
+
+def int8_activation_dtype(target: Optional[tvm.target.Target]) -> str:
+    """``uint8``, or ``int16`` (the same values) where the target's int8 kernel multiplies int16 pairs."""
+    from ..schedules.cpu.dot_intrin import int8_dot_kernel
+
+    kernel = int8_dot_kernel(target) if target is not None else None
+    return kernel.a_dtype if kernel is not None else "uint8"

@@ -1,7 +1,8 @@
 """fused_dense_int8: ``act(dequant(xq @ Wq) + bias)`` in one kernel, the dynamic-quantisation form of
 :mod:`.dense`.
 
-``x``: (..., K) uint8, quantised per row (``x_scale``, ``x_zero``: (..., 1), float32 and int32; see
+``x``: (..., K) uint8 (or int16 holding the same u8 values: the operand type of AVX2's ``vpmaddwd``), quantised
+per row (``x_scale``, ``x_zero``: (..., 1), float32 and int32; see
 :func:`~tvm_fusion_ext.compile.precision.quantize_rows`); ``w``: (K, N) int8, symmetric per output channel
 (``w_scale``: (N,)), or pre-packed (``w_layout="packed"``, the (ceil(N / nr), K, nr) panels of
 :func:`.dense.pack_weight`); ``w_sum``: (N,) int32, the column sums of ``w``. The accumulator is

@@ -260,9 +260,10 @@ def dot_panels_reason(sch: s_tir.Schedule, block, target) -> Optional[str]:
         return None
     kernel = int8_dot_kernel(target)
     _, _, nr, group = (int(d) for d in sch.get(block).reads[1].source.shape)
-    if kernel is None or kernel.group != group or nr % kernel.lanes:
+    x_dtype = str(sch.get(block).reads[0].source.dtype)
+    if kernel is None or kernel.group != group or nr % kernel.lanes or x_dtype != kernel.a_dtype:
         have = kernel.instruction if kernel else "no int8 dot-product instruction"
-        return f"int8 weight packed in {group}-k groups of {nr} columns; this target has {have}"
+        return f"int8 weight packed in {group}-k groups of {nr} columns, {x_dtype} activations; this target has {have}"
     return None
 
 
@@ -444,7 +445,7 @@ class DenseCPU(TemplateRule):
         w = call.constant("w")
         dot = int8_dot_kernel(target) if call.op == "fused_dense_int8" else None
         if dot is not None and params.get("w_layout", "plain") == "plain" and w is not None \
-                and int(w.shape[0]) >= dot.group:
+                and int(w.shape[0]) >= dot.group and str(call.inputs["x"].ty.dtype) == dot.a_dtype:
             n = int(w.shape[1])
             inputs["w"] = relax.const(pack_dot_panels(w, dot_nr(n, dot, target), dot.group))
             params.update(w_layout="dot_panels", out_features=n)

@@ -7,7 +7,9 @@ arithmetic is exact in every implementation (no saturating step), so the results
 for bit:
 
 ``avx2_pmaddwd`` (8 lanes, pairs)
-    AVX2: the pair of u8 activations zero-extended to two int16 and broadcast as one int32; the 16 weights
+    AVX2: the pair of activations (u8 values, stored as int16 by the quantisation in front of the kernel, so
+    that a pair is one 32-bit broadcast from memory: widening u8 pairs in the kernel took 4 instructions per row
+    and k-pair, as many as the two ``vpmaddwd`` they feed) broadcast as one int32; the 16 weights
     sign-extended to int16 (``vpmovsxbw``); ``vpmaddwd`` multiplies the 16 int16 pairs and adds each pair into
     an int32 (u8 · s8 products and their pair sums fit int16 · int16 → int32 exactly); ``vpaddd`` accumulates.
     Two k per instruction against one for ``vpmovsx`` + ``vpmulld``, which is also a 10-cycle, 2-uop multiply
@@ -36,12 +38,14 @@ class DotKernel:
     llvm_intrin: str
     features: tuple  #: LLVM features the kernel needs on the running CPU
     instruction: str  #: the instruction the assembly shows
+    a_dtype: str     #: the activations' type in memory (their values are u8's)
 
 
-AVX2_PMADDWD = DotKernel("tfx_dot_8x2_u8s8_pmaddwd", 8, 2, "llvm.x86.avx2.pmadd.wd", ("avx2",), "vpmaddwd")
+AVX2_PMADDWD = DotKernel("tfx_dot_8x2_u8s8_pmaddwd", 8, 2, "llvm.x86.avx2.pmadd.wd", ("avx2",), "vpmaddwd", "int16")
 AVX512_VNNI = DotKernel("tfx_dot_16x4_u8s8_vnni512", 16, 4, "llvm.x86.avx512.vpdpbusd.512",
-                        ("avx512vnni", "avx512f"), "vpdpbusd")
-AVX_VNNI = DotKernel("tfx_dot_8x4_u8s8_vnni256", 8, 4, "llvm.x86.avx512.vpdpbusd.256", ("avxvnni",), "vpdpbusd")
+                        ("avx512vnni", "avx512f"), "vpdpbusd", "uint8")
+AVX_VNNI = DotKernel("tfx_dot_8x4_u8s8_vnni256", 8, 4, "llvm.x86.avx512.vpdpbusd.256", ("avxvnni",), "vpdpbusd",
+                     "uint8")
 KERNELS = (AVX512_VNNI, AVX_VNNI, AVX2_PMADDWD)
 
 
@@ -93,10 +97,10 @@ def register(kernel: DotKernel) -> str:
 def _prim_funcs(kernel: DotKernel):
     from tvm.script import tirx as T
 
-    lanes, group = kernel.lanes, kernel.group
+    lanes, group, a_dtype = kernel.lanes, kernel.group, kernel.a_dtype
 
     @T.prim_func(s_tir=True)
-    def desc(A: T.Buffer((group,), "uint8", offset_factor=1), B: T.Buffer((lanes, group), "int8", offset_factor=1),
+    def desc(A: T.Buffer((group,), a_dtype, offset_factor=1), B: T.Buffer((lanes, group), "int8", offset_factor=1),
              C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:group], B[0:lanes, 0:group])
@@ -109,13 +113,13 @@ def _prim_funcs(kernel: DotKernel):
 
     if kernel.group == 2:
         @T.prim_func(s_tir=True)
-        def impl(A: T.Buffer((group,), "uint8", offset_factor=1),
+        def impl(A: T.Buffer((group,), a_dtype, offset_factor=1),
                  B: T.Buffer((lanes, group), "int8", offset_factor=1),
                  C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
             with T.sblock("root"):
                 T.reads(C[0:lanes], A[0:group], B[0:lanes, 0:group])
                 T.writes(C[0:lanes])
-                a_pair = T.reinterpret(T.Cast("int16x2", A.vload([0], "uint8x2")), dtype="int32")
+                a_pair = T.reinterpret(A.vload([0], "int16x2"), dtype="int32")
                 a = T.reinterpret(T.broadcast(a_pair, lanes), dtype="int16x16")
                 b = T.Cast("int16x16", B.vload([0, 0], dtype="int8x16"))
                 C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype="int32x8") + T.call_llvm_pure_intrin(
@@ -125,7 +129,7 @@ def _prim_funcs(kernel: DotKernel):
     wide = lanes * group
 
     @T.prim_func(s_tir=True)
-    def impl(A: T.Buffer((group,), "uint8", offset_factor=1), B: T.Buffer((lanes, group), "int8", offset_factor=1),
+    def impl(A: T.Buffer((group,), a_dtype, offset_factor=1), B: T.Buffer((lanes, group), "int8", offset_factor=1),
              C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:group], B[0:lanes, 0:group])
