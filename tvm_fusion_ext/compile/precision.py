@@ -16,7 +16,11 @@ arithmetic of a bf16 dot-product instruction (``vdpbf16ps``), on any x86 with AV
 ``int8``: dynamic quantisation (:mod:`..ops.dense_int8`): weights int8 symmetric per output channel, activations
 uint8 asymmetric per row (token), quantised at run time by a small stock kernel in front of the dense (the
 ONNX Runtime ``quantize_dynamic`` scheme, whose activations are quantised per tensor: per row is finer), int32
-accumulation, the zero-point correction, scales, bias and activation in the dense kernel's epilogue.
+accumulation, the zero-point correction, scales, bias and activation in the dense kernel's epilogue. The
+micro-kernel multiplies with the target's dot-product instruction (schedules/cpu/dot_intrin.py), on weights
+packed k-grouped at compile time: ``vpdpbusd`` (u8 × s8 quads) with AVX512-VNNI or AVX-VNNI, ``vpmaddwd`` (int16
+pairs; the activations are stored as int16 for it) on AVX2. Every form is exact in int32, so the results are
+those of the scalar loop bit for bit; without AVX2 the scalar loop runs.
 """
 
 from __future__ import annotations
@@ -35,15 +39,18 @@ from .lowering.operator_calls import bound_constant, operator_call
 PRECISIONS = ("fp32", "bf16", "int8")
 #: the operators whose constant weights change precision
 LOW_PRECISION_OPS = ("fused_dense", "fused_gated_dense")
-#: LLVM features the kernels of each precision are built on, recorded when the target has them. The dot-product
-#: instructions (``vdpbf16ps``, ``vpdpbusd``, AMX) are not among them: LLVM does not form them from these loop
-#: nests (checked in the assembly for znver4 and sapphirerapids), so bf16 widens its weights and int8
-#: multiplies in int32 on every x86 host.
+#: LLVM features the kernels of each precision are built on, recorded when the target has them. int8's dense
+#: kernel multiplies with the target's dot-product instruction (schedules/cpu/dot_intrin.py, tensorized: LLVM
+#: does not form these from a loop nest): ``vpdpbusd`` where the target has AVX512-VNNI (512-bit) or AVX-VNNI
+#: (256-bit), else AVX2's ``vpmaddwd``; only the one it uses is recorded. bf16 widens its weights in registers
+#: and multiplies with fp32 FMAs on every x86 host (``vdpbf16ps`` is not used). AMX is not used.
 PRECISION_FEATURES = {
     "fp32": ("avx2", "fma", "avx512f"),
     "bf16": ("avx2", "fma", "avx512f"),
-    "int8": ("avx2", "avx512bw"),
+    "int8": ("avx2", "avx512f", "avx512bw", "avx512vnni", "avxvnni"),
 }
+#: features recorded only when the precision's kernel uses them (the target may have several)
+DOT_PRODUCT_FEATURES = ("avx512vnni", "avxvnni")
 
 
 def check_precision(precision: Optional[str]) -> str:
@@ -104,7 +111,13 @@ def target_features(target: tvm.target.Target, precision: str) -> List[str]:
     if not TargetInfo.of(target).is_cpu or precision == "fp32":
         return []
     have = {str(f) for f in codegen.llvm_get_cpu_features(target)}
-    return [f for f in PRECISION_FEATURES[precision] if f in have]
+    used = set()
+    if precision == "int8":
+        from ..schedules.cpu.dot_intrin import int8_dot_kernel
+
+        kernel = int8_dot_kernel(target)
+        used = set(kernel.features) if kernel is not None else set()
+    return [f for f in PRECISION_FEATURES[precision] if f in have and (f not in DOT_PRODUCT_FEATURES or f in used)]
 
 
 @relax.expr_functor.mutator

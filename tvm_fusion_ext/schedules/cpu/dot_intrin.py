@@ -76,6 +76,12 @@ def kernel_by_name(name: str) -> DotKernel:
     return next(k for k in KERNELS if k.name == name)
 
 
+def _llvm_major() -> int:
+    from tvm.target import codegen
+
+    return int(codegen.llvm_version_major())
+
+
 _registered: set = set()
 
 
@@ -127,6 +133,9 @@ def _prim_funcs(kernel: DotKernel):
         return desc, impl
 
     wide = lanes * group
+    # LLVM 22 declares vpdpbusd's multiplicands as i8 vectors (<64 x i8> for the 512-bit form); earlier releases
+    # as i32 vectors, the form TVM's own tensor_intrin/x86.py still emits (LLVM 22 rejects it)
+    operand = f"int8x{wide}" if _llvm_major() >= 22 else f"int32x{lanes}"
 
     @T.prim_func(s_tir=True)
     def impl(A: T.Buffer((group,), a_dtype, offset_factor=1), B: T.Buffer((lanes, group), "int8", offset_factor=1),
@@ -134,8 +143,9 @@ def _prim_funcs(kernel: DotKernel):
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:group], B[0:lanes, 0:group])
             T.writes(C[0:lanes])
-            a = T.broadcast(T.reinterpret(A.vload([0], f"uint8x{group}"), dtype="int32"), lanes)
-            b = T.reinterpret(B.vload([0, 0], dtype=f"int8x{wide}"), dtype=f"int32x{lanes}")
+            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], f"uint8x{group}"), dtype="int32"), lanes),
+                              dtype=operand)
+            b = T.reinterpret(B.vload([0, 0], dtype=f"int8x{wide}"), dtype=operand)
             C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id(kernel.llvm_intrin), C.vload([0], dtype=f"int32x{lanes}"), a, b,
                 dtype=f"int32x{lanes}")
