@@ -100,6 +100,12 @@ def register(kernel: DotKernel) -> str:
     return kernel.name
 
 
+def register_all() -> None:
+    """Every kernel's TensorIntrin: what a tuning record of any x86 CPU may name."""
+    for kernel in KERNELS:
+        register(kernel)
+
+
 def _prim_funcs(kernel: DotKernel):
     from tvm.script import tirx as T
 
