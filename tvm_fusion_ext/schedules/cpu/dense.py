@@ -19,6 +19,12 @@ Knobs (``sample_perfect_tile`` decisions unless said otherwise):
     ``i``: [ip, i0, mr]   ``j``: [j0, nr] (plain weights only)   ``k``: [k0, kc]
     ``unroll``: index into :data:`UNROLL_STEPS` (``sample_categorical``).
 Odd sizes get exact tiles (divisors), except a packed N, whose last panel is zero-padded and predicated.
+
+int8 (``fused_dense_int8``) on a CPU with a dot-product instruction: the constant weight is packed in k-groups
+(``dot_panels``, ops/dense_int8.py) and the loop nest gains the k inside a group (``kk``) innermost; the
+``lanes`` columns × ``kk`` under each row are one instruction (tensorized, schedules/cpu/dot_intrin.py). The
+accumulator spans the zero-padded last panel (no predicate in the micro-kernel), so the rows are always padded to
+the register tile (``row_block``) and the write-back, under the row tile, stops at N.
 """
 
 from __future__ import annotations
@@ -424,7 +430,8 @@ class DenseCPU(TemplateRule):
 
     def decline(self, sch, block, target):
         # rows may be symbolic (batch × sequence); the panel layout needs static columns and reduction
-        *_, j, k = sch.get_loops(block)
+        dot = op_params(sch).get("w_layout") == "dot_panels"
+        *_, j, k = sch.get_loops(block)[:-1] if dot else sch.get_loops(block)  # dot_panels: k-groups, then k
         return static_extents_reason(sch, (("columns", j), ("reduction", k))) or dot_panels_reason(sch, block, target)
 
     def schedule(self, sch, block, target, knobs=None):
