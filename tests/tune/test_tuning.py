@@ -395,3 +395,39 @@ def test_expert_register_rule_counts_mma_fragments_per_lane():
     get_template("tfx.dense", target)(sch, block, target)
     assert "mma" in sch.mod.script()  # the tensor-core template
     assert check(sch.mod["main"], target) is None
+
+
+@pytest.mark.slow  # ~40 s: a tuning run and a build in a second process
+def test_int8_records_name_the_dot_product_kernel_and_apply_in_a_fresh_process(model, tmp_path):
+    """``tune --precision int8``: the dense tasks are tuned on the template (its trace tensorizes with the
+    target's dot-product intrinsic), and a build in a new process, which has not scheduled an int8 kernel yet,
+    replays them (the intrinsic is registered before the records are) to the untuned build's outputs."""
+    import pathlib
+    import subprocess
+    import sys
+
+    from tvm_fusion_ext.runtime import CompiledModel
+    from tvm_fusion_ext.tune.driver import TuneOptions, tune
+
+    path, mod, feeds = model
+    manifest = tune(mod, "llvm", logs=str(tmp_path / "logs"), workload="tiny", precision="int8",
+                    options=TuneOptions(trials=4, progress=None, space="template", **TINY))
+    dense = {name: t for name, t in manifest["tasks"].items() if name.startswith("fused_dense_int8")}
+    assert dense and all(t["trials"] > 0 and t["best_us"] is not None for t in dense.values()), manifest["tasks"]
+    (logs,) = [str(p) for p in (tmp_path / "logs").iterdir() if p.name.startswith("tiny-int8-")]
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    script = (
+        "import sys, numpy as np\n"
+        "from tvm_fusion_ext.frontend import load_onnx\n"
+        "from tvm_fusion_ext.runtime import CompiledModel\n"
+        "feeds = dict(np.load(sys.argv[2]))\n"
+        "out = CompiledModel.from_module(load_onnx(sys.argv[1]), 'llvm', logs=sys.argv[3], precision='int8')"
+        ".run(feeds)\n"
+        "np.savez(sys.argv[4], **out)\n")
+    root = pathlib.Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", script, path, str(tmp_path / "feeds.npz"),
+                    logs, str(tmp_path / "out.npz")], cwd=root, check=True, timeout=600)
+    got = dict(np.load(tmp_path / "out.npz"))
+    want = CompiledModel.from_module(mod, "llvm", precision="int8").run(feeds)
+    for name, ref in want.items():
+        np.testing.assert_array_equal(got[name], ref)  # int32 accumulation: any schedule gives the same bits

@@ -16,7 +16,11 @@ arithmetic of a bf16 dot-product instruction (``vdpbf16ps``), on any x86 with AV
 ``int8``: dynamic quantisation (:mod:`..ops.dense_int8`): weights int8 symmetric per output channel, activations
 uint8 asymmetric per row (token), quantised at run time by a small stock kernel in front of the dense (the
 ONNX Runtime ``quantize_dynamic`` scheme, whose activations are quantised per tensor: per row is finer), int32
-accumulation, the zero-point correction, scales, bias and activation in the dense kernel's epilogue.
+accumulation, the zero-point correction, scales, bias and activation in the dense kernel's epilogue. The
+micro-kernel multiplies with the target's dot-product instruction (schedules/cpu/dot_intrin.py), on weights
+packed k-grouped at compile time: ``vpdpbusd`` (u8 × s8 quads) with AVX512-VNNI or AVX-VNNI, ``vpmaddwd`` (int16
+pairs; the activations are stored as int16 for it) on AVX2. Every form is exact in int32, so the results are
+those of the scalar loop bit for bit; without AVX2 the scalar loop runs.
 
 CUDA targets take both. ``int8``: the weight is stored (N, K) (``transpose_b``), the layout of the tensor-core
 path (:mod:`..schedules.cuda.tensorcore_int8`: mma.sync m16n8k32 u8 × s8 → s32 where M and N are multiples of 16
@@ -44,15 +48,18 @@ PRECISIONS = ("fp32", "bf16", "int8")
 LOW_PRECISION_OPS = ("fused_dense", "fused_gated_dense")
 #: precisions each non-CPU target family compiles (CPU targets: all of :data:`PRECISIONS`)
 GPU_PRECISIONS = {"cuda": ("fp32", "bf16", "int8")}
-#: LLVM features the kernels of each precision are built on, recorded when the target has them. The dot-product
-#: instructions (``vdpbf16ps``, ``vpdpbusd``, AMX) are not among them: LLVM does not form them from these loop
-#: nests (checked in the assembly for znver4 and sapphirerapids), so bf16 widens its weights and int8
-#: multiplies in int32 on every x86 host.
+#: LLVM features the kernels of each precision are built on, recorded when the target has them. int8's dense
+#: kernel multiplies with the target's dot-product instruction (schedules/cpu/dot_intrin.py, tensorized: LLVM
+#: does not form these from a loop nest): ``vpdpbusd`` where the target has AVX512-VNNI (512-bit) or AVX-VNNI
+#: (256-bit), else AVX2's ``vpmaddwd``; only the one it uses is recorded. bf16 widens its weights in registers
+#: and multiplies with fp32 FMAs on every x86 host (``vdpbf16ps`` is not used). AMX is not used.
 PRECISION_FEATURES = {
     "fp32": ("avx2", "fma", "avx512f"),
     "bf16": ("avx2", "fma", "avx512f"),
-    "int8": ("avx2", "avx512bw"),
+    "int8": ("avx2", "avx512f", "avx512bw", "avx512vnni", "avxvnni"),
 }
+#: features recorded only when the precision's kernel uses them (the target may have several)
+DOT_PRODUCT_FEATURES = ("avx512vnni", "avxvnni")
 
 
 def check_precision(precision: Optional[str]) -> str:
@@ -113,15 +120,22 @@ def target_features(target: tvm.target.Target, precision: str) -> List[str]:
     if not TargetInfo.of(target).is_cpu or precision == "fp32":
         return []
     have = {str(f) for f in codegen.llvm_get_cpu_features(target)}
-    return [f for f in PRECISION_FEATURES[precision] if f in have]
+    used = set()
+    if precision == "int8":
+        from ..schedules.cpu.dot_intrin import int8_dot_kernel
+
+        kernel = int8_dot_kernel(target)
+        used = set(kernel.features) if kernel is not None else set()
+    return [f for f in PRECISION_FEATURES[precision] if f in have and (f not in DOT_PRODUCT_FEATURES or f in used)]
 
 
 @relax.expr_functor.mutator
 class _LowerPrecision(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, precision: str, report: PrecisionReport, ranges=None,
-                 for_cuda: bool = False):
+                 for_cuda: bool = False, x_dtype: str = "uint8"):
         super().__init__(mod)
         self.mod = mod
+        self.x_dtype = x_dtype
         self.precision = precision
         self.for_cuda = for_cuda
         self.report = report
@@ -188,7 +202,7 @@ class _LowerPrecision(relax.PyExprMutator):
                 w = w * s[:, None]
                 self.smoothed += 1
         wq, w_scale, w_sum = quantize_weight(w)  # (K, N) int8, (N,), (N,)
-        xq, x_scale, x_zero = quantize_rows(self.builder_, x)
+        xq, x_scale, x_zero = quantize_rows(self.builder_, x, self.x_dtype)
         given = {"x": xq, "x_scale": x_scale, "x_zero": x_zero,
                  "w": relax.const(np.ascontiguousarray(wq.T) if self.for_cuda else wq),
                  "w_scale": relax.const(w_scale), "w_sum": relax.const(w_sum), "bias": inputs.get("bias")}
@@ -215,11 +229,12 @@ def round_to_bf16(x):
     return te.compute(x.shape, rounded, name="round_to_bf16")
 
 
-def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr):
+def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr, dtype: str = "uint8"):
     """Per-row (last axis) asymmetric uint8 quantisation, ONNX ``DynamicQuantizeLinear``'s arithmetic per row:
     the range always holds 0 (so 0 is exact), scale = range / 255, zero point = round(-min / scale) clipped to
     [0, 255], q = clip(round(x / scale) + zero point). Returns (q uint8, scale float32, zero point int32), the
-    last two of shape (..., 1)."""
+    last two of shape (..., 1). ``dtype`` int16: the same values, stored in the type AVX2's ``vpmaddwd`` kernel
+    multiplies (schedules/cpu/dot_intrin.py)."""
     f32 = lambda v: relax.const(v, "float32")  # noqa: E731
     lo = bb.emit(relax.op.minimum(relax.op.min(x, axis=-1, keepdims=True), f32(0.0)))
     hi = bb.emit(relax.op.maximum(relax.op.max(x, axis=-1, keepdims=True), f32(0.0)))
@@ -227,17 +242,19 @@ def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr):
     scale = bb.emit(relax.op.where(relax.op.equal(span, f32(0.0)), f32(1.0), span))
     zero = bb.emit(relax.op.clip(relax.op.round(relax.op.divide(relax.op.negative(lo), scale)), 0, 255))
     q = bb.emit(relax.op.astype(relax.op.clip(relax.op.add(relax.op.round(relax.op.divide(x, scale)), zero),
-                                              0, 255), "uint8"))
+                                              0, 255), dtype))
     return q, scale, bb.emit(relax.op.astype(zero, "int32"))
 
 
 def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None,  # noqa: N802
-                   ranges: Optional[dict] = None, for_cuda: bool = False) -> tvm.transform.Pass:
+                   ranges: Optional[dict] = None, for_cuda: bool = False,
+                   target: Optional[tvm.target.Target] = None) -> tvm.transform.Pass:
     """Rewrite the constant-weight dense operators of every function to ``precision`` (module docstring);
     what changed goes to ``report``. ``fp32``: nothing. ``ranges``: int8's calibrated activation ranges
     (:func:`~.calibration.dense_input_ranges`), which turn on activation smoothing. ``for_cuda``: the operands as
     the CUDA tensor-core kernels read them: int8 weights stored (N, K); bf16 activations cast to a bfloat16 tensor
-    (fp32 output)."""
+    (fp32 output). ``target`` (CPU): int8 activations are stored in the type its dot-product kernel reads
+    (:func:`int8_activation_dtype`)."""
     precision = check_precision(precision)
     report = report if report is not None else PrecisionReport(precision)
 
@@ -245,7 +262,8 @@ def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None,  # 
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if precision == "fp32":
             return mod
-        mutator = _LowerPrecision(mod, precision, report, ranges, for_cuda)
+        x_dtype = "uint8" if for_cuda else int8_activation_dtype(target)
+        mutator = _LowerPrecision(mod, precision, report, ranges, for_cuda, x_dtype)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 mutator.builder_.update_func(gv, mutator.visit_expr(func))
@@ -285,4 +303,12 @@ def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target
                 report.notes.append(f"activation smoothing off: generated calibration inputs do not fit ({err})")
         else:
             report.notes.append("activation smoothing off: no calibration inputs (calibration=, --calibration)")
-    return LowerPrecision(precision, report, ranges, for_cuda=info.kind == "cuda")(mod), report
+    return LowerPrecision(precision, report, ranges, for_cuda=info.kind == "cuda", target=target)(mod), report
+
+
+def int8_activation_dtype(target: Optional[tvm.target.Target]) -> str:
+    """``uint8``, or ``int16`` (the same values) where the target's int8 kernel multiplies int16 pairs."""
+    from ..schedules.cpu.dot_intrin import int8_dot_kernel
+
+    kernel = int8_dot_kernel(target) if target is not None else None
+    return kernel.a_dtype if kernel is not None else "uint8"

@@ -77,8 +77,13 @@ def record_directories(logs: str, target) -> List[str]:
 
 def collect(logs: str, target) -> TransferStats:
     """The knobs the records under ``logs`` (see :func:`record_directories`) give per kernel signature."""
+    from ..schedules.registry import prepare_for_records
+
     stats = TransferStats()
-    for directory in record_directories(logs, target):
+    directories = record_directories(logs, target)
+    if directories:
+        prepare_for_records(target)  # the traces name our tensor intrinsics
+    for directory in directories:
         try:
             by_workload = _records_by_workload(directory)
         except TuningLogError as err:  # another model's broken directory must not stop this build

@@ -52,13 +52,13 @@ def apply_records(mod: tvm.IRModule, target: tvm.target.Target, record_dir: str)
 
     if not os.path.isdir(record_dir):
         raise TuningLogError(f"tuning-log directory '{record_dir}' does not exist")
+    prepare_for_records(target)
     try:
         database = open_database(record_dir)  # cuts a half-written last line left by a killed tuning run
     except TuningLogError:
         raise
     except Exception as err:  # noqa: BLE001
         raise TuningLogError(f"cannot read tuning logs in '{record_dir}': {str(err).splitlines()[-1]}") from None
-    prepare_for_records(target)
     with target, database:
         return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
 

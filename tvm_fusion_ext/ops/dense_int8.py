@@ -1,7 +1,8 @@
 """fused_dense_int8: ``act(dequant(xq @ Wq) + bias)`` in one kernel, the dynamic-quantisation form of
 :mod:`.dense`.
 
-``x``: (..., K) uint8, quantised per row (``x_scale``, ``x_zero``: (..., 1), float32 and int32; see
+``x``: (..., K) uint8 (or int16 holding the same u8 values: the operand type of AVX2's ``vpmaddwd``), quantised
+per row (``x_scale``, ``x_zero``: (..., 1), float32 and int32; see
 :func:`~tvm_fusion_ext.compile.precision.quantize_rows`); ``w``: (K, N) int8, symmetric per output channel
 (``w_scale``: (N,)), or (N, K) with ``transpose_b`` (the layout of the CUDA tensor-core path: each output
 channel's K bytes contiguous, as ``mma``'s column-major B operand and ``ldmatrix`` want), or pre-packed (``w_layout="packed"``, the (ceil(N / nr), K, nr) panels of
@@ -9,6 +10,13 @@ channel's K bytes contiguous, as ``mma``'s column-major B operand and ``ldmatrix
 ``sum_k xq·wq`` in int32 (the u8 × s8 product of VNNI's ``vpdpbusd``); the epilogue subtracts the zero point's
 share (``x_zero · w_sum[j]``), scales by ``x_scale · w_scale[j]``, adds the bias and applies the activation, on the
 accumulator, as :mod:`.dense` does. |acc| <= 255 · 127 · K fits int32 up to K = 66,000.
+
+``w_layout="dot_panels"``: the (ceil(N / nr), ceil(K / g), nr, g) panels of :func:`pack_dot_panels`, each
+column's ``g`` consecutive k side by side (zeros past K and N), the operand layout of the x86 dot-product
+instructions (``g`` = 2 for AVX2's ``vpmaddwd``, 4 for VNNI's ``vpdpbusd``; schedules/cpu/dot_intrin.py). The
+accumulator then reduces over k-groups (``kg``) and the k inside a group (``kk``), over the padded columns (the
+padding columns are zeros, so the micro-kernel needs no predicate), and a K that is not a multiple of ``g`` leaves
+its last ``K mod g`` products to the epilogue: the micro-kernel reads x only inside its rows.
 
 Rows known only at run time: ``row_block`` pads them as in :mod:`.dense` (the ``dense_rows`` stage), so the CPU
 dense template (``tfx.dense``) schedules this operator as it does ``fused_dense``.
@@ -19,8 +27,22 @@ from __future__ import annotations
 import numpy as np
 from tvm import te
 
-from .dense import W_LAYOUTS, activation, dims_product, flatten_index, real_row, unflatten_index
+from .dense import W_LAYOUTS as DENSE_W_LAYOUTS
+from .dense import activation, dims_product, flatten_index, real_row, unflatten_index
 from .registry import register_op
+
+
+#: ``dot_panels``: k-grouped panels for the dot-product micro-kernels
+W_LAYOUTS = (*DENSE_W_LAYOUTS, "dot_panels")
+
+
+def pack_dot_panels(w: np.ndarray, nr: int, group: int) -> np.ndarray:
+    """(K, N) int8 weight → (ceil(N / nr), ceil(K / group), nr, group) panels, zero-padded past K and N."""
+    K, N = w.shape
+    kg, tiles = -(-K // group), -(-N // nr)
+    padded = np.zeros((kg * group, tiles * nr), dtype=w.dtype)
+    padded[:K, :N] = w
+    return np.ascontiguousarray(padded.reshape(kg, group, tiles, nr).transpose(2, 0, 3, 1))
 
 
 def quantize_weight(w: np.ndarray):
@@ -43,9 +65,12 @@ def fused_dense_int8(x, x_scale, x_zero, w, w_scale, w_sum, bias=None, *, act="n
         raise ValueError("fused_dense_int8: x is a vector; it needs a row axis (its per-row scale)")
     if transpose_b and w_layout != "plain":
         raise ValueError("fused_dense_int8: transpose_b takes a plain (N, K) weight, not a packed one")
-    if w_layout == "packed":
-        from tvm import tirx
+    from tvm import tirx
 
+    if w_layout == "dot_panels":
+        return _dot_panels(x, x_scale, x_zero, w, w_scale, w_sum, bias, act=act, out_features=out_features,
+                           out_dtype=out_dtype, row_block=row_block, row_clamp=row_clamp)
+    if w_layout == "packed":
         nr = int(w.shape[2])
         N = tirx.IntImm(str(x.shape[0].ty), int(out_features) if out_features is not None else int(w.shape[0]) * nr)
     else:
@@ -57,21 +82,67 @@ def fused_dense_int8(x, x_scale, x_zero, w, w_scale, w_sum, bias=None, *, act="n
             return w[j // nr, k, j % nr]
         return w[j, k] if transpose_b else w[k, j]
 
-    if row_block is None:
-        acc = te.compute((*batch, N), lambda *idx: te.sum(
-            x[(*idx[:-1], k)].astype("int32") * weight(idx[-1]).astype("int32"), axis=k),
-            name="dense", attrs={"schedule_rule": "tfx.dense"})
-        at = lambda *idx: acc(*idx)  # noqa: E731
-    else:
-        rows = dims_product(batch)
-        padded = (rows + (int(row_block) - 1)) // int(row_block) * int(row_block)
-        padded_x = te.compute((padded, K), lambda r, c: x[(*unflatten_index(real_row(r, rows, row_clamp), batch), c)],
-                              name="dense_rows", attrs={"schedule_rule": "None"})
-        acc = te.compute((padded, N), lambda r, j: te.sum(
-            padded_x[r, k].astype("int32") * weight(j).astype("int32"), axis=k),
-            name="dense", attrs={"schedule_rule": "tfx.dense"})
-        at = lambda *idx: acc(flatten_index(idx[:-1], batch), idx[-1])  # noqa: E731
+    acc, at = _accumulator(x, batch, N, row_block, row_clamp, lambda xk, j: te.sum(
+        xk(k).astype("int32") * weight(j).astype("int32"), axis=k))
+    return _epilogue(batch, N, at, x_scale, x_zero, w_scale, w_sum, bias, act, out_dtype)
 
+
+def _accumulator(x, batch, N, row_block, row_clamp, reduce):
+    """The ``dense`` stage (rows padded to ``row_block`` when given) and a reader of it by output index;
+    ``reduce(xk, j)`` is the reduction, ``xk(k)`` the row's activation at ``k``."""
+    K = x.shape[-1]
+    if row_block is None:
+        acc = te.compute((*batch, N), lambda *idx: reduce(lambda k: x[(*idx[:-1], k)], idx[-1]),
+                         name="dense", attrs={"schedule_rule": "tfx.dense"})
+        return acc, (lambda *idx: acc(*idx))
+    rows = dims_product(batch)
+    padded = (rows + (int(row_block) - 1)) // int(row_block) * int(row_block)
+    exact = _is_zero(padded - rows)  # static rows the tile divides: no clamp to read
+    padded_x = te.compute((padded, K), lambda r, c: x[(*unflatten_index(r if exact else real_row(r, rows, row_clamp),
+                                                                        batch), c)],
+                          name="dense_rows", attrs={"schedule_rule": "None"})
+    acc = te.compute((padded, N), lambda r, j: reduce(lambda k: padded_x[r, k], j),
+                     name="dense", attrs={"schedule_rule": "tfx.dense"})
+    return acc, (lambda *idx: acc(flatten_index(idx[:-1], batch), idx[-1]))
+
+
+def _is_zero(expr) -> bool:
+    from tvm import sym, tirx
+
+    expr = sym.Analyzer().simplify(expr)
+    return isinstance(expr, tirx.IntImm) and int(expr) == 0
+
+
+def _dot_panels(x, x_scale, x_zero, w, w_scale, w_sum, bias, *, act, out_features, out_dtype, row_block,
+                row_clamp):
+    from tvm import tirx
+
+    *batch, K = x.shape
+    K = int(K)
+    tiles, groups, nr, g = (int(d) for d in w.shape)
+    if groups != -(-K // g):
+        raise ValueError(f"fused_dense_int8: dot_panels weight {tuple(w.shape)} does not cover K = {K}")
+    idx_dtype = str(x.shape[0].ty)
+    N = tirx.IntImm(idx_dtype, int(out_features) if out_features is not None else tiles * nr)
+    full = K // g  # k-groups inside K; the K mod g products past them go to the epilogue
+    kg = te.reduce_axis((0, full), name="kg")
+    kk = te.reduce_axis((0, g), name="kk")
+    acc, at = _accumulator(x, batch, tirx.IntImm(idx_dtype, tiles * nr), row_block, row_clamp,
+                           lambda xk, j: te.sum(xk(kg * g + kk).astype("int32")
+                                                * w[j // nr, kg, j % nr, kk].astype("int32"), axis=[kg, kk]))
+    tail = [K - K % g + t for t in range(K % g)]
+
+    def with_tail(*idx):
+        v = at(*idx)
+        row, j = idx[:-1], idx[-1]
+        for t, kt in enumerate(tail):
+            v = v + x[(*row, kt)].astype("int32") * w[j // nr, full, j % nr, t].astype("int32")
+        return v
+
+    return _epilogue(batch, N, with_tail, x_scale, x_zero, w_scale, w_sum, bias, act, out_dtype)
+
+
+def _epilogue(batch, N, at, x_scale, x_zero, w_scale, w_sum, bias, act, out_dtype):
     def epilogue(*idx):
         row, j = (*idx[:-1], 0), idx[-1]
         v = (at(*idx) - x_zero[row] * w_sum[j]).astype("float32") * (x_scale[row] * w_scale[j])

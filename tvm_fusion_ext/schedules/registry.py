@@ -62,8 +62,13 @@ def fallback_rules(target: tvm.target.Target) -> list:
 
 def prepare_for_records(target: tvm.target.Target) -> None:
     """Make what tuning records of ``target`` refer to known to TVM before they are replayed (our tensor-core
-    intrinsics are registered on first use, and a CUDA record may name them)."""
+    intrinsics are registered on first use, and a CUDA record may name them; a CPU int8 record, a dot-product
+    intrinsic). Reading a record directory parses its traces, so this comes before opening one."""
     if TargetInfo.of(target).is_cuda:
         from .cuda.tensorcore import register_intrinsics
 
         register_intrinsics()
+    elif TargetInfo.of(target).is_cpu:
+        from .cpu.dot_intrin import register_all
+
+        register_all()  # every CPU's: a directory may pool records of several CPUs

@@ -134,7 +134,10 @@ def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fa
     """``auto``: the cost model was the default's choice, not the user's (it may fall back, below)."""
     from tvm.s_tir import meta_schedule as ms
 
+    from ..schedules.registry import prepare_for_records
+
     register_custom_rules()
+    prepare_for_records(target)  # a resumed run reads its records' traces
     database = records.open_database(out, create=True)
     tasks, skipped = extract_tasks(lowered, target, opts.min_flops)
     tunable = [t for t in tasks if choose_space(t, target, opts.space, opts.seed)]

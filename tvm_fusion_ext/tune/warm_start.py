@@ -52,6 +52,9 @@ def warm_start(cost_model, sources: Iterable[str], target) -> WarmStart:
     """Train ``cost_model`` (``XGBModel`` or ``RankModel``) on the records of ``sources`` measured on ``target``."""
     import tvm_ffi
 
+    from ..schedules.registry import prepare_for_records
+
+    prepare_for_records(target)  # the traces name our tensor intrinsics
     label = records.target_label(target)
     stats = WarmStart()
     groups: Dict[int, tuple] = {}

@@ -19,6 +19,12 @@ Knobs (``sample_perfect_tile`` decisions unless said otherwise):
     ``i``: [ip, i0, mr]   ``j``: [j0, nr] (plain weights only)   ``k``: [k0, kc]
     ``unroll``: index into :data:`UNROLL_STEPS` (``sample_categorical``).
 Odd sizes get exact tiles (divisors), except a packed N, whose last panel is zero-padded and predicated.
+
+int8 (``fused_dense_int8``) on a CPU with a dot-product instruction: the constant weight is packed in k-groups
+(``dot_panels``, ops/dense_int8.py) and the loop nest gains the k inside a group (``kk``) innermost; the
+``lanes`` columns × ``kk`` under each row are one instruction (tensorized, schedules/cpu/dot_intrin.py). The
+accumulator spans the zero-padded last panel (no predicate in the micro-kernel), so the rows are always padded to
+the register tile (``row_block``) and the write-back, under the row tile, stops at N.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import tvm
 from tvm import relax, s_tir
 
 from ...ops.dense import pack_weight
+from ...ops.dense_int8 import pack_dot_panels
 from ...targets import TargetInfo
 from ..common import (
     PREFETCH_KEY,
@@ -45,6 +52,7 @@ from ..common import (
     static_extents_reason,
 )
 from ..rule import Knobs, TemplateRule
+from .dot_intrin import DotKernel, int8_dot_kernel, register
 
 #: 16 ymm registers (AVX2) bound the accumulator tile: mr*nr/8 + nr/8 + 1 <= 16.
 MR_MAX = 8
@@ -83,6 +91,12 @@ def pack_nr(n: int, target: Optional[tvm.target.Target] = None) -> int:
     return PACK_NR if n >= PACK_NR else lanes
 
 
+def dot_nr(n: int, dot: DotKernel, target: Optional[tvm.target.Target] = None) -> int:
+    """Panel width of an int8 ``dot_panels`` weight: :func:`pack_nr`'s, rounded up to whole instructions."""
+    nr = pack_nr(n, target)
+    return -(-nr // dot.lanes) * dot.lanes
+
+
 def default_mr(m: int, target: Optional[tvm.target.Target] = None) -> int:
     # AVX2: prefer 4..6 rows (8..12 accumulators with nr=16); AVX-512: 8 rows (16 with nr=32). Else the largest
     # divisor that fits the registers.
@@ -112,6 +126,15 @@ def row_block_for(call, knobs_mr: Optional[int], knobs_i, target: Optional[tvm.t
     for d in call.inputs["x"].ty.shape.values[:-1]:
         m *= int(d)
     return symbolic_mr(target) if m > MR_MAX and default_mr(m, target) < THIN_MR else None
+
+
+def static_row_block(call, target: Optional[tvm.target.Target]) -> int:
+    """The register tile of a static row count, for an operator whose rows are always padded (the tile divides
+    them when :func:`row_block_for` did not ask for padding)."""
+    m = 1
+    for d in call.inputs["x"].ty.shape.values[:-1]:
+        m *= int(d)
+    return default_mr(m, target)
 
 
 #: a static row tile thinner than this (the best divisor of the rows) is replaced by padding the rows
@@ -212,7 +235,7 @@ def loop_extent(sch: s_tir.Schedule, loop):
 def _packed_nr(sch: s_tir.Schedule, block) -> Optional[int]:
     """nr of a packed-layout ``fused_dense`` (from the op's params, not guessed from shapes: a batched
     matmul handed to this template by the fallback also has a 3-D right operand)."""
-    if op_params(sch).get("w_layout") != "packed":
+    if op_params(sch).get("w_layout") not in ("packed", "dot_panels"):
         return None
     return int(sch.get(block).reads[1].source.shape[2])
 
@@ -230,13 +253,35 @@ def read_padded_rows_in_place(sch: s_tir.Schedule, block) -> None:
         sch.compute_inline(padded_rows)
 
 
+def _dot_kernel(sch: s_tir.Schedule, block, target) -> Optional[DotKernel]:
+    """The dot-product kernel of a ``dot_panels`` int8 weight (ops/dense_int8.py), None for other layouts."""
+    if op_params(sch).get("w_layout") != "dot_panels":
+        return None
+    return int8_dot_kernel(target)
+
+
+def dot_panels_reason(sch: s_tir.Schedule, block, target) -> Optional[str]:
+    """Why the template cannot run a ``dot_panels`` weight on ``target`` (its panels were cut for another CPU)."""
+    if op_params(sch).get("w_layout") != "dot_panels":
+        return None
+    kernel = int8_dot_kernel(target)
+    _, _, nr, group = (int(d) for d in sch.get(block).reads[1].source.shape)
+    x_dtype = str(sch.get(block).reads[0].source.dtype)
+    if kernel is None or kernel.group != group or nr % kernel.lanes or x_dtype != kernel.a_dtype:
+        have = kernel.instruction if kernel else "no int8 dot-product instruction"
+        return f"int8 weight packed in {group}-k groups of {nr} columns, {x_dtype} activations; this target has {have}"
+    return None
+
+
 def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
               knobs: Optional[dict] = None) -> None:
     knobs = knobs or {}
     packed_nr = _packed_nr(sch, block)
+    dot = _dot_kernel(sch, block, target)
     read_padded_rows_in_place(sch, block)
 
-    *batch, j, k = sch.get_loops(block)
+    # dot_panels: the k inside a group (kk) stays innermost, under the columns, for the dot-product instruction
+    *batch, j, k = sch.get_loops(block)[:-1] if dot else sch.get_loops(block)
     if not batch:
         batch = [sch.add_unit_loop(j)]  # x is a vector: one row
     batch_shape = [loop_extent(sch, lp) for lp in batch]
@@ -245,11 +290,12 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         # Rows are the flattened batch dims. Flatten the block's iteration space (not just its loops): the
         # accumulator tile and its write-back must be rectangles in (row, col), else compute-at regions are
         # bounding boxes in (b, s) that spill over into rows of other tiles.
-        sch.transform_block_layout(block, flatten_rows_map(batch_shape, 2, idx_dtype))
-        *_, i, j, k = sch.get_loops(block)
+        sch.transform_block_layout(block, flatten_rows_map(batch_shape, 3 if dot else 2, idx_dtype))
+        *_, i, j, k = sch.get_loops(block)[:-1] if dot else sch.get_loops(block)
     else:
         i = batch[0]
     M, N, K = loop_extent(sch, i), loop_extent(sch, j), loop_extent(sch, k)
+    kk = sch.get_loops(block)[-1:] if dot else []
     if packed_nr is None:
         nr = default_nr(N)
         j_dec = knob_decision(knobs.get("j"), [N // nr, nr])
@@ -273,7 +319,7 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         i_dec = knob_decision(knobs.get("i"), [ip, M // (ip * mr), mr])
         ip_, i0, i1 = sch.split(i, sch.sample_perfect_tile(i, n=3, max_innermost_factor=max(MR_MAX, i_dec[-1]),
                                                            decision=i_dec))
-        sch.reorder(ip_, j0, i0, k0, k1, i1, j1)
+        sch.reorder(ip_, j0, i0, k0, k1, i1, j1, *kk)
     else:
         # Rows known only at run time: the operator padded them to a multiple of row_block (= mr), so the
         # row tiles split exactly and the micro-kernel carries no tail predicate; column panels are the
@@ -283,16 +329,16 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         if group > 1:
             # a task runs `group` column panels under each row tile: x is streamed once per group, not per panel
             par, tile = sch.split(j0, [None, group])
-            sch.reorder(par, i0, tile, k0, k1, i1, j1)
+            sch.reorder(par, i0, tile, k0, k1, i1, j1, *kk)
         else:
             par, tile = j0, i0
-            sch.reorder(j0, i0, k0, k1, i1, j1)
+            sch.reorder(j0, i0, k0, k1, i1, j1, *kk)
         prefetch_next_task(sch, block, k1, group)
         epilogue = _write_back_real_rows(sch, block, tile, idx_dtype)
         # LoopPartition then separates the full row tiles from the last one: a predicate in the write-back
         # keeps LLVM from vectorising the epilogue (GELU costs ~40 flops per element)
         sch.annotate(i0, "pragma_loop_partition_hint", 1)
-        return _finish(sch, block, par, i1, j1, k0, knobs, epilogue)
+        return _finish(sch, block, par, i1, j1, k0, knobs, epilogue, dot)
 
     prefetch_next_task(sch, block, k1, 1)
     # The mr×nr accumulator tile lives under the row-tile loop; the write-back applies the epilogue from it.
@@ -302,7 +348,7 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         sch.transform_layout(block, ("write", 0), flatten_rows_map(batch_shape, 1, idx_dtype))
         sch.transform_block_layout(acc, flatten_rows_map(batch_shape, 1, idx_dtype))
     sch.reverse_compute_at(acc, i0, preserve_unit_loops=True)
-    _finish(sch, block, sch.fuse(ip_, j0), i1, j1, k0, knobs, acc)
+    _finish(sch, block, sch.fuse(ip_, j0), i1, j1, k0, knobs, acc, dot)
 
 
 def prefetch_next_task(sch: s_tir.Schedule, block, k_steps, panels_ahead: int) -> None:
@@ -329,16 +375,27 @@ def _write_back_real_rows(sch: s_tir.Schedule, block, tile_loop, idx_dtype: str)
     return epilogue
 
 
-def _finish(sch: s_tir.Schedule, block, par, i1, j1, k0, knobs, write_back) -> None:
-    """Parallel tasks, the register micro-kernel (rows unrolled, columns vectorised), the write-back."""
+def _finish(sch: s_tir.Schedule, block, par, i1, j1, k0, knobs, write_back, dot: Optional[DotKernel] = None) -> None:
+    """Parallel tasks, the register micro-kernel (rows unrolled, columns vectorised or, with a dot-product kernel,
+    one instruction per ``lanes`` columns), the write-back."""
     sch.parallel(par)
     wb_loops = sch.get_loops(write_back)
     sch.unroll(wb_loops[-2])
     sch.vectorize(wb_loops[-1])
     sch.unroll(i1)
-    sch.vectorize(j1)  # before decompose_reduction: the init block inherits the vector loop
-    init = sch.decompose_reduction(block, k0)
-    sch.unroll(sch.get_loops(init)[-2])
+    if dot is None:
+        sch.vectorize(j1)  # before decompose_reduction: the init block inherits the vector loop
+        init = sch.decompose_reduction(block, k0)
+        sch.unroll(sch.get_loops(init)[-2])
+    else:
+        j1v, j1l = sch.split(j1, [None, dot.lanes])
+        sch.unroll(j1v)
+        init = sch.decompose_reduction(block, k0)
+        *_, init_rows, init_vectors, init_lanes = sch.get_loops(init)
+        sch.unroll(init_rows)
+        sch.unroll(init_vectors)
+        sch.vectorize(init_lanes)
+        sch.tensorize(j1l, register(dot))
 
     u = sch.sample_categorical(list(UNROLL_STEPS), [1.0 / len(UNROLL_STEPS)] * len(UNROLL_STEPS),
                                decision=knobs.get("unroll", 1))
@@ -373,8 +430,9 @@ class DenseCPU(TemplateRule):
 
     def decline(self, sch, block, target):
         # rows may be symbolic (batch × sequence); the panel layout needs static columns and reduction
-        *_, j, k = sch.get_loops(block)
-        return static_extents_reason(sch, (("columns", j), ("reduction", k)))
+        dot = op_params(sch).get("w_layout") == "dot_panels"
+        *_, j, k = sch.get_loops(block)[:-1] if dot else sch.get_loops(block)  # dot_panels: k-groups, then k
+        return static_extents_reason(sch, (("columns", j), ("reduction", k))) or dot_panels_reason(sch, block, target)
 
     def schedule(self, sch, block, target, knobs=None):
         dense_cpu(sch, block, target, knobs)
@@ -392,7 +450,21 @@ class DenseCPU(TemplateRule):
             return None
         inputs, params = {}, dict(call.params)
         w = call.constant("w")
-        if params.get("w_layout", "plain") == "plain" and w is not None:  # a run-time weight is read in place
+        dot = int8_dot_kernel(target) if call.op == "fused_dense_int8" else None
+        if dot is not None and params.get("w_layout", "plain") == "plain" and w is not None \
+                and int(w.shape[0]) >= dot.group and str(call.inputs["x"].ty.dtype) == dot.a_dtype:
+            n = int(w.shape[1])
+            inputs["w"] = relax.const(pack_dot_panels(w, dot_nr(n, dot, target), dot.group))
+            params.update(w_layout="dot_panels", out_features=n)
+            if params.get("row_block") is None:
+                # The accumulator covers the zero-padded last panel, so that the micro-kernel has no predicate;
+                # its write-back runs under the row tile and stops at N, which only the padded-rows form
+                # (a 2-D accumulator, see _write_back_real_rows) bounds. A static row count is tiled by a
+                # divisor when one is near the register tile (no padding, no clamp). "min": the dot-product
+                # intrinsic reads a row of x as one region, which a branch-hinted clamp makes a range of rows.
+                row_block = row_block_for(call, self.knobs.mr, None, target) or static_row_block(call, target)
+                params.update(row_block=row_block, row_clamp="min")
+        elif params.get("w_layout", "plain") == "plain" and w is not None:  # a run-time weight is read in place
             transpose_b = bool(params.get("transpose_b", False))
             n = int(w.shape[0] if transpose_b else w.shape[1])
             inputs["w"] = relax.const(pack_weight(w, pack_nr(n, target), transpose_b))
