@@ -6,10 +6,11 @@ BERT-base (12 layers, hidden 768) and a LLaMA-shaped prefill (hidden 2048, 16 he
 (one library per model: a CUDA library is compiled from its source as it loads there, so every library costs
 an nvcc run on the GPU machine), with the weights lifted out of the library as trailing parameters of ``main``
 (:func:`~tvm_fusion_ext.compile.codegen.weights.lift_weights`). Nothing of the weights is carried: what the
-library takes is the weights as its kernels read them (QKV projections concatenated, matrices transposed), so the
-build writes a **recipe** per lifted parameter, derived here by comparing values with the drawn weights: a
-transformers parameter (or its transpose), a concatenation of such along an axis, or, for a small constant
-folded from several (a table of positions, a rotary table), its value, carried in ``constants.npz``.
+library takes is the weights as its kernels read them (QKV projections concatenated, matrices transposed, gate
+and up projections stacked), so the build writes a **recipe** per lifted parameter, derived here by comparing
+values with the drawn weights: a transformers parameter (or its transpose), a concatenation of such along an
+axis, a stack of such on a new axis, or, for a small constant folded from several (a table of positions), its
+value, carried in ``NAME.constants.npz``.
 
 Run side (numpy and torch): draw the same weights, check their fingerprint, build ``main``'s weight arguments
 by the recipe, and per shape (batch 1/8/32 × 128/512 tokens) compare ours with the plain-torch forward pass in
@@ -87,7 +88,8 @@ def _key(a: np.ndarray) -> bytes:
 
 def derive_recipes(lifted, weights: Dict[str, np.ndarray]):
     """Per lifted parameter, how to make it from the drawn ``weights``: ``{"param": name, "transpose": bool}``,
-    ``{"concat": [such], "axis": a}`` or ``{"carried": key}`` (small constants only); returns ``(recipes,
+    ``{"concat": [such], "axis": a}``, ``{"stack": [such or concats], "axis": a}`` (a new axis) or
+    ``{"carried": key}`` (small constants only); returns ``(recipes,
     carried arrays)``. Values are compared exactly: random fp16 weights do not coincide."""
     forms = {}       # whole-array key -> form
     lines = {}       # (axis, key of the form's first line along it) -> [forms]
@@ -102,11 +104,11 @@ def derive_recipes(lifted, weights: Dict[str, np.ndarray]):
     recipes, carried = [], {}
     for pname, value in lifted:
         value = np.asarray(value)
-        recipe = _whole(value, forms) or _concat(value, lines)
+        recipe = _whole(value, forms) or _concat(value, lines) or _stack(value, forms, lines)
         if recipe is None:
             if value.nbytes > CARRY_LIMIT:
                 raise SystemExit(f"e2e: lifted weight {pname} {list(value.shape)} {value.dtype} is no parameter, "
-                                 f"transpose or concatenation of the model's weights, and too large to carry "
+                                 f"transpose, concatenation or stack of the model's weights, and too large to carry "
                                  f"({value.nbytes / 2**20:.1f} MiB)")
             recipe = {"carried": pname}
             carried[pname] = value
@@ -149,6 +151,24 @@ def _concat(value, lines):
     return None
 
 
+def _stack(value, forms, lines):
+    """A short axis whose slices are each a parameter (or a concatenation): a gated MLP's gate and up projections
+    side by side, ``[K, N, 2]``."""
+    for axis in range(value.ndim):
+        if not 1 < value.shape[axis] <= 4:
+            continue
+        parts = []
+        for g in range(value.shape[axis]):
+            part = np.take(value, g, axis=axis)
+            found = _whole(part, forms) or _concat(part, lines)
+            if found is None:
+                break
+            parts.append(found)
+        else:
+            return {"stack": parts, "axis": axis}
+    return None
+
+
 def build(out_dir: Path, target, quick: bool = False) -> List[dict]:
     """Each model exported, compiled once (symbolic batch and sequence) and written as ``NAME.so`` with its
     recipe in ``e2e.json`` and any small constants in ``NAME.constants.npz``."""
@@ -172,6 +192,9 @@ def build(out_dir: Path, target, quick: bool = False) -> List[dict]:
             _export_onnx(name, weights, onnx_path)
             mod = load_onnx(str(onnx_path), max_shapes={n: [max_batch, max_seq] for n in em.input_names(name)})
         mod = convert_dtype(mod, dtype)
+        inputs = [p.name_hint for p in mod["main"].params]  # main's inputs as imported, in order
+        if set(inputs) - set(em.input_names(name)):
+            raise SystemExit(f"e2e {name}: the imported model takes {inputs}, not {list(em.input_names(name))}")
         with target:
             compiled = compile_model(mod, target, lift_weights=True)
         library = f"{name}.so"
@@ -182,7 +205,7 @@ def build(out_dir: Path, target, quick: bool = False) -> List[dict]:
             np.savez(out_dir / f"{name}.constants.npz", **carried)
         entries.append({"model": name, "config": em.MODELS[name], "seed": SEED, "dtype": dtype,
                         "fingerprint": em.weights_fingerprint(drawn), "library": library,
-                        "inputs": list(em.input_names(name)), "shapes": [list(s) for s in shapes],
+                        "inputs": inputs, "shapes": [list(s) for s in shapes],
                         "weights": recipes, "carried": sorted(carried)})
         print(f"built e2e/{name}: {len(recipes)} weight parameters ({len(carried)} carried), "
               f"{(out_dir / library).stat().st_size / 2**20:.1f} MiB library ({time.time() - start:.0f} s)", flush=True)
@@ -202,6 +225,10 @@ def weight_arguments(entry: dict, in_dir: Path, torch_device: str):
     carried = np.load(in_dir / f"{entry['model']}.constants.npz") if entry["carried"] else {}
 
     def form(part):
+        if "concat" in part:
+            return torch.cat([form(p) for p in part["concat"]], dim=part["axis"])
+        if "stack" in part:
+            return torch.stack([form(p) for p in part["stack"]], dim=part["axis"])
         t = params[part["param"]]
         return t.t() if part["transpose"] else t
 
@@ -209,8 +236,6 @@ def weight_arguments(entry: dict, in_dir: Path, torch_device: str):
     for recipe in entry["weights"]:
         if "carried" in recipe:
             t = torch.from_numpy(np.ascontiguousarray(carried[recipe["carried"]])).to(torch_device)
-        elif "concat" in recipe:
-            t = torch.cat([form(p) for p in recipe["concat"]], dim=recipe["axis"])
         else:
             t = form(recipe)
         args.append(t.reshape(recipe["shape"]).contiguous().clone())  # clone: TVM wants its own aligned buffer
@@ -223,9 +248,10 @@ def _time_compiled(torch, fn, torch_time, number):
     return torch_time(torch, compiled, number=number)
 
 
-def run(in_dir: Path, tvm_dev, torch_device: str, torch_time, budget_s: Optional[float] = None) -> List[dict]:
+def run(in_dir: Path, tvm_dev, torch_device: str, torch_time, budget_s: Optional[float] = 90.0) -> List[dict]:
     """One row per model and shape: max |ours - torch fp16|, both against torch fp32, ours_s, torch_s (eager) and,
-    on one shape per model, torch_compile_s. Errors are recorded, never fatal."""
+    on one shape per model (batch 8 × 512 in the full part), torch_compile_s, skipped when the model has taken
+    ``budget_s`` by then (its compile alone can take tens of seconds). Errors are recorded, never fatal."""
     import torch
     import tvm
     from tvm.runtime.vm import VirtualMachine
@@ -255,7 +281,7 @@ def run(in_dir: Path, tvm_dev, torch_device: str, torch_time, budget_s: Optional
                 args = [tvm.runtime.from_dlpack(t) for t in feeds] + weights_tvm
                 got = torch.from_dlpack(vm["main"](*args)).float()
                 with torch.no_grad():
-                    ids = feeds[0]
+                    ids = feeds[entry["inputs"].index("input_ids")]
                     eager = lambda: em.torch_forward(name, params, ids)  # noqa: E731
                     want16 = eager().float()
                     want32 = em.torch_forward(name, params32, ids)
@@ -266,7 +292,7 @@ def run(in_dir: Path, tvm_dev, torch_device: str, torch_time, budget_s: Optional
                     row["ok"] = bool(np.isfinite(row["ours_vs_fp32"]) and
                                      row["ours_vs_fp32"] <= max(3 * row["torch_fp16_vs_fp32"], 2e-2))
                     flops = 2 * batch * seq * sum(int(np.prod(r["shape"])) for r in entry["weights"]
-                                                  if len(r["shape"]) == 2 and "embed" not in str(r.get("param")))
+                                                  if len(r["shape"]) >= 2 and "embed" not in str(r.get("param")))
                     # about 0.3 s of work per timing loop on a GPU; the CPU rehearsal only proves the path
                     number = max(2, min(20, int(2e13 * 0.3 / max(flops, 1)))) if torch_device == "cuda" else 2
                     timer = vm.time_evaluator("main", tvm_dev, number=number, repeat=3)
