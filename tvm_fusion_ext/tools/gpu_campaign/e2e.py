@@ -192,7 +192,7 @@ def build(out_dir: Path, target, quick: bool = False) -> List[dict]:
             _export_onnx(name, weights, onnx_path)
             mod = load_onnx(str(onnx_path), max_shapes={n: [max_batch, max_seq] for n in em.input_names(name)})
         mod = convert_dtype(mod, dtype)
-        inputs = [p.name_hint for p in mod["main"].params]  # main's inputs as imported, in order
+        inputs = [p.name for p in mod["main"].params]  # main's inputs as imported, in order
         if set(inputs) - set(em.input_names(name)):
             raise SystemExit(f"e2e {name}: the imported model takes {inputs}, not {list(em.input_names(name))}")
         with target:
