@@ -124,8 +124,9 @@ def test_e2e_weight_recipes_rebuild_the_lifted_weights_from_the_drawn_ones():
 
 @pytest.mark.slow
 def test_e2e_and_pool_parts_built_for_the_cpu_run_with_the_runtime_only(tmp_path):
-    """Tiny BERT and LLaMA through the e2e part (weights drawn there, by the recipe), a 4-candidate pool through the
-    pool part, then the pool's times packed here into a pool file the replay reads and a record directory."""
+    """Tiny BERT and LLaMA through the e2e part (weights drawn there, by the recipe; BERT also as a static build),
+    a 4-candidate pool through the pool part, then the pool's times packed here into a pool file the replay reads
+    and a record directory."""
     pytest.importorskip("torch", reason="torch is the peer the campaign times against")
     pytest.importorskip("transformers", reason="the e2e part exports its models from transformers")
     campaign = tmp_path / "campaign"
@@ -139,11 +140,12 @@ def test_e2e_and_pool_parts_built_for_the_cpu_run_with_the_runtime_only(tmp_path
     assert heavy == [], heavy
     results = json.loads((tmp_path / "out.json").read_text())
     e2e = results["parts"]["e2e"]["cases"]
-    assert len(e2e) == 4 and all(r["ok"] and r["ours_s"] > 0 and r["torch_s"] > 0 for r in e2e), e2e
+    assert len(e2e) == 5 and all(r["ok"] and r["ours_s"] > 0 and r["torch_s"] > 0 for r in e2e), e2e
     assert all(r["max_abs_vs_torch"] < 1e-4 for r in e2e), e2e  # fp32 here: the same weights on both sides
     pool_rows = results["parts"]["pool"]["cases"]
     assert len(pool_rows) == 4 and all(len(r["run_secs"]) == 3 for r in pool_rows), pool_rows
-    assert "tiny-dense" in done.stdout and "e2e_llama-tiny_b2_s32" in done.stdout
+    assert "tiny-dense" in done.stdout and "e2e_llama-tiny_dynamic_b2_s32" in done.stdout
+    assert "e2e_bert-tiny_static_b2_s32" in done.stdout  # the static variant, sharing the dynamic one's draw
 
     assert main(["pool-pack", str(campaign), str(tmp_path / "out.json"), str(tmp_path / "pools")]) == 0
     from tvm_fusion_ext.tools.tuning_lab.pool_file import load_dir

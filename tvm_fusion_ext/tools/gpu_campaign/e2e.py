@@ -2,9 +2,11 @@
 
 BERT-base (12 layers, hidden 768) and a LLaMA-shaped prefill (hidden 2048, 16 heads, 4 K/V heads, intermediate
 5632, 4 layers) are exported from transformers with weights drawn by numpy from a seed
-(:mod:`.e2e_models`), imported, cast to fp16 and compiled for CUDA **once each with symbolic batch and sequence**
-(one library per model: a CUDA library is compiled from its source as it loads there, so every library costs
-an nvcc run on the GPU machine), with the weights lifted out of the library as trailing parameters of ``main``
+(:mod:`.e2e_models`), imported, cast to fp16 and compiled for CUDA twice: **with symbolic batch and sequence**
+(``dynamic``, the deployable artifact, measured at every shape; its dense kernels are SIMT, since the tensor-core
+template needs static rows) and **at batch 8 × 512** (``static``: tensor-core dense). Every library costs an nvcc
+run there (a CUDA library is compiled from its source as it loads), hence four, not one per shape. The weights
+are lifted out of each library as trailing parameters of ``main``
 (:func:`~tvm_fusion_ext.compile.codegen.weights.lift_weights`). Nothing of the weights is carried: what the
 library takes is the weights as its kernels read them (QKV projections concatenated, matrices transposed, gate
 and up projections stacked), so the build writes a **recipe** per lifted parameter, derived here by comparing
@@ -16,7 +18,7 @@ Run side (numpy and torch): draw the same weights, check their fingerprint, buil
 by the recipe, and per shape (batch 1/8/32 × 128/512 tokens) compare ours with the plain-torch forward pass in
 fp16 (and both with it in fp32: ours is judged against the fp32 result, with torch fp16's own error as the
 scale) and time ours (``time_evaluator`` on the VM) against torch fp16 eager and, where it works there,
-``torch.compile`` (one shape per model: compiling costs tens of seconds).
+``torch.compile`` (on the static variant's shape only: compiling costs tens of seconds).
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ import numpy as np
 
 from . import e2e_models as em
 
-#: seconds the full part is expected to take on an H100/H200: weights drawn (~2 s BERT, ~3 s LLaMA), two nvcc
-#: compiles at load (~20 s each), 12 shapes × (one checked call, a timing of each, an fp32 reference), and two
-#: ``torch.compile`` runs (~30 s each)
-EXPECTED_S = 150
+#: seconds the full part is expected to take on an H100/H200: weights drawn (~5 s BERT, ~8 s LLaMA), four nvcc
+#: compiles at load (~15 s each), 14 shapes × (one checked call, a timing of each, an fp32 reference: ~3 s), and
+#: two ``torch.compile`` runs (~30 s each)
+EXPECTED_S = 170
 SEED = 0
 FULL_MODELS = ("bert-base", "llama-2048")
+#: the shape of the static (tensor-core) variant of each model, and of its torch.compile row
+STATIC_SHAPE = (8, 512)
 QUICK_MODELS = ("bert-tiny", "llama-tiny")
 #: a lifted constant no recipe explains is carried as it is up to this size (a position or rotary table)
 CARRY_LIMIT = 4 << 20
@@ -170,59 +174,95 @@ def _stack(value, forms, lines):
 
 
 def build(out_dir: Path, target, quick: bool = False) -> List[dict]:
-    """Each model exported, compiled once (symbolic batch and sequence) and written as ``NAME.so`` with its
-    recipe in ``e2e.json`` and any small constants in ``NAME.constants.npz``."""
+    """Each model exported once and compiled twice: with symbolic batch and sequence (``dynamic``: the deployable
+    artifact, measured at every shape; its dense kernels are SIMT, since the tensor-core template needs static
+    rows) and at one static shape (``static``: tensor-core dense, the kernels a fixed-shape deployment gets). Each
+    library is ``NAME-VARIANT.so`` with its recipe in ``e2e.json`` and any small constants beside it."""
     import tempfile
 
-    from tvm_fusion_ext.compile.pipeline import compile_model
     from tvm_fusion_ext.frontend import load_onnx
     from tvm_fusion_ext.tools.inspect_cuda import convert_dtype
 
     out_dir.mkdir(parents=True, exist_ok=True)
     shapes = em.QUICK_SHAPES if quick else em.SHAPES
+    static = em.QUICK_SHAPES[-1] if quick else STATIC_SHAPE
     max_batch, max_seq = max(b for b, _ in shapes), max(s for _, s in shapes)
-    on_cpu = target.kind.name == "llvm"
-    dtype = "float32" if on_cpu else "float16"  # the CPU rehearsal's kernels in fp32 (no fp16 dense template there)
+    dtype = "float32" if target.kind.name == "llvm" else "float16"  # the CPU rehearsal's kernels in fp32
     entries = []
     for name in (QUICK_MODELS if quick else FULL_MODELS):
-        start = time.time()
         weights = em.make_weights(name, SEED)
+        drawn = {k: v.astype(dtype) for k, v in weights.items()}
+        variants = [("dynamic", shapes, {"max_shapes": {n: [max_batch, max_seq] for n in em.input_names(name)}})]
+        if not quick or name == QUICK_MODELS[0]:  # the rehearsal builds one static variant: it is slow here
+            variants.append(("static", [static], {"shapes": {n: list(static) for n in em.input_names(name)}}))
         with tempfile.TemporaryDirectory() as tmp:
             onnx_path = Path(tmp) / f"{name}.onnx"
             _export_onnx(name, weights, onnx_path)
-            mod = load_onnx(str(onnx_path), max_shapes={n: [max_batch, max_seq] for n in em.input_names(name)})
-        mod = convert_dtype(mod, dtype)
-        inputs = [p.name for p in mod["main"].params]  # main's inputs as imported, in order
-        if set(inputs) - set(em.input_names(name)):
-            raise SystemExit(f"e2e {name}: the imported model takes {inputs}, not {list(em.input_names(name))}")
-        with target:
-            compiled = compile_model(mod, target, lift_weights=True)
-        library = f"{name}.so"
-        compiled.executable.export_library(str(out_dir / library))
-        drawn = {k: v.astype(dtype) for k, v in weights.items()}
-        recipes, carried = derive_recipes(compiled.weights, drawn)
-        if carried:
-            np.savez(out_dir / f"{name}.constants.npz", **carried)
-        entries.append({"model": name, "config": em.MODELS[name], "seed": SEED, "dtype": dtype,
-                        "fingerprint": em.weights_fingerprint(drawn), "library": library,
-                        "inputs": inputs, "shapes": [list(s) for s in shapes],
-                        "weights": recipes, "carried": sorted(carried)})
-        print(f"built e2e/{name}: {len(recipes)} weight parameters ({len(carried)} carried), "
-              f"{(out_dir / library).stat().st_size / 2**20:.1f} MiB library ({time.time() - start:.0f} s)", flush=True)
+            for variant, variant_shapes, dims in variants:
+                start = time.time()
+                mod = convert_dtype(load_onnx(str(onnx_path), **dims), dtype)
+                entry = _compile_variant(mod, name, variant, target, drawn, out_dir)
+                entries.append(dict(entry, config=em.MODELS[name], seed=SEED, dtype=dtype,
+                                    fingerprint=em.weights_fingerprint(drawn),
+                                    shapes=[list(s) for s in variant_shapes]))
+                print(f"built e2e/{name} {variant}: {entry['cuda_kernels']} CUDA kernels "
+                      f"({entry['tensor_core_kernels']} on tensor cores), {len(entry['weights'])} weight parameters "
+                      f"({len(entry['carried'])} carried), {(out_dir / entry['library']).stat().st_size / 2**20:.1f} "
+                      f"MiB library ({time.time() - start:.0f} s)", flush=True)
     (out_dir / "e2e.json").write_text(json.dumps({"part": "e2e", "models": entries}, indent=1))
     return entries
 
 
+def _compile_variant(mod, name: str, variant: str, target, drawn, out_dir: Path) -> dict:
+    from tvm_fusion_ext.compile.pipeline import compile_model
+
+    inputs = [p.name for p in mod["main"].params]  # main's inputs as imported, in order
+    if set(inputs) - set(em.input_names(name)):
+        raise SystemExit(f"e2e {name}: the imported model takes {inputs}, not {list(em.input_names(name))}")
+    with target:
+        compiled = compile_model(mod, target, lift_weights=True)
+    library = f"{name}-{variant}.so"
+    compiled.executable.export_library(str(out_dir / library))
+    recipes, carried = derive_recipes(compiled.weights, drawn)
+    constants = f"{name}-{variant}.constants.npz"
+    if carried:
+        np.savez(out_dir / constants, **carried)
+    return {"model": name, "variant": variant, "library": library, "inputs": inputs, "weights": recipes,
+            "carried": sorted(carried), "constants": constants, **_cuda_kernels(compiled.executable)}
+
+
+def _cuda_kernels(executable) -> dict:
+    """How many CUDA kernels the library holds and how many of them use tensor cores (``mma.sync``)."""
+    import re
+
+    from tvm_fusion_ext.tools.inspect_cuda import cuda_sources
+
+    kernels = {}
+    for src in cuda_sources(executable):
+        parts = re.split(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(', src)
+        for kernel, body in zip(parts[1::2], parts[2::2]):
+            kernels[kernel] = kernels.get(kernel, False) or "mma.sync" in body.split('extern "C"')[0]
+    return {"cuda_kernels": len(kernels), "tensor_core_kernels": sum(kernels.values())}
+
+
 # -- run (there: numpy, torch, tvm.runtime) -----------------------------------------------------------------------
-def weight_arguments(entry: dict, in_dir: Path, torch_device: str):
-    """``(torch params by name, [main's weight arguments as torch tensors])`` for ``entry``, drawn from its seed."""
+def drawn_params(entry: dict, torch_device: str) -> dict:
+    """The model's weights drawn from its seed as torch tensors on the device, by transformers name."""
     import torch
 
     drawn = {k: v.astype(entry["dtype"]) for k, v in em.make_weights(entry["model"], entry["seed"]).items()}
     if abs(em.weights_fingerprint(drawn) - entry["fingerprint"]) > 1e-6 * max(1.0, abs(entry["fingerprint"])):
         raise RuntimeError("the weights drawn here differ from the build's (numpy's generator gave other numbers)")
-    params = {k: torch.from_numpy(v).to(torch_device) for k, v in drawn.items()}
-    carried = np.load(in_dir / f"{entry['model']}.constants.npz") if entry["carried"] else {}
+    return {k: torch.from_numpy(v).to(torch_device) for k, v in drawn.items()}
+
+
+def weight_arguments(entry: dict, in_dir: Path, torch_device: str, params: Optional[dict] = None):
+    """``(torch params by name, [main's weight arguments as torch tensors])`` for ``entry`` (``params``: the
+    model's drawn weights, when another variant of it drew them already)."""
+    import torch
+
+    params = params if params is not None else drawn_params(entry, torch_device)
+    carried = np.load(in_dir / entry["constants"]) if entry["carried"] else {}
 
     def form(part):
         if "concat" in part:
@@ -250,20 +290,26 @@ def _time_compiled(torch, fn, torch_time, number):
 
 def run(in_dir: Path, tvm_dev, torch_device: str, torch_time, budget_s: Optional[float] = 90.0) -> List[dict]:
     """One row per model and shape: max |ours - torch fp16|, both against torch fp32, ours_s, torch_s (eager) and,
-    on one shape per model (batch 8 × 512 in the full part), torch_compile_s, skipped when the model has taken
-    ``budget_s`` by then (its compile alone can take tens of seconds). Errors are recorded, never fatal."""
+    on the static variant's shape, torch_compile_s, skipped when the variant has taken ``budget_s`` by then (its compile alone can take tens of seconds). Errors are recorded, never fatal."""
     import torch
     import tvm
     from tvm.runtime.vm import VirtualMachine
 
     index = json.loads((in_dir / "e2e.json").read_text())
     rows = []
+    drawn = (None, None, None)  # (model, its params, their fp32 copies): variants of a model share one draw
     for entry in index["models"]:
         name = entry["model"]
         try:
             start = time.time()
-            params, weight_args = weight_arguments(entry, in_dir, torch_device)
-            params32 = {k: v.float() for k, v in params.items()}
+            if drawn[0] != name:
+                drawn = (None, None, None)
+                if torch_device == "cuda":
+                    torch.cuda.empty_cache()
+                params = drawn_params(entry, torch_device)
+                drawn = (name, params, {k: v.float() for k, v in params.items()})
+            _, params, params32 = drawn
+            params, weight_args = weight_arguments(entry, in_dir, torch_device, params)
             vm = VirtualMachine(tvm.runtime.load_module(str(in_dir / entry["library"])), tvm_dev)
             setup_s = time.time() - start
         except Exception as e:  # noqa: BLE001
@@ -271,9 +317,10 @@ def run(in_dir: Path, tvm_dev, torch_device: str, torch_time, budget_s: Optional
             print(json.dumps(rows[-1]), flush=True)
             continue
         weights_tvm = [tvm.runtime.from_dlpack(t) for t in weight_args]
-        compile_shape = entry["shapes"][len(entry["shapes"]) // 2]  # one shape per model: compiling costs
+        variant = entry.get("variant", "dynamic")
         for batch, seq in entry["shapes"]:
-            row = {"name": f"e2e_{name}_b{batch}_s{seq}", "model": name, "batch": batch, "seq": seq,
+            row = {"name": f"e2e_{name}_{variant}_b{batch}_s{seq}", "model": name, "variant": variant,
+                   "batch": batch, "seq": seq, "tensor_core_kernels": entry.get("tensor_core_kernels"),
                    "setup_s": round(setup_s, 1)}
             try:
                 inputs = em.make_inputs(name, batch, seq, entry["seed"])
@@ -299,7 +346,7 @@ def run(in_dir: Path, tvm_dev, torch_device: str, torch_time, budget_s: Optional
                     row["ours_s"] = float(min(timer(*args).results))
                     row["torch_s"] = torch_time(torch, eager, number=number)
                     row["ours_over_torch"] = row["ours_s"] / row["torch_s"]
-                    if [batch, seq] == compile_shape and torch_device == "cuda" and \
+                    if variant == "static" and torch_device == "cuda" and \
                             (budget_s is None or time.time() - start < budget_s):
                         try:
                             row["torch_compile_s"] = _time_compiled(torch, eager, torch_time, number)
@@ -311,7 +358,5 @@ def run(in_dir: Path, tvm_dev, torch_device: str, torch_time, budget_s: Optional
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
             rows.append(row)
             print(json.dumps(row), flush=True)
-        del params, params32, weight_args, weights_tvm, vm
-        if torch_device == "cuda":
-            torch.cuda.empty_cache()
+        del weight_args, weights_tvm, vm
     return rows
