@@ -111,13 +111,15 @@ def test_e2e_weight_recipes_rebuild_the_lifted_weights_from_the_drawn_ones():
              (("q", (8, 4)), ("k", (8, 4)), ("v", (8, 4)), ("o", (4, 8)), ("b", (8,)))}
     table = rng.standard_normal((3, 5)).astype("float16")  # folded from several weights: carried as it is
     lifted = [("w0", np.concatenate([drawn[n].T for n in "qkv"], axis=1)), ("w1", drawn["o"].T.copy()),
-              ("w2", drawn["b"].reshape(1, 8)), ("w3", table), ("w4", np.stack([drawn["q"], drawn["k"]], axis=-1))]
+              ("w2", drawn["b"].reshape(1, 8)), ("w3", table), ("w4", np.stack([drawn["q"], drawn["k"]], axis=-1)),
+              ("w5", table.copy())]
     recipes, carried = derive_recipes(lifted, drawn)
     assert recipes[0]["concat"] == [{"param": n, "transpose": True} for n in "qkv"] and recipes[0]["axis"] == 1
     assert recipes[1] == dict(param="o", transpose=True, name="w1", shape=[8, 4], dtype="float16")
     assert recipes[2]["param"] == "b" and recipes[2]["shape"] == [1, 8]
     assert recipes[3]["carried"] == "w3" and list(carried) == ["w3"]
     assert recipes[4]["stack"] == [{"param": n, "transpose": False} for n in "qk"] and recipes[4]["axis"] == 2
+    assert recipes[5]["carried"] == "w3"  # an equal constant is carried once
     with pytest.raises(SystemExit, match="w9 .*too large to carry"):
         derive_recipes([("w9", rng.standard_normal((1100, 1024)).astype("float32"))], drawn)
 

@@ -105,7 +105,7 @@ def derive_recipes(lifted, weights: Dict[str, np.ndarray]):
             for axis in range(a.ndim):
                 lines.setdefault((axis, a.shape[:axis] + a.shape[axis + 1:], _key(np.take(a, 0, axis=axis))),
                                  []).append(form)
-    recipes, carried = [], {}
+    recipes, carried, carried_keys = [], {}, {}
     for pname, value in lifted:
         value = np.asarray(value)
         recipe = _whole(value, forms) or _concat(value, lines) or _stack(value, forms, lines)
@@ -114,8 +114,10 @@ def derive_recipes(lifted, weights: Dict[str, np.ndarray]):
                 raise SystemExit(f"e2e: lifted weight {pname} {list(value.shape)} {value.dtype} is no parameter, "
                                  f"transpose, concatenation or stack of the model's weights, and too large to carry "
                                  f"({value.nbytes / 2**20:.1f} MiB)")
-            recipe = {"carried": pname}
-            carried[pname] = value
+            # one copy of equal constants (each layer's rotary tables are the same table)
+            key = carried_keys.setdefault(_key(value) + str(value.shape).encode(), pname)
+            recipe = {"carried": key}
+            carried.setdefault(key, value)
         recipes.append(dict(recipe, name=pname, shape=list(value.shape), dtype=str(value.dtype)))
     return recipes, carried
 
