@@ -48,19 +48,15 @@ def test_symbolic_chain_matches_the_cpu_build_at_every_length(simt):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"batch {batch}, seq {seq}")
 
 
-#: Packed attention's SIMT kernel reads the row maximum (``attn_bmax`` in shared memory) that lane 0 of the row wrote
-#: with no barrier in between (the next barrier comes after the reads): right only where a warp runs in lockstep and
-#: shared memory starts finite. This emulation fills shared memory with NaN first and runs work-items unsynchronised
-#: between barriers, so every output is NaN here. A latent defect of the template on a GPU as well.
-UNSYNCED_ROW_MAX = pytest.mark.xfail(strict=True, reason="packed attention reads attn_bmax before a barrier")
-
-
 @pytest.mark.parametrize("dtype,causal,kv_heads,tol", [
-    pytest.param("float32", False, 4, 3e-5, marks=UNSYNCED_ROW_MAX),
-    pytest.param("float32", True, 2, 3e-5, marks=UNSYNCED_ROW_MAX),
-    pytest.param("float16", True, 4, 2e-2, marks=[pytest.mark.slow, UNSYNCED_ROW_MAX]),
+    ("float32", False, 4, 3e-5),
+    ("float32", True, 2, 3e-5),
+    pytest.param("float16", True, 4, 2e-2, marks=pytest.mark.slow),
 ])
 def test_packed_attention_matches_per_sequence_attention(simt, dtype, causal, kv_heads, tol):
+    """Also the guard of the row maximum's hand-over: kept in shared memory, lane 0 of a row stored it and the other
+    lanes read it with no barrier between (right only in a warp's lockstep); this emulation fills shared memory
+    with NaN and runs work-items unsynchronised between barriers, so that read gave NaN everywhere."""
     _helpers()
     from test_attention_varlen import packed_inputs, reference
     from test_cuda_varlen import packed_attention_module

@@ -74,3 +74,90 @@ def test_built_with_nvcc_for_sm_80(tmp_path, monkeypatch):
     assert (campaign / "attention" / "attention_f16_S128_D64_H2_causal.so").is_file()
     size = sum(f.stat().st_size for f in campaign.rglob("*") if f.is_file())
     assert size < 8 * 2**20  # small libraries: the whole campaign and the 23 MB runtime fit the 64 MiB carried
+
+
+def test_e2e_torch_reference_is_transformers_op_for_op():
+    """The run side's plain-torch BERT and LLaMA (the GPU machine has no transformers) against transformers' own
+    models with the same weights drawn from the seed."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import numpy as np
+
+    from tvm_fusion_ext.tools.gpu_campaign import e2e_models as em
+
+    for name in ("bert-tiny", "llama-tiny"):
+        config = dict(em.MODELS[name])
+        family = config.pop("family")
+        model = (transformers.BertModel(transformers.BertConfig(**config, attn_implementation="eager"),
+                                        add_pooling_layer=False) if family == "bert" else
+                 transformers.LlamaModel(transformers.LlamaConfig(**config, attn_implementation="eager")))
+        weights = {k: torch.from_numpy(v.astype(np.float32)) for k, v in em.make_weights(name, 0).items()}
+        assert {n for n, _ in model.named_parameters()} == set(weights)
+        model.load_state_dict(weights, strict=False)
+        inputs = em.make_inputs(name, 2, 16, 0)
+        with torch.no_grad():
+            want = model.eval()(**{k: torch.from_numpy(v) for k, v in inputs.items()}).last_hidden_state
+            got = em.torch_forward(name, weights, torch.from_numpy(inputs["input_ids"]))
+        assert float((want - got).abs().max()) < 1e-5, name
+
+
+def test_e2e_weight_recipes_rebuild_the_lifted_weights_from_the_drawn_ones():
+    import numpy as np
+
+    from tvm_fusion_ext.tools.gpu_campaign.e2e import derive_recipes
+
+    rng = np.random.default_rng(0)
+    drawn = {n: rng.standard_normal(s).astype("float16") for n, s in
+             (("q", (8, 4)), ("k", (8, 4)), ("v", (8, 4)), ("o", (4, 8)), ("b", (8,)))}
+    table = rng.standard_normal((3, 5)).astype("float16")  # folded from several weights: carried as it is
+    lifted = [("w0", np.concatenate([drawn[n].T for n in "qkv"], axis=1)), ("w1", drawn["o"].T.copy()),
+              ("w2", drawn["b"].reshape(1, 8)), ("w3", table), ("w4", np.stack([drawn["q"], drawn["k"]], axis=-1)),
+              ("w5", table.copy())]
+    recipes, carried = derive_recipes(lifted, drawn)
+    assert recipes[0]["concat"] == [{"param": n, "transpose": True} for n in "qkv"] and recipes[0]["axis"] == 1
+    assert recipes[1] == dict(param="o", transpose=True, name="w1", shape=[8, 4], dtype="float16")
+    assert recipes[2]["param"] == "b" and recipes[2]["shape"] == [1, 8]
+    assert recipes[3]["carried"] == "w3" and list(carried) == ["w3"]
+    assert recipes[4]["stack"] == [{"param": n, "transpose": False} for n in "qk"] and recipes[4]["axis"] == 2
+    assert recipes[5]["carried"] == "w3"  # an equal constant is carried once
+    with pytest.raises(SystemExit, match="w9 .*too large to carry"):
+        derive_recipes([("w9", rng.standard_normal((1100, 1024)).astype("float32"))], drawn)
+
+
+@pytest.mark.slow
+def test_e2e_and_pool_parts_built_for_the_cpu_run_with_the_runtime_only(tmp_path):
+    """Tiny BERT and LLaMA through the e2e part (weights drawn there, by the recipe; BERT also as a static build),
+    a 4-candidate pool through the pool part, then the pool's times packed here into a pool file the replay reads
+    and a record directory."""
+    pytest.importorskip("torch", reason="torch is the peer the campaign times against")
+    pytest.importorskip("transformers", reason="the e2e part exports its models from transformers")
+    campaign = tmp_path / "campaign"
+    assert main(["build", str(campaign), "--arch", "llvm", "--parts", "pool", "--quick"]) == 0
+    assert main(["build", str(campaign), "--arch", "llvm", "--parts", "e2e", "--quick"]) == 0
+    manifest = json.loads((campaign / "campaign.json").read_text())
+    assert set(manifest["parts"]) == {"e2e", "pool"}  # built one at a time into one campaign
+    done = _run_runtime_only(campaign, tmp_path / "out.json")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    heavy = json.loads(done.stdout.split("HEAVY ", 1)[1].splitlines()[0])
+    assert heavy == [], heavy
+    results = json.loads((tmp_path / "out.json").read_text())
+    e2e = results["parts"]["e2e"]["cases"]
+    assert len(e2e) == 5 and all(r["ok"] and r["ours_s"] > 0 and r["torch_s"] > 0 for r in e2e), e2e
+    assert all(r["max_abs_vs_torch"] < 1e-4 for r in e2e), e2e  # fp32 here: the same weights on both sides
+    pool_rows = results["parts"]["pool"]["cases"]
+    assert len(pool_rows) == 4 and all(len(r["run_secs"]) == 3 for r in pool_rows), pool_rows
+    assert "tiny-dense" in done.stdout and "e2e_llama-tiny_dynamic_b2_s32" in done.stdout
+    assert "e2e_bert-tiny_static_b2_s32" in done.stdout  # the static variant, sharing the dynamic one's draw
+
+    assert main(["pool-pack", str(campaign), str(tmp_path / "out.json"), str(tmp_path / "pools")]) == 0
+    from tvm_fusion_ext.tools.tuning_lab.pool_file import load_dir
+
+    (pool_file,) = load_dir(str(tmp_path / "pools"))
+    assert len(pool_file) == 4 and pool_file.measured().all()
+    assert (tmp_path / "pools" / "records" / "tiny-dense-template" / "manifest.json").is_file()
+
+
+def test_pool_pack_of_results_without_a_pool_part_is_refused(tmp_path):
+    (tmp_path / "out.json").write_text(json.dumps({"device": "x", "parts": {"norms": {"cases": []}}}))
+    with pytest.raises(SystemExit, match="no pool part"):
+        main(["pool-pack", str(tmp_path), str(tmp_path / "out.json"), str(tmp_path / "pools")])

@@ -11,7 +11,8 @@ Shape of the schedule (``rows`` = query rows per block on threadIdx.y, a warp on
         running (max, sum, out)[row, d]   in registers: thread (row, d mod 32) owns its columns
         for key block:                                             # the flash loop
             qk[row, key]  shared   thread (row, key mod 32), dot over d
-            bmax, bsum    shared   warp all-reduce per row
+            bmax          local    warp all-reduce per row, the result in every lane of the row
+            bsum          shared   warp all-reduce per row
             p[row, key]   shared
             bo[row, d]    local    thread (row, d mod 32), sum over the block's keys
             fold (bmax, bsum, bo) into the running state
@@ -121,10 +122,14 @@ def attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = N
     qk_store = sch.cache_write(qk, 0, "local")
     sch.reverse_compute_at(qk_store, q_lane, preserve_unit_loops=True)
 
-    for red in (bmax, bsum):  # row reductions as warp all-reduces
+    for red, scope in ((bmax, "local"), (bsum, "shared")):  # row reductions as warp all-reduces
         *_, ri, _, rj = sch.get_loops(red)
         _bind_rows_lanes(sch, ri, rj, lanes)
-        sch.set_scope(red, 0, "shared")
+        # the row max in a register of every lane of the row: the all-reduce hands each lane the result, and the
+        # score stage reads it right after. In shared memory only lane 0 stored it, and ThreadSync put no
+        # barrier before the other lanes' reads when the index depends on the row alone (packed attention):
+        # right only in a warp's lockstep
+        sch.set_scope(red, 0, scope)
 
     *_, pi, _, pj = sch.get_loops(p)
     _bind_rows_lanes(sch, pi, pj, lanes)

@@ -11,9 +11,16 @@ Parts (each runnable alone; ``run`` prints the expected time of each before it s
 ``dense``      fp16 dense at BERT-base / LLaMA-7B projection sizes vs cuBLAS (:mod:`.speed`)
 ``attention``  fp16 attention S = 512…8192, head dim 64/128, causal and not, vs SDPA
 ``norms``      LayerNorm / RMSNorm vs torch
+``e2e``        BERT-base and a LLaMA-shaped prefill in fp16, symbolic-shape and static builds, vs the same model in
+               plain torch fp16 eager (and torch.compile), weights drawn there from a seed (:mod:`.e2e`)
+``pool``       template candidates of heavy kernels timed there (:mod:`.pool`); ``pool-pack`` (here, after the run)
+               turns the times into pool files for ``tuning_lab replay`` and records for ``--warm-start``
+
+``build`` adds parts to a campaign directory already built for the same arch and prints, per part, files, MiB and
+expected time there, and the total carried with the runtime bundle against the 64 MiB limit.
 
 ``build --arch llvm`` makes the same campaign for this CPU (float32 numerics, small speed cases with ``--quick``):
 the run side then executes here under a runtime-only TVM, so the first GPU run is not the first run.
 The run side imports only ``tvm.runtime``, numpy and torch (:mod:`.device`, :mod:`.numerics`'s run, :mod:`.speed`'s
-run). Inputs of the speed parts are generated there from seeds; libraries are small (no weights).
+run). Inputs, and the e2e part's weights, are generated there from seeds; libraries are small (no weights).
 """

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
 
-from . import speed
+from . import e2e, pool, speed
 
-PARTS = ("numerics", "dense", "attention", "norms")
+PARTS = ("numerics", "dense", "attention", "norms", "e2e", "pool")
 #: seconds a part is expected to take on an H100/H200 (numerics: ~40 small libraries, each loaded and checked)
-EXPECTED_S = {"numerics": 60, **speed.EXPECTED_S}
+EXPECTED_S = {"numerics": 60, **speed.EXPECTED_S, "e2e": e2e.EXPECTED_S, "pool": pool.EXPECTED_S}
 
 
 def _parts(text: str):
@@ -29,19 +30,66 @@ def build(out_dir: Path, arch: str, parts, quick: bool) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     target = campaign_target(arch)
     manifest = {"arch": arch, "quick": quick, "parts": {}}
+    existing = out_dir / "campaign.json"
+    if existing.is_file():  # parts built before into DIR for the same arch stay (built one at a time, run together)
+        before = json.loads(existing.read_text())
+        if (before.get("arch"), before.get("quick")) == (arch, quick):
+            manifest["parts"] = {p: v for p, v in before.get("parts", {}).items() if p in PARTS and p not in parts}
     for part in parts:
         start = time.time()
+        if (out_dir / part).exists():
+            shutil.rmtree(out_dir / part)  # nothing of an earlier build of this part is carried
         if part == "numerics":
             from . import numerics
 
             numerics.build(out_dir / part, arch)
+        elif part == "e2e":
+            e2e.build(out_dir / part, target, quick)
+        elif part == "pool":
+            pool.build(out_dir / part, target, quick)
         else:
             speed.build(out_dir / part, part, target, quick)
         manifest["parts"][part] = {"expected_s": EXPECTED_S[part], "built_s": round(time.time() - start, 1)}
         (out_dir / "campaign.json").write_text(json.dumps(manifest, indent=1))
-    size = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
-    print(f"campaign in {out_dir}: {', '.join(parts)} for {arch}, {size / 2**20:.1f} MiB; expected run "
-          f"{sum(EXPECTED_S[p] for p in parts)} s")
+    print(summary(out_dir, arch, [p for p in PARTS if p in manifest["parts"]]))
+
+
+#: what the GPU machine can be sent at once, and the runtime-only TVM bundle's share of it
+CARRY_LIMIT_MIB = 64
+RUNTIME_BUNDLE_MIB = 23 / 1.048576
+
+
+def summary(out_dir: Path, arch: str, parts) -> str:
+    """Per part: files, MiB and expected seconds there; then the carried total against the 64 MiB limit."""
+    lines = [f"campaign in {out_dir} for {arch}", f"{'part':<10} {'files':>6} {'MiB':>7} {'expected s':>11}"]
+    total_files, total = 0, 0
+    for part in parts:
+        files = [f for f in (out_dir / part).rglob("*") if f.is_file()]
+        size = sum(f.stat().st_size for f in files)
+        total_files, total = total_files + len(files), total + size
+        lines.append(f"{part:<10} {len(files):>6} {size / 2**20:>7.1f} {EXPECTED_S[part]:>11}")
+    checkout = _checkout_mib()
+    carried = total / 2**20 + RUNTIME_BUNDLE_MIB + (checkout or 0)
+    lines.append(f"{'total':<10} {total_files:>6} {total / 2**20:>7.1f} {sum(EXPECTED_S[p] for p in parts):>11}")
+    with_checkout = f" and the checkout's tracked files ({checkout:.1f} MiB)" if checkout else ""
+    lines.append(f"carried with the runtime bundle (~{RUNTIME_BUNDLE_MIB:.0f} MiB){with_checkout}: {carried:.1f} of "
+                 f"{CARRY_LIMIT_MIB} MiB" + ("  TOO LARGE to carry at once" if carried >= CARRY_LIMIT_MIB else
+                                             "  (close to the limit: the largest part can go in a campaign of its "
+                                             "own)" if carried > 0.9 * CARRY_LIMIT_MIB else ""))
+    return "\n".join(lines)
+
+
+def _checkout_mib():
+    """MiB of the checkout's tracked files (they travel with the campaign), or None where git cannot say."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[3]
+    try:
+        names = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True,
+                               timeout=30).stdout.split(b"\0")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file()) / 2**20
 
 
 def run(in_dir: Path, parts, json_out: Path) -> int:
@@ -65,6 +113,13 @@ def run(in_dir: Path, parts, json_out: Path) -> int:
 
             failed += numerics.run(in_dir / part, in_dir / part / "numerics.json")
             results["parts"][part] = json.loads((in_dir / part / "numerics.json").read_text())
+        elif part == "e2e":
+            rows = e2e.run(in_dir / part, dev, torch_device, torch_time)
+            failed += sum(not r.get("ok", False) for r in rows)
+            results["parts"][part] = {"cases": rows}
+        elif part == "pool":
+            rows = pool.run(in_dir / part, dev, torch_device)
+            results["parts"][part] = {"cases": rows}  # a candidate that fails is a pool entry, not a failure
         else:
             rows = speed.run(in_dir / part, dev, torch_device, torch_time)
             failed += sum("error" in r for r in rows)
@@ -80,6 +135,11 @@ def table(results: dict) -> str:
     lines = [f"{results['device']} ({results['arch']}, TVM {results['tvm']})",
              f"{'part':<10} {'case':<44} {'check':<6} {'ours ms':>9} {'torch ms':>9} {'ours/torch':>10}"]
     for part, data in results["parts"].items():
+        if part == "pool":  # a row per task: its candidates' count and the best and the template default's times
+            for line in _pool_lines(data.get("cases", [])):
+                lines.append(f"{part:<10} {line}")
+            lines.append(f"{part:<10} took {data.get('took_s', 0)} s")
+            continue
         for row in data.get("cases", []):
             check = ("ok" if row.get("ok") else "FAIL") if "ok" in row else ("ERR" if "error" in row else "")
             ms = lambda k: f"{row[k] * 1e3:9.3f}" if k in row else f"{'':>9}"  # noqa: E731
@@ -87,6 +147,18 @@ def table(results: dict) -> str:
             lines.append(f"{part:<10} {row['name'][:44]:<44} {check:<6} {ms('ours_s')} {ms('torch_s')} {ratio}")
         lines.append(f"{part:<10} took {data.get('took_s', 0)} s")
     return "\n".join(lines)
+
+
+def _pool_lines(rows):
+    tasks = {}
+    for row in rows:
+        tasks.setdefault(row["task"], []).append(row)
+    for task, cands in tasks.items():
+        timed = [r["ours_s"] for r in cands if "ours_s" in r]
+        default = next((r.get("ours_s") for r in cands if r["id"] == 0), None)
+        best = f"best {min(timed) * 1e3:.3f} ms" if timed else "none timed"
+        first = f", the template's default {default * 1e3:.3f} ms" if default else ""
+        yield f"{task:<30} {len(timed)}/{len(cands)} timed, {best}{first}"
 
 
 def main(argv=None) -> int:
@@ -102,7 +174,21 @@ def main(argv=None) -> int:
     r.add_argument("dir")
     r.add_argument("--parts", default="", help="a subset of the built parts (default: all)")
     r.add_argument("--json", default="campaign.json.out", help="where to write the results")
+    k = sub.add_parser("pool-pack", help="here, after a run: the pool part's times as pool files "
+                                         "(tuning_lab replay --pools OUT) and record directories (--warm-start)")
+    k.add_argument("dir", help="the campaign directory the run used")
+    k.add_argument("results", help="the run's JSON")
+    k.add_argument("out", help="where to write OUT/<task>-template.npz and OUT/records/<task>-template")
     args = ap.parse_args(argv)
+    if args.mode == "pool-pack":
+        from ...errors import FusionExtError
+
+        try:
+            for line in pool.pack(Path(args.dir), Path(args.results), Path(args.out)):
+                print(line)
+        except FusionExtError as e:
+            raise SystemExit(str(e)) from None
+        return 0
     if args.mode == "build":
         build(Path(args.dir), args.arch, _parts(args.parts), args.quick)
         return 0

@@ -87,7 +87,7 @@ def pack(work: str, out: str) -> str:
     records = read_records(work)
     if not records:
         raise FusionExtError(f"'{work}' holds no candidates")
-    target = resolve_target("llvm")
+    target = _measured_target(meta)
     from ...tune.intrin_stub import stub_tensor_intrinsics
 
     with stub_tensor_intrinsics(True):
@@ -124,6 +124,20 @@ def pack(work: str, out: str) -> str:
     return (f"{out}: {n} candidates ({int(pool.measured().sum())} measured, best "
             f"{np.nanmin(pool.latency_us):.1f} us), {rows.shape[0]} distinct feature rows, "
             f"{os.path.getsize(out) / 1024:.0f} KiB")
+
+
+def _measured_target(meta: dict):
+    """The target a journal's candidates were drawn for: a GPU's where one is recorded (pools measured on a GPU by
+    the GPU campaign), else this CPU's, as the collector uses."""
+    import tvm
+
+    from ...targets import resolve_target
+
+    try:
+        target = tvm.target.Target(json.loads(meta["target"]))
+    except (KeyError, ValueError, TypeError, tvm.TVMError):
+        return resolve_target("llvm")
+    return target if not TargetInfo.of(target).is_cpu else resolve_target("llvm")
 
 
 def save(pool: Pool, out: str) -> None:
