@@ -150,7 +150,7 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
                     out_layout: str = "BSHD", key_block: Optional[int] = None, q_rope: str = "none",
                     k_rope: str = "none", query_block: Optional[int] = None, softcap: float = 0.0,
                     heads: Optional[int] = None, kv_heads: Optional[int] = None, q_head_start: int = 0,
-                    k_head_start: int = 0, v_head_start: int = 0):
+                    k_head_start: int = 0, v_head_start: int = 0, split_blocks: Optional[int] = None):
     for name, lay in (("q", q_layout), ("k", k_layout), ("v", v_layout), ("out", out_layout)):
         if lay not in LAYOUTS:
             raise ValueError(f"fused_attention: {name}_layout must be one of {LAYOUTS}, got '{lay}'")
@@ -205,6 +205,11 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         # an int32 axis cast from an int64 loop is not an affine binding the schedules can work with)
         B, S, T, H, HKV, D, DV, span = (tirx.IntImm("int64", x) if isinstance(x, int) else x
                                         for x in (B, S, T, H, HKV, D, DV, span))
+    if split_blocks is not None:
+        return _decode_form(q, k, v, mask, q_cos, q_sin, k_cos, k_sin, q_layout, k_layout, v_layout, q_rope, k_rope,
+                            q_head_start, k_head_start, v_head_start, varlen=varlen, B=B, S=S, T=T, H=H, HKV=HKV, D=D,
+                            DV=DV, scale=scale, softcap=softcap, causal=causal, out_layout=out_layout,
+                            key_block=key_block, split_blocks=split_blocks, symbolic=symbolic)
     kb = int(key_block or (default_key_block(span) if not symbolic else SYMBOLIC_KEY_BLOCK))
     if kb <= 0 or kb & (kb - 1):
         raise ValueError(f"fused_attention: key_block must be a power of two, got {kb}")
@@ -344,19 +349,7 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
                                       d, v_head_start).astype(ACC), axis=jj3),
             name="attn_bo", attrs={"schedule_rule": "None"})
 
-    def combine(x, y):
-        # one of the two rescale factors is exactly 1 (the side holding the max): one exp, not two
-        x_wins = x[0] >= y[0]
-        e = fast_exp(tirx.min(x[0], y[0]) - tirx.max(x[0], y[0]), bind=False)
-        ex = tirx.Select(x_wins, f32(1.0), e)
-        ey = tirx.Select(x_wins, e, f32(1.0))
-        return tirx.max(x[0], y[0]), x[1] * ex + y[1] * ey, x[2] * ex + y[2] * ey
-
-    def identity(t0, t1, t2):
-        # lowest finite, not -inf: exp(-inf - -inf) would be NaN
-        return tirx.min_value(t0), tirx.const(0, t1), tirx.const(0, t2)
-
-    online = te.comm_reducer(combine, identity, name="online_softmax")
+    online = online_softmax_reducer()
     rb = te.reduce_axis((0, nb), name="rb")
     _, run_sum, run_out = te.compute(
         (B, H, rows, DV),
@@ -377,6 +370,64 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         return te.compute((B, H, S, DV), finish, name="attn_out", attrs={"schedule_rule": out_rule})
     return te.compute((B, S, H, DV), lambda b, i, h, d: finish(b, h, i, d), name="attn_out",
                       attrs={"schedule_rule": out_rule})
+
+
+def _decode_form(q, k, v, mask, q_cos, q_sin, k_cos, k_sin, q_layout, k_layout, v_layout, q_rope, k_rope,
+                 q_head_start, k_head_start, v_head_start, *, varlen, B, S, T, H, HKV, D, DV, scale, softcap, causal,
+                 out_layout, key_block, split_blocks, symbolic):
+    """``split_blocks`` given: the split-K decode form (:mod:`.decode_attention`) for one query row."""
+    from .decode_attention import DECODE_KEY_BLOCK, DecodeOperands, decode_attention
+
+    if varlen:
+        raise ValueError("fused_attention: the decode form (split_blocks) does not take the packed form")
+    if isinstance(_dim(S), int) and _dim(S) != 1:
+        raise ValueError(f"fused_attention: the decode form (split_blocks) takes one query row, got {_dim(S)}")
+    sb = int(split_blocks)
+    kb = int(key_block or (min(default_key_block(_dim(T)), DECODE_KEY_BLOCK) if isinstance(_dim(T), int)
+                           else DECODE_KEY_BLOCK))
+    if sb <= 0 or kb <= 0 or kb & (kb - 1):
+        raise ValueError(f"fused_attention: the decode form needs a positive split_blocks and a power-of-two "
+                         f"key_block, got {sb} and {kb}")
+    zero = tirx.IntImm("int64" if symbolic else "int32", 0)
+
+    def q_at(b, h, i, d):
+        return _at(q, q_layout, b, h, i, d, q_head_start)
+
+    def k_at(b, hk, j, d):
+        return _at(k, k_layout, b, hk, j, d, k_head_start)
+
+    q_read = rotary_read(q_at, q_cos, q_sin, q_rope, D) if q_rope != "none" else q_at
+    k_read = rotary_read(k_at, k_cos, k_sin, k_rope, D) if k_rope != "none" else k_at
+
+    def mask_read(b, h, j):
+        full = (b, h, zero, j)[4 - len(mask.shape):]
+        return mask[tuple(0 if _dim(e) == 1 else ix for e, ix in zip(mask.shape, full))]
+
+    operands = DecodeOperands(q=lambda b, h, d: q_read(b, h, zero, d), k=k_read,
+                              v=lambda b, hk, j, d: _at(v, v_layout, b, hk, j, d, v_head_start),
+                              mask=mask_read if mask is not None else None)
+    return decode_attention(operands, B=B, S=S, T=T, H=H, HKV=HKV, D=D, DV=DV, scale=scale, softcap=softcap,
+                            causal=causal, out_layout=out_layout, out_dtype=str(q.dtype), key_block=kb,
+                            split_blocks=sb, symbolic=symbolic)
+
+
+def online_softmax_reducer():
+    """The online-softmax fold of (max, sum, numerator) triples: ``te.comm_reducer`` over three values."""
+    f32 = lambda x: tirx.const(x, ACC)  # noqa: E731
+
+    def combine(x, y):
+        # one of the two rescale factors is exactly 1 (the side holding the max): one exp, not two
+        x_wins = x[0] >= y[0]
+        e = fast_exp(tirx.min(x[0], y[0]) - tirx.max(x[0], y[0]), bind=False)
+        ex = tirx.Select(x_wins, f32(1.0), e)
+        ey = tirx.Select(x_wins, e, f32(1.0))
+        return tirx.max(x[0], y[0]), x[1] * ex + y[1] * ey, x[2] * ex + y[2] * ey
+
+    def identity(t0, t1, t2):
+        # lowest finite, not -inf: exp(-inf - -inf) would be NaN
+        return tirx.min_value(t0), tirx.const(0, t1), tirx.const(0, t2)
+
+    return te.comm_reducer(combine, identity, name="online_softmax")
 
 
 def _check_varlen(cu_seqlens, row_seq, key_bias, mask, B, S, T, q_rope, k_rope) -> bool:
