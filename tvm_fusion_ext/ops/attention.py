@@ -376,15 +376,14 @@ def _decode_form(q, k, v, mask, q_cos, q_sin, k_cos, k_sin, q_layout, k_layout, 
                  q_head_start, k_head_start, v_head_start, *, varlen, B, S, T, H, HKV, D, DV, scale, softcap, causal,
                  out_layout, key_block, split_blocks, symbolic):
     """``split_blocks`` given: the split-K decode form (:mod:`.decode_attention`) for one query row."""
-    from .decode_attention import DECODE_KEY_BLOCK, DecodeOperands, decode_attention
+    from .decode_attention import DecodeOperands, decode_attention, decode_key_block
 
     if varlen:
         raise ValueError("fused_attention: the decode form (split_blocks) does not take the packed form")
     if isinstance(_dim(S), int) and _dim(S) != 1:
         raise ValueError(f"fused_attention: the decode form (split_blocks) takes one query row, got {_dim(S)}")
     sb = int(split_blocks)
-    kb = int(key_block or (min(default_key_block(_dim(T)), DECODE_KEY_BLOCK) if isinstance(_dim(T), int)
-                           else DECODE_KEY_BLOCK))
+    kb = int(key_block or decode_key_block(_dim(T)))
     if sb <= 0 or kb <= 0 or kb & (kb - 1):
         raise ValueError(f"fused_attention: the decode form needs a positive split_blocks and a power-of-two "
                          f"key_block, got {sb} and {kb}")

@@ -41,6 +41,24 @@ DECODE_KEY_BLOCK = 64
 DEFAULT_SPLIT_BLOCKS = 4
 
 
+def decode_key_block(keys) -> int:
+    """The decode form's key block for ``keys`` keys (an ``int``, or symbolic): a power of two covering a short
+    cache, at most :data:`DECODE_KEY_BLOCK`."""
+    if not isinstance(keys, int):
+        return DECODE_KEY_BLOCK
+    kb = 8
+    while kb < min(keys, DECODE_KEY_BLOCK):
+        kb *= 2
+    return kb
+
+
+def decode_params(params: dict, keys) -> dict:
+    """``fused_attention``'s parameters for its decode form over ``keys`` keys: the key block and split size set,
+    any query tile dropped (one row)."""
+    out = {k: v for k, v in params.items() if k != "query_block"}
+    return dict(out, key_block=decode_key_block(keys), split_blocks=DEFAULT_SPLIT_BLOCKS)
+
+
 @dataclass(frozen=True)
 class DecodeOperands:
     """What the decode form reads, as index functions prepared by ``fused_attention`` (head ranges, rotary
@@ -79,9 +97,12 @@ def decode_attention(ops: DecodeOperands, *, B, S, T, H, HKV, D, DV, scale: floa
     kt = te.compute((B, HKV, splits, sb, D, kb),
                     lambda b, hk, sp, jb, d, jj: ops.k(b, hk, clamped(sp, jb, jj), d).astype(ACC),
                     name="dec_kt", attrs={"schedule_rule": "None"})
+    # the group's query rows in fp32 (rotated, for rotary Q), once per task rather than once per key
+    qg = te.compute((B, HKV, G, D), lambda b, hk, g, d: ops.q(b, hk * G + g, d).astype(ACC), name="dec_q",
+                    attrs={"schedule_rule": "None"})
     rd = te.reduce_axis((0, D), name="rd")
     qk = te.compute((B, HKV, splits, sb, G, kb), lambda b, hk, sp, jb, g, jj: te.sum(
-        ops.q(b, hk * G + g, rd).astype(ACC) * kt[b, hk, sp, jb, rd, jj], axis=rd),
+        qg[b, hk, g, rd] * kt[b, hk, sp, jb, rd, jj], axis=rd),
         name="dec_qk", attrs={"schedule_rule": "None"})
 
     def score(b, hk, sp, jb, g, jj):

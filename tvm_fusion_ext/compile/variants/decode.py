@@ -24,7 +24,7 @@ import tvm
 from tvm import tirx
 
 from ...ops.attention import key_geometry
-from ...ops.decode_attention import DECODE_KEY_BLOCK, DEFAULT_SPLIT_BLOCKS
+from ...ops.decode_attention import decode_params
 from ...ops.registry import inputs_of, op_of, params_of
 from .branches import ScheduleFn, cpu_dispatch_pass, plain_parameters, with_cases
 
@@ -56,16 +56,10 @@ def _refusal(func) -> Optional[str]:
     return None
 
 
-def decode_params(params: dict) -> dict:
-    """The operator's parameters for its decode form: the split size and key block set, any query tile dropped."""
-    out = {k: v for k, v in params.items() if k != "query_block"}
-    return dict(out, key_block=DECODE_KEY_BLOCK, split_blocks=DEFAULT_SPLIT_BLOCKS)
-
-
 def dispatch(func: tirx.PrimFunc, schedule_fn: ScheduleFn) -> Optional[tirx.PrimFunc]:
     """``func`` (scheduled) with the decode kernel in front of it for one-row requests, or None when the decode
     kernel cannot be made."""
-    S, _, _ = key_geometry(func)
+    S, T, _ = key_geometry(func)
     rows = S if str(S.ty) == "int64" else S.astype("int64")
-    cases = [(rows == tirx.IntImm("int64", 1), "decode", decode_params(params_of(func)))]
+    cases = [(rows == tirx.IntImm("int64", 1), "decode", decode_params(params_of(func), T))]
     return with_cases(func, cases, schedule_fn, DECODE_ATTR, "1", logger)

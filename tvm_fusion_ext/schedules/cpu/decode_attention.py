@@ -3,6 +3,7 @@
 Shape of the schedule::
 
     parallel for (b, kv head, split):                # B × Hkv × splits tasks: a long cache feeds every core
+        q_group = the group's query rows              # fp32, rotated once for rotary Q
         init the split's (max, sum, out) for the group's query heads
         for key block of the split:
             kt   = K block transposed                # one K row at a time, head dim vectorised (L1 tile)
@@ -31,7 +32,7 @@ from ..common import categorical
 from ..rule import Knobs, TemplateRule
 from .attention import ROW_STEPS, UNROLL, _vector_split
 
-STAGES = ("dec_merge", "dec_split", "dec_bo", "dec_bsum", "dec_p", "dec_bmax", "dec_qk", "dec_kt")
+STAGES = ("dec_merge", "dec_split", "dec_bo", "dec_bsum", "dec_p", "dec_bmax", "dec_qk", "dec_kt", "dec_q")
 
 
 def decode_stages(sch: s_tir.Schedule, out) -> dict:
@@ -92,6 +93,11 @@ def decode_attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dic
 
     for name in ("dec_bo", "dec_bsum", "dec_p", "dec_bmax", "dec_qk", "dec_kt"):  # consumers first
         sch.compute_at(st[name], rb, preserve_unit_loops=True)
+
+    # the group's query rows (rotated once, for rotary Q) under the task, head dim vectorised
+    qg = st["dec_q"]
+    sch.compute_at(qg, task, preserve_unit_loops=True)
+    sch.vectorize(sch.get_loops(qg)[-1])
 
     # K's block copied key-contiguous: one K row at a time, its head dims read as one vector
     *_, kd, kjj = sch.get_loops(st["dec_kt"])
