@@ -11,37 +11,10 @@ from tvm import relax, s_tir
 from tvm_fusion_ext.ops.registry import make_prim_func
 from tvm_fusion_ext.schedules.cpu.decode_attention import DecodeAttentionCPU, decode_attention_cpu
 from tvm_fusion_ext.schedules.registry import get_template
+from tvm_fusion_ext.testing import decode_attention_reference as reference
+from tvm_fusion_ext.testing import past_mask
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "znver3"})
-
-
-def reference(q, k, v, mask, scale, softcap=0.0):
-    """softmax(scale · q kᵀ [capped] + mask) v in float64 for BSHD q [B, 1, H, D], k/v [B, T, Hkv, D]; K/V head
-    ``h // group`` serves query head h; a row with no visible key gives 0."""
-    group = q.shape[2] // k.shape[2]
-    kk, vv = (np.repeat(x.astype("float64"), group, axis=2) for x in (k, v))
-    s = (np.einsum("bshd,bthd->bhst", q.astype("float64"), kk)).astype("float32") * np.float32(scale)
-    if softcap:
-        s = (softcap * np.tanh(s.astype("float64") / softcap)).astype("float32")
-    s = s.astype("float64") + (mask if mask is not None else 0.0)
-    m = s.max(-1, keepdims=True)
-    p = np.where(np.isneginf(s), 0.0, np.exp(s - np.where(np.isneginf(m), 0.0, m)))
-    den = p.sum(-1, keepdims=True)
-    out = np.where(den > 0, (p @ vv.transpose(0, 2, 1, 3)) / np.where(den > 0, den, 1.0), 0.0)
-    return out.transpose(0, 2, 1, 3)
-
-
-def past_mask(batch, past, pad, left):
-    """(B, 1, 1, P + 1) additive mask: sequence b's past is ``past - pad[b]`` real keys, its padding on the right
-    (a padded past) or on the left (a left-padded one); the new key is always visible."""
-    mask = np.zeros((batch, 1, 1, past + 1), "float32")
-    for b, n in enumerate(pad):
-        if n:
-            if left:
-                mask[b, ..., :n] = -np.inf
-            else:
-                mask[b, ..., past - n:past] = -np.inf
-    return mask
 
 
 def _types(arrays):
