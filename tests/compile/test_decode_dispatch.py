@@ -82,6 +82,16 @@ def test_symbolic_cache_length_built_once_runs_at_every_length():
                                    err_msg=f"batch {batch_size}, past {past}")
 
 
+def test_a_cache_of_past_plus_new_keys_gets_the_branch():
+    """Keys ``past + seq`` (a decoder's cache with the new token): the kernel takes ``past`` as a scalar parameter,
+    which the decode variant reads as its own."""
+    rows, past = tirx.Var("seq", "int64"), tirx.Var("past", "int64")
+    kernel = _kernel(schedule(prepare(_module({"scale": 0.125}, rows=rows, keys=past + rows), TARGET,
+                                      fuse_graph=False)[0], TARGET))
+    assert len(kernel.params) == 6  # q, k, v, mask, past, out
+    assert str(kernel.attrs[decode.DECODE_ATTR]) == "1"
+
+
 def test_one_row_requests_branch_to_the_decode_kernel_before_every_other_branch():
     kernel = _kernel(schedule(prepare(_module({"scale": 0.125}), TARGET, fuse_graph=False)[0], TARGET))
     assert str(kernel.attrs[decode.DECODE_ATTR]) == "1"

@@ -26,7 +26,7 @@ from tvm import tirx
 from ...ops.attention import key_geometry
 from ...ops.decode_attention import decode_params
 from ...ops.registry import inputs_of, op_of, params_of
-from .branches import ScheduleFn, cpu_dispatch_pass, plain_parameters, with_cases
+from .branches import ScheduleFn, cpu_dispatch_pass, with_cases
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +51,6 @@ def _refusal(func) -> Optional[str]:
     S, _, _ = key_geometry(func)
     if isinstance(S, int):
         return ""
-    if not plain_parameters(func):
-        return "scalar size parameters"
     return None
 
 
