@@ -32,6 +32,8 @@ from typing import Callable, Optional
 
 from tvm import te, tirx
 
+from .online_softmax import fast_exp, online_softmax_reducer
+
 ACC = "float32"
 #: keys per block when the key count is known only at run time: short enough that a one-token cache computes
 #: little padding, long enough for the q·kᵀ micro-kernel's vectors
@@ -74,8 +76,6 @@ class DecodeOperands:
 def decode_attention(ops: DecodeOperands, *, B, S, T, H, HKV, D, DV, scale: float, softcap: float, causal: bool,
                      out_layout: str, out_dtype: str, key_block, split_blocks: int, symbolic: bool) -> te.Tensor:
     """The decode kernel's stages; returns the output (``B, S, H, DV`` in BSHD or ``B, H, S, DV`` in BHSD)."""
-    from .attention import fast_exp, online_softmax_reducer
-
     group = int(H) // int(HKV)
     index = "int64" if symbolic else "int32"
     c = lambda v: tirx.IntImm(index, v)  # noqa: E731
