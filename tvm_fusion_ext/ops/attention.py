@@ -38,6 +38,11 @@ Semantics the graph-side rules rely on:
   (-3.4e38, -10000) are ordinary scores; the running max starts at the lowest *finite* value so no
   ``inf - inf`` is ever formed.
 
+Decode form: given ``split_blocks``, one query row (a decode step: S = 1, or a symbolic S the caller runs only at
+1) is computed split-K instead (:mod:`.decode_attention`): per (batch, K/V head, split of ``split_blocks`` key
+blocks) partial softmax statistics for all query heads of the group, then one combine. Same semantics for the
+row; the padded/packed query forms do not apply.
+
 Variable-length (packed) form: given ``cu_seqlens``, ``row_seq`` and ``key_bias``, Q/K/V hold the tokens of
 ``N`` sequences packed back to back as one batch of ``T`` rows (``[1, T, H, D]``, BSHD); sequence ``n`` owns rows
 ``[cu_seqlens[n], cu_seqlens[n+1])`` and each query row attends to the keys of its own sequence only.

@@ -38,9 +38,13 @@ ACC = "float32"
 #: keys per block when the key count is known only at run time: short enough that a one-token cache computes
 #: little padding, long enough for the q·kᵀ micro-kernel's vectors
 DECODE_KEY_BLOCK = 64
-#: key blocks per split by default: 256 keys (64 KiB of fp32 K and V at head dim 64) per task, so a cache of
-#: 512 keys already gives 3 splits per K/V head, and the combine reads one partial per 256 keys
-DEFAULT_SPLIT_BLOCKS = 4
+#: key blocks per split by default: 128 keys per task (a cache of 512 keys gives 5 splits per K/V head). The last
+#: split computes its padding blocks too (masked), so long splits waste up to split_blocks - 1 blocks; short ones
+#: add partials to combine. Measured on the 2-core AVX2 box under load (LLaMA-1024's 16 heads on 4 K/V heads, d 64;
+#: the kernel alone, ms at (batch, past) = (1, 512) / (1, 2048) / (4, 512) / (4, 2048)): 1 block 0.37 / 1.39 /
+#: 1.70 / 8.30, 2 blocks 0.36 / 1.57 / 1.56 / 8.01, 4 blocks 0.59 / 1.19 / 1.85 / 7.94, 8 blocks 0.63 / 1.37 /
+#: 2.06 / 7.91
+DEFAULT_SPLIT_BLOCKS = 2
 
 
 def decode_key_block(keys) -> int:
