@@ -13,6 +13,11 @@ query-tile branches. Static query rows get the decode form from the template ins
 (:meth:`~tvm_fusion_ext.schedules.cpu.attention.AttentionCPU.prepare_operator`); packed (varlen) attention and
 CUDA are left alone. The branch reads and writes the kernel's own buffers (:mod:`.branches`), so the Relax graph,
 the tuner's tasks and the records are unchanged.
+
+Unlike the other dispatches, kernels that take a size as a scalar parameter are candidates: a decoder's keys are
+``past + new`` (its cache and the new tokens), so its attention kernel takes ``past`` as one. The variant is the
+operator rebuilt over the kernel's own dims, so it takes the same parameters (:func:`.branches.with_cases` checks
+them one by one and drops the branch otherwise).
 """
 
 from __future__ import annotations
