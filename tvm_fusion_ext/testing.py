@@ -148,6 +148,35 @@ def attention_reference(q, k, v, mask, scale: float, causal: bool = False) -> np
     return np.einsum("bhst,bthd->bshd", weights, v)
 
 
+def decode_attention_reference(q, k, v, mask, scale: float, softcap: float = 0.0) -> np.ndarray:
+    """softmax(scale · q kᵀ [capped] + mask) v in float64 for BSHD q [B, 1, H, D], k/v [B, T, Hkv, D]; K/V head
+    ``h // group`` serves query head h; a row with no visible key gives 0."""
+    group = q.shape[2] // k.shape[2]
+    kk, vv = (np.repeat(x.astype("float64"), group, axis=2) for x in (k, v))
+    s = (np.einsum("bshd,bthd->bhst", q.astype("float64"), kk)).astype("float32") * np.float32(scale)
+    if softcap:
+        s = (softcap * np.tanh(s.astype("float64") / softcap)).astype("float32")
+    s = s.astype("float64") + (mask if mask is not None else 0.0)
+    m = s.max(-1, keepdims=True)
+    p = np.where(np.isneginf(s), 0.0, np.exp(s - np.where(np.isneginf(m), 0.0, m)))
+    den = p.sum(-1, keepdims=True)
+    out = np.where(den > 0, (p @ vv.transpose(0, 2, 1, 3)) / np.where(den > 0, den, 1.0), 0.0)
+    return out.transpose(0, 2, 1, 3)
+
+
+def past_mask(batch: int, past: int, pad: Sequence[int], left: bool) -> np.ndarray:
+    """(B, 1, 1, P + 1) additive mask: sequence b's past is ``past - pad[b]`` real keys, its padding on the right
+    (a padded past) or on the left (a left-padded one); the new key is always visible."""
+    mask = np.zeros((batch, 1, 1, past + 1), "float32")
+    for b, n in enumerate(pad):
+        if n:
+            if left:
+                mask[b, ..., :n] = -np.inf
+            else:
+                mask[b, ..., past - n:past] = -np.inf
+    return mask
+
+
 def key_padding_inputs(batch: int, seq: int, heads: int, head_dim: int, seed: int) -> Tuple[np.ndarray, ...]:
     """Random (B, S, H, D) q, k, v and a (B, 1, 1, S) mask hiding ~30 % of the keys with -inf (never the first)."""
     rng = np.random.default_rng(seed)

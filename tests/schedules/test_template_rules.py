@@ -32,15 +32,17 @@ def _dense_func(m=16, k=32, n=24):
 
 
 _OPERATOR_RULES = ("tfx.dense", "tfx.gated_dense", "tfx.attention", "tfx.layernorm", "tfx.rmsnorm")
+#: operator forms only the CPU builds (attention's split-K decode form)
+_CPU_ONLY_RULES = ("tfx.decode_attention",)
 
 
 def test_one_template_per_operator_and_family():
     table = registered()
     for family in ("cpu", "cuda"):
-        for rule in _OPERATOR_RULES:
+        for rule in _OPERATOR_RULES + (_CPU_ONLY_RULES if family == "cpu" else ()):
             template = table[(rule, family)]
             assert isinstance(template, ScheduleRule) and template.family == family and template.block_rule == rule
-    assert [t.family for t in template_rules(CPU)] == ["cpu"] * len(_OPERATOR_RULES)
+    assert [t.family for t in template_rules(CPU)] == ["cpu"] * len(_OPERATOR_RULES + _CPU_ONLY_RULES)
     assert [t.family for t in template_rules(CUDA)] == ["cuda"] * len(_OPERATOR_RULES)
 
 

@@ -29,6 +29,7 @@ The stages sit at the top of the package; the passes each stage runs are grouped
 **variants/**                  run-time kernel variants ``schedule`` adds after the templates (CPU)
 ``variants.branches``          a kernel and its variants as branches of one PrimFunc, on its own symbolic sizes
 ``variants.causal_skip``       ``SkipMaskedKeyBlocks``: causal key-block loops bounded by their query tile
+``variants.decode``            ``DispatchDecode``: one-row (decode) requests' split-K attention kernel
 ``variants.query_tiles``       ``DispatchQueryTiles``: long requests' attention query tiles
 ``variants.short_keys``        ``DispatchShortKeys``: short requests' attention key blocks
 ``variants.short_rows``        ``DispatchShortRows``: short requests' dense row tiles

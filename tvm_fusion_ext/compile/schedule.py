@@ -4,7 +4,8 @@ given ones), then a generic fallback for every other kernel (CPU: ours; CUDA: dl
 After them, the run-time variants (:mod:`.variants`): causal attention's key-block loops bounded by their query
 tiles (:mod:`.variants.causal_skip`, CPU), then symbolic CPU attention's long-request query tiles
 (:mod:`.variants.query_tiles`) and attention and dense kernels' short-request branches
-(:mod:`.variants.short_keys`, :mod:`.variants.short_rows`), each scheduled by the same template rules."""
+(:mod:`.variants.short_keys`, :mod:`.variants.short_rows`), and last its one-row (decode) requests' split-K kernel
+(:mod:`.variants.decode`), each scheduled by the same template rules."""
 
 from __future__ import annotations
 
@@ -69,10 +70,12 @@ def schedule(mod: tvm.IRModule, target: TargetSpec = None, records: Optional[str
     the per-kernel ``kernel_knobs`` transferred from records), then the fallback; then bound causal attention's
     key-block loops by their query tiles (whichever schedule made them), and give symbolic CPU attention its
     long-request query tiles (:mod:`.variants.query_tiles`) and attention and dense kernels their short-request
-    variants (:mod:`.variants.short_keys`, :mod:`.variants.short_rows`). ``templates``: the compilation's template rules
+    variants (:mod:`.variants.short_keys`, :mod:`.variants.short_rows`), then attention's decode kernel for one-row
+    requests (:mod:`.variants.decode`, the outermost branch). ``templates``: the compilation's template rules
     when the caller built them already (:func:`~.pipeline.compile_model` does: the same list its lowering used)."""
     from ..schedules.registry import template_rules
     from .variants.causal_skip import SkipMaskedKeyBlocks
+    from .variants.decode import DispatchDecode
     from .variants.query_tiles import DispatchQueryTiles
     from .variants.short_keys import DispatchShortKeys
     from .variants.short_rows import DispatchShortRows
@@ -93,4 +96,5 @@ def schedule(mod: tvm.IRModule, target: TargetSpec = None, records: Optional[str
     templates_only = ApplyTemplates(target, fallback=False, templates=templates)
     variants = lambda m: skip(templates_only(m))  # noqa: E731
     scheduled = DispatchQueryTiles(target, variants)(skip(with_fallback(mod)))
-    return DispatchShortRows(target, variants)(DispatchShortKeys(target, variants)(scheduled))
+    scheduled = DispatchShortRows(target, variants)(DispatchShortKeys(target, variants)(scheduled))
+    return DispatchDecode(target, variants)(scheduled)

@@ -38,6 +38,11 @@ Semantics the graph-side rules rely on:
   (-3.4e38, -10000) are ordinary scores; the running max starts at the lowest *finite* value so no
   ``inf - inf`` is ever formed.
 
+Decode form: given ``split_blocks``, one query row (a decode step: S = 1, or a symbolic S the caller runs only at
+1) is computed split-K instead (:mod:`.decode_attention`): per (batch, K/V head, split of ``split_blocks`` key
+blocks) partial softmax statistics for all query heads of the group, then one combine. Same semantics for the
+row; the padded/packed query forms do not apply.
+
 Variable-length (packed) form: given ``cu_seqlens``, ``row_seq`` and ``key_bias``, Q/K/V hold the tokens of
 ``N`` sequences packed back to back as one batch of ``T`` rows (``[1, T, H, D]``, BSHD); sequence ``n`` owns rows
 ``[cu_seqlens[n], cu_seqlens[n+1])`` and each query row attends to the keys of its own sequence only.
@@ -58,6 +63,7 @@ from typing import Optional
 
 from tvm import te, tirx
 
+from .online_softmax import fast_exp, online_softmax_reducer
 from .registry import register_op
 from .rope import check_rope_tables, rotary_read
 
@@ -88,32 +94,6 @@ def default_key_block(num_keys: int) -> int:
     while kb < min(num_keys, 128):
         kb *= 2
     return kb
-
-
-def fast_exp(x, bind: bool = True):
-    """exp(x) for fp32 as a Cephes polynomial (≈1 ulp), so the exponentials vectorise.
-
-    LLVM lowers a vector ``llvm.exp`` to one libm call per lane on x86 without a vector math library, which
-    would cost more than the two matmuls of the kernel. Inputs are clamped to the finite fp32 range of exp;
-    anything below -88.37 (including -inf and the lowest finite value) gives exactly 0.
-    """
-    c = lambda v: tirx.const(v, ACC)  # noqa: E731
-    x = tirx.max(tirx.min(x, c(88.3762626647950)), c(-88.3762626647949))
-    n = tirx.floor(x * c(1.44269504088896341) + c(0.5))
-    # Let-bound so the argument and the exponent are computed once, not once per use in the polynomial.
-    # An expression used in several outputs of one reduction must not bind (a Let var may be defined once);
-    # there ``bind=False`` leaves the duplicates to common-subexpression elimination.
-    xv, nv = (tirx.Var("exp_x", ACC), tirx.Var("exp_n", ACC)) if bind else (x, n)
-    z = xv - nv * c(0.693359375) - nv * c(-2.12194440e-4)
-    y = c(1.9875691500e-4)
-    for coef in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
-        y = y * z + c(coef)
-    y = y * z * z + z + c(1.0)
-    two_n = tirx.reinterpret(ACC, tirx.shift_left(nv.astype("int32") + tirx.const(127, "int32"),
-                                                    tirx.const(23, "int32")))
-    if not bind:
-        return y * two_n
-    return tirx.Let(xv, x, tirx.Let(nv, tirx.floor(xv * c(1.44269504088896341) + c(0.5)), y * two_n))
 
 
 def _dims(t, layout: str):
@@ -150,7 +130,7 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
                     out_layout: str = "BSHD", key_block: Optional[int] = None, q_rope: str = "none",
                     k_rope: str = "none", query_block: Optional[int] = None, softcap: float = 0.0,
                     heads: Optional[int] = None, kv_heads: Optional[int] = None, q_head_start: int = 0,
-                    k_head_start: int = 0, v_head_start: int = 0):
+                    k_head_start: int = 0, v_head_start: int = 0, split_blocks: Optional[int] = None):
     for name, lay in (("q", q_layout), ("k", k_layout), ("v", v_layout), ("out", out_layout)):
         if lay not in LAYOUTS:
             raise ValueError(f"fused_attention: {name}_layout must be one of {LAYOUTS}, got '{lay}'")
@@ -205,6 +185,11 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         # an int32 axis cast from an int64 loop is not an affine binding the schedules can work with)
         B, S, T, H, HKV, D, DV, span = (tirx.IntImm("int64", x) if isinstance(x, int) else x
                                         for x in (B, S, T, H, HKV, D, DV, span))
+    if split_blocks is not None:
+        return _decode_form(q, k, v, mask, q_cos, q_sin, k_cos, k_sin, q_layout, k_layout, v_layout, q_rope, k_rope,
+                            q_head_start, k_head_start, v_head_start, varlen=varlen, B=B, S=S, T=T, H=H, HKV=HKV, D=D,
+                            DV=DV, scale=scale, softcap=softcap, causal=causal, out_layout=out_layout,
+                            key_block=key_block, split_blocks=split_blocks, symbolic=symbolic)
     kb = int(key_block or (default_key_block(span) if not symbolic else SYMBOLIC_KEY_BLOCK))
     if kb <= 0 or kb & (kb - 1):
         raise ValueError(f"fused_attention: key_block must be a power of two, got {kb}")
@@ -344,19 +329,7 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
                                       d, v_head_start).astype(ACC), axis=jj3),
             name="attn_bo", attrs={"schedule_rule": "None"})
 
-    def combine(x, y):
-        # one of the two rescale factors is exactly 1 (the side holding the max): one exp, not two
-        x_wins = x[0] >= y[0]
-        e = fast_exp(tirx.min(x[0], y[0]) - tirx.max(x[0], y[0]), bind=False)
-        ex = tirx.Select(x_wins, f32(1.0), e)
-        ey = tirx.Select(x_wins, e, f32(1.0))
-        return tirx.max(x[0], y[0]), x[1] * ex + y[1] * ey, x[2] * ex + y[2] * ey
-
-    def identity(t0, t1, t2):
-        # lowest finite, not -inf: exp(-inf - -inf) would be NaN
-        return tirx.min_value(t0), tirx.const(0, t1), tirx.const(0, t2)
-
-    online = te.comm_reducer(combine, identity, name="online_softmax")
+    online = online_softmax_reducer()
     rb = te.reduce_axis((0, nb), name="rb")
     _, run_sum, run_out = te.compute(
         (B, H, rows, DV),
@@ -377,6 +350,44 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         return te.compute((B, H, S, DV), finish, name="attn_out", attrs={"schedule_rule": out_rule})
     return te.compute((B, S, H, DV), lambda b, i, h, d: finish(b, h, i, d), name="attn_out",
                       attrs={"schedule_rule": out_rule})
+
+
+def _decode_form(q, k, v, mask, q_cos, q_sin, k_cos, k_sin, q_layout, k_layout, v_layout, q_rope, k_rope,
+                 q_head_start, k_head_start, v_head_start, *, varlen, B, S, T, H, HKV, D, DV, scale, softcap, causal,
+                 out_layout, key_block, split_blocks, symbolic):
+    """``split_blocks`` given: the split-K decode form (:mod:`.decode_attention`) for one query row."""
+    from .decode_attention import DecodeOperands, decode_attention, decode_key_block
+
+    if varlen:
+        raise ValueError("fused_attention: the decode form (split_blocks) does not take the packed form")
+    if isinstance(_dim(S), int) and _dim(S) != 1:
+        raise ValueError(f"fused_attention: the decode form (split_blocks) takes one query row, got {_dim(S)}")
+    sb = int(split_blocks)
+    kb = int(key_block or decode_key_block(_dim(T)))
+    if sb <= 0 or kb <= 0 or kb & (kb - 1):
+        raise ValueError(f"fused_attention: the decode form needs a positive split_blocks and a power-of-two "
+                         f"key_block, got {sb} and {kb}")
+    zero = tirx.IntImm("int64" if symbolic else "int32", 0)
+
+    def q_at(b, h, i, d):
+        return _at(q, q_layout, b, h, i, d, q_head_start)
+
+    def k_at(b, hk, j, d):
+        return _at(k, k_layout, b, hk, j, d, k_head_start)
+
+    q_read = rotary_read(q_at, q_cos, q_sin, q_rope, D) if q_rope != "none" else q_at
+    k_read = rotary_read(k_at, k_cos, k_sin, k_rope, D) if k_rope != "none" else k_at
+
+    def mask_read(b, h, j):
+        full = (b, h, zero, j)[4 - len(mask.shape):]
+        return mask[tuple(0 if _dim(e) == 1 else ix for e, ix in zip(mask.shape, full))]
+
+    operands = DecodeOperands(q=lambda b, h, d: q_read(b, h, zero, d), k=k_read,
+                              v=lambda b, hk, j, d: _at(v, v_layout, b, hk, j, d, v_head_start),
+                              mask=mask_read if mask is not None else None)
+    return decode_attention(operands, B=B, S=S, T=T, H=H, HKV=HKV, D=D, DV=DV, scale=scale, softcap=softcap,
+                            causal=causal, out_layout=out_layout, out_dtype=str(q.dtype), key_block=kb,
+                            split_blocks=sb, symbolic=symbolic)
 
 
 def _check_varlen(cu_seqlens, row_seq, key_bias, mask, B, S, T, q_rope, k_rope) -> bool:

@@ -16,6 +16,7 @@ from .rule import TemplateRule
 
 def _all_templates() -> List[TemplateRule]:
     from .cpu.attention import AttentionCPU
+    from .cpu.decode_attention import DecodeAttentionCPU
     from .cpu.dense import DenseCPU
     from .cpu.gated_dense import GatedDenseCPU
     from .cpu.layernorm import LayerNormCPU
@@ -26,7 +27,7 @@ def _all_templates() -> List[TemplateRule]:
     from .cuda.layernorm import LayerNormCUDA
     from .cuda.rmsnorm import RMSNormCUDA
 
-    return [DenseCPU(), GatedDenseCPU(), AttentionCPU(), LayerNormCPU(), RMSNormCPU(),
+    return [DenseCPU(), GatedDenseCPU(), AttentionCPU(), DecodeAttentionCPU(), LayerNormCPU(), RMSNormCPU(),
             DenseCUDA(), GatedDenseCUDA(), AttentionCUDA(), LayerNormCUDA(), RMSNormCUDA()]
 
 

@@ -43,6 +43,7 @@ from tvm import s_tir, tirx
 
 from ..attention_blocks import (STAGES, inline_low_precision_stages, kernel_stages, output_loops_bhsd,
                                 pad_symbolic_queries, symbolic_rows_reason)
+from ...ops.decode_attention import decode_params
 from ...targets import TargetInfo
 from ..common import categorical, op_params
 from ..rule import Knobs, TemplateRule
@@ -226,11 +227,17 @@ class AttentionCPU(TemplateRule):
         """Query rows padded to the query tile (``query_block``, ops/attention.py), so the flash loop's tiles
         carry no tail: rows known only at run time, and static rows that do not fill whole tiles. A tail tile
         predicates every stage under the flash loop: ViT-B/16's 197 rows (12 heads × 64) ran 2.7 ms with a
-        5-row tail against 0.9 ms at 200 rows."""
+        5-row tail against 0.9 ms at 200 rows. One static query row takes the operator's split-K decode form
+        instead (``split_blocks``, scheduled by :mod:`.decode_attention`)."""
         tile = QUERY_TILES[self.knobs.query_tile] if self.knobs.query_tile is not None else None
         padded = pad_symbolic_queries(call, tile or SYMBOLIC_QUERY_TILE)
         if padded is not None or call.op != "fused_attention" or call.params.get("query_block") is not None:
             return padded
         rows = int(call.inputs["q"].ty.shape[2 if call.params.get("q_layout", "BSHD") == "BHSD" else 1])
+        if rows == 1 and "cu_seqlens" not in call.inputs and call.params.get("split_blocks") is None:
+            # one query row (a decode step built for static rows): the split-K decode form, its own template
+            keys = call.inputs["k"].ty.shape[2 if call.params.get("k_layout", "BSHD") == "BHSD" else 1]
+            keys = int(keys) if isinstance(keys, tirx.IntImm) else keys
+            return call.replace(params=decode_params(call.params, keys))
         tile = tile or default_query_tile(rows)
         return call.replace(params=dict(call.params, query_block=tile)) if rows % tile else None

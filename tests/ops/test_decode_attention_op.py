@@ -1,0 +1,129 @@
+"""The split-K decode form of fused_attention (ops/decode_attention.py) with its CPU template
+(schedules/cpu/decode_attention.py) against numpy: one query row per head against P cached keys plus the new
+one, P = 0 included, grouped K/V heads (MHA, GQA, MQA), head dims 64 and 128, padded and left-padded pasts,
+soft-capping, rotary Q, layouts; and the refusals of the form."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, s_tir
+
+from tvm_fusion_ext.ops.registry import make_prim_func
+from tvm_fusion_ext.schedules.cpu.decode_attention import DecodeAttentionCPU, decode_attention_cpu
+from tvm_fusion_ext.schedules.registry import get_template
+from tvm_fusion_ext.testing import decode_attention_reference as reference
+from tvm_fusion_ext.testing import past_mask
+
+TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "znver3"})
+
+
+def _types(arrays):
+    return {n: relax.TensorType(list(a.shape), str(a.dtype)) for n, a in arrays.items() if a is not None}
+
+
+def run(arrays, params, knobs=None, out_shape=None):
+    func = make_prim_func("fused_attention", _types(arrays), params).with_attr("global_symbol", "main")
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
+    decode_attention_cpu(sch, sch.get_sblock("dec_out"), TARGET, knobs)
+    lib = tvm.compile(sch.mod, target=TARGET)
+    q = arrays["q"]
+    out = tvm.runtime.empty(out_shape or (q.shape[0], 1, q.shape[2], arrays["v"].shape[-1]), str(q.dtype), tvm.cpu())
+    lib(*[tvm.runtime.tensor(a) for a in arrays.values() if a is not None], out)
+    return out.numpy()
+
+
+def inputs(B, H, HKV, P, D, seed=0, mask=None):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, 1, H, D)).astype("float32")
+    k, v = (rng.standard_normal((B, P + 1, HKV, D)).astype("float32") for _ in range(2))
+    return {"q": q, "k": k, "v": v, "mask": mask}
+
+
+def close(got, want, tol=2e-5):
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def test_template_is_registered():
+    assert isinstance(get_template("tfx.decode_attention", TARGET), DecodeAttentionCPU)
+
+
+@pytest.mark.parametrize("B,H,HKV,P,D,split_blocks", [
+    (2, 4, 4, 0, 64, 4),       # no past: the new key alone
+    (1, 16, 4, 1, 64, 4),
+    (2, 8, 1, 7, 128, 1),      # MQA: eight query heads on one K/V head
+    (1, 16, 4, 129, 64, 1),    # 130 keys: three key blocks, three splits, the last one key long
+    (3, 8, 8, 129, 128, 2),
+    (1, 32, 4, 1000, 64, 4),   # GQA 8: four splits
+    (1, 4, 1, 1000, 128, 2),
+])
+def test_against_numpy(B, H, HKV, P, D, split_blocks):
+    a = inputs(B, H, HKV, P, D, seed=P + H)
+    params = {"scale": float(D ** -0.5), "split_blocks": split_blocks}
+    close(run(a, params), reference(a["q"], a["k"], a["v"], None, params["scale"]))
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_padded_and_left_padded_pasts(left):
+    B, H, HKV, P, D = 3, 8, 2, 150, 64
+    mask = past_mask(B, P, pad=(0, 37, 150), left=left)  # the last sequence has no past at all
+    a = inputs(B, H, HKV, P, D, mask=mask)
+    params = {"scale": 0.125, "causal": True, "split_blocks": 1, "key_block": 32}
+    close(run(a, params), reference(a["q"], a["k"], a["v"], mask, 0.125))
+
+
+def test_a_row_with_no_visible_key_is_zero_and_a_per_head_mask_is_read_per_head():
+    B, H, HKV, P, D = 2, 4, 2, 20, 64
+    rng = np.random.default_rng(3)
+    mask = np.where(rng.random((B, H, 1, P + 1)) < 0.5, -np.inf, 0.0).astype("float32")
+    mask[0, 1] = -np.inf  # head 1 of sequence 0 sees nothing
+    a = inputs(B, H, HKV, P, D, mask=mask)
+    got = run(a, {"scale": 0.125, "split_blocks": 1, "key_block": 8})
+    assert (got[0, 0, 1] == 0).all()
+    close(got, reference(a["q"], a["k"], a["v"], mask, 0.125))
+
+
+def test_softcap_layouts_and_value_head_dim():
+    B, H, HKV, P, D, DV = 2, 4, 2, 40, 64, 32
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((B, H, 1, D)).astype("float32")  # BHSD
+    k = rng.standard_normal((B, HKV, P + 1, D)).astype("float32")  # BHSD
+    v = rng.standard_normal((B, P + 1, HKV, DV)).astype("float32")
+    params = {"scale": 0.125, "softcap": 2.0, "q_layout": "BHSD", "k_layout": "BHSD", "out_layout": "BHSD",
+              "split_blocks": 1, "key_block": 16}
+    got = run({"q": q, "k": k, "v": v}, params, out_shape=(B, H, 1, DV))
+    want = reference(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v, None, 0.125, softcap=2.0)
+    close(got, want.transpose(0, 2, 1, 3))
+
+
+def test_rotary_query():
+    """Rotary Q (rotate-half, the tables at the new token's position) read as the operator defines it."""
+    B, H, HKV, P, D = 1, 4, 2, 33, 64
+    rng = np.random.default_rng(7)
+    a = inputs(B, H, HKV, P, D)
+    a["q_cos"], a["q_sin"] = (rng.standard_normal((1, 1, D)).astype("float32") for _ in range(2))
+    got = run(a, {"scale": 0.125, "q_rope": "half", "split_blocks": 1, "key_block": 16})
+    q = a["q"].astype("float64")
+    rotated = q * a["q_cos"] + np.concatenate([-q[..., D // 2:], q[..., :D // 2]], axis=-1) * a["q_sin"]
+    close(got, reference(rotated, a["k"], a["v"], None, 0.125), tol=5e-5)
+
+
+def test_knobs_change_the_schedule_not_the_result():
+    a = inputs(1, 16, 4, 300, 64, seed=11)
+    want = reference(a["q"], a["k"], a["v"], None, 0.125)
+    knobs = {"qk_rows": 1, "pv_rows": 0, "unroll": 0, "qk_vec": [8, 8], "pv_vec": [16, 4], "p_vec": [2, 32]}
+    close(run(a, {"scale": 0.125, "split_blocks": 2}, knobs), want)
+
+
+def test_refusals():
+    a = inputs(1, 4, 2, 5, 64)
+    two_rows = dict(a, q=np.zeros((1, 2, 4, 64), "float32"))
+    with pytest.raises(ValueError, match="takes one query row, got 2"):
+        make_prim_func("fused_attention", _types(two_rows), {"scale": 0.1, "split_blocks": 1})
+    with pytest.raises(ValueError, match="power-of-two key_block"):
+        make_prim_func("fused_attention", _types(a), {"scale": 0.1, "split_blocks": 1, "key_block": 24})
+    with pytest.raises(ValueError, match="split_blocks"):
+        make_prim_func("fused_attention", _types(a), {"scale": 0.1, "split_blocks": 0})
+    mismatched = dict(a, v=np.zeros((1, 7, 2, 64), "float32"))  # values cached for another length than keys
+    with pytest.raises(ValueError, match="shapes disagree"):
+        make_prim_func("fused_attention", _types(mismatched), {"scale": 0.1, "split_blocks": 1})

@@ -1,0 +1,141 @@
+"""CPU template for the decode form of ``fused_attention`` (blocks of ``ops/decode_attention.py``).
+
+Shape of the schedule::
+
+    parallel for (b, kv head, split):                # B × Hkv × splits tasks: a long cache feeds every core
+        q_group = the group's query rows              # fp32, rotated once for rotary Q
+        init the split's (max, sum, out) for the group's query heads
+        for key block of the split:
+            kt   = K block transposed                # one K row at a time, head dim vectorised (L1 tile)
+            qk   = q_group · kt                      # group rows × keys, keys vectorised: each K row used by
+                                                     #   every query head of the group
+            bmax = row max; p = exp(qk - bmax)       # keys vectorised
+            bsum = row sum; bo = p · v_block         # head dim vectorised, V rows streamed once
+            fold (bmax, bsum, bo) into the split's state
+    parallel for (b, kv head, group row): merge the splits (online softmax), head dim vectorised
+    parallel for (b, row, head): out = merged out / merged sum
+
+Knobs: ``qk_rows`` / ``pv_rows`` (categorical, ROW_STEPS: query heads of the group per register block),
+``qk_vec`` / ``pv_vec`` / ``p_vec`` / ``state_vec`` / ``merge_vec`` / ``out_vec`` (perfect tiles ``[outer, lanes]``), ``unroll``
+(UNROLL). The number of splits is the operator's (``split_blocks``: key blocks per split), like its key block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from tvm import s_tir
+
+from ...targets import TargetInfo
+from ..common import categorical
+from ..rule import Knobs, TemplateRule
+from .attention import ROW_STEPS, UNROLL, _vector_split
+
+STAGES = ("dec_merge", "dec_split", "dec_bo", "dec_bsum", "dec_p", "dec_bmax", "dec_qk", "dec_kt", "dec_q")
+
+
+def decode_stages(sch: s_tir.Schedule, out) -> dict:
+    """The decode kernel's blocks by name, found through the producer graph."""
+    found, todo = {}, [out]
+    while todo:
+        for prod in sch.get_producers(todo.pop()):
+            name = sch.get(prod).name_hint
+            if name not in found:
+                found[name] = prod
+                todo.append(prod)
+    missing = [n for n in STAGES if n not in found]
+    if missing:
+        raise ValueError(f"tfx.decode_attention: not a decode attention kernel (missing blocks {missing})")
+    return found
+
+
+def _group_kernel(sch, block, rows_knob, vec_knob, lanes, knobs):
+    """(group rows × vector lanes) accumulators in registers, the reduction loop outside them."""
+    *_, g, j, r = sch.get_loops(block)
+    rows = int(sch.get(g).extent)
+    step = categorical(sch, ROW_STEPS, rows_knob, max(s for s in ROW_STEPS if rows % s == 0), knobs)
+    g0, g1 = sch.split(g, [None, step])
+    j0, j1 = _vector_split(sch, j, vec_knob, 2 * lanes, knobs, 64)
+    sch.reorder(g0, j0, r, g1, j1)
+    sch.unroll(g1)
+    sch.vectorize(j1)
+    sch.decompose_reduction(block, r)
+
+
+def decode_attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = None) -> None:
+    st = decode_stages(sch, block)
+    lanes = TargetInfo.of(target).lanes()
+
+    # the output: one row per (batch, head), head dim vectorised
+    *outer, d = sch.get_loops(block)
+    task_out = sch.fuse(*outer)
+    sch.parallel(task_out)
+    sch.vectorize(_vector_split(sch, d, "out_vec", lanes, knobs, 64)[1])
+
+    # the merge of the splits: per (batch, kv head, group row), the splits' loop outside the vector of head dims
+    merge = st["dec_merge"]
+    mb, mh, mg, md, ms = sch.get_loops(merge)
+    task_merge = sch.fuse(mb, mh, mg)
+    sch.parallel(task_merge)
+    sch.reorder(ms, md)
+    sch.vectorize(_vector_split(sch, md, "merge_vec", lanes, knobs, 64)[1])
+    sch.decompose_reduction(merge, ms)
+
+    # one task per (batch, kv head, split); the split's key blocks are its flash loop
+    split = st["dec_split"]
+    sb_, sh, ss, sg, sd, rb = sch.get_loops(split)
+    task = sch.fuse(sb_, sh, ss)
+    sch.parallel(task)
+    sch.reorder(rb, sg, sd)
+    sch.vectorize(_vector_split(sch, sd, "state_vec", lanes, knobs, 64)[1])
+    sch.decompose_reduction(split, rb)
+
+    for name in ("dec_bo", "dec_bsum", "dec_p", "dec_bmax", "dec_qk", "dec_kt"):  # consumers first
+        sch.compute_at(st[name], rb, preserve_unit_loops=True)
+
+    # the group's query rows (rotated once, for rotary Q) under the task, head dim vectorised
+    qg = st["dec_q"]
+    sch.compute_at(qg, task, preserve_unit_loops=True)
+    sch.vectorize(sch.get_loops(qg)[-1])
+
+    # K's block copied key-contiguous: one K row at a time, its head dims read as one vector
+    *_, kd, kjj = sch.get_loops(st["dec_kt"])
+    sch.reorder(kjj, kd)
+    sch.vectorize(kd)
+
+    _group_kernel(sch, st["dec_qk"], "qk_rows", "qk_vec", lanes, knobs)
+    sch.vectorize(_vector_split(sch, sch.get_loops(st["dec_p"])[-1], "p_vec", 2 * lanes, knobs, 64)[1])
+    _group_kernel(sch, st["dec_bo"], "pv_rows", "pv_vec", lanes, knobs)
+
+    unroll = categorical(sch, UNROLL, "unroll", 16, knobs)
+    sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
+    sch.annotate(task, "pragma_unroll_explicit", 1)
+
+
+@dataclass(frozen=True)
+class DecodeAttentionCpuKnobs(Knobs):
+    qk_rows: Optional[int] = None            # index into ROW_STEPS
+    pv_rows: Optional[int] = None            # index into ROW_STEPS
+    unroll: Optional[int] = None             # index into UNROLL
+    qk_vec: Optional[Sequence[int]] = None   # [outer, lanes] perfect tiles
+    pv_vec: Optional[Sequence[int]] = None
+    p_vec: Optional[Sequence[int]] = None
+    state_vec: Optional[Sequence[int]] = None
+    merge_vec: Optional[Sequence[int]] = None
+    out_vec: Optional[Sequence[int]] = None
+
+
+class DecodeAttentionCPU(TemplateRule):
+    """The decode form of ``fused_attention`` on CPU: parallel (batch, K/V head, key split) tasks, then a merge."""
+
+    block_rule = "tfx.decode_attention"
+    family = "cpu"
+    Knobs = DecodeAttentionCpuKnobs
+
+    def transferable_knobs(self, static):
+        """Every knob: each tiles the group, the key block or the head dim, none the key count."""
+        return dict(static)
+
+    def schedule(self, sch, block, target, knobs=None):
+        decode_attention_cpu(sch, block, target, knobs)
