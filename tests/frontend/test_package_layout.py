@@ -24,6 +24,8 @@ LAYERS = [
     ("ort_contrib",),                             # ONNX Runtime's com.microsoft ops
     ("checks",),                                  # refusals before importing
     ("importer",),                                # load_onnx
+    ("sample_inputs",),                           # inputs made up from a model's signature (calibration, benches)
+    ("decode_inputs",),                           # a KV-cache decoder's step, from its input names
     ("",),                                        # the package: its public names
 ]
 

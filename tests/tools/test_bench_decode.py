@@ -43,6 +43,7 @@ def test_decode_shapes_refuse_what_a_step_cannot_fill():
         decode_shapes({"past_k": ([1, 2, "p", 16], "float32")}, 2, 4, "m")
 
 
+@pytest.mark.slow  # builds the decoder with its decode branch (~40 s on 2 cores); the inputs are checked above
 def test_decode_bench_writes_contract_json(tiny_causal_lm, tmp_path, capsys):
     out_json = tmp_path / "d.json"
     assert main(["bench", tiny_causal_lm, "--decode", "--past", "37", "--batch", "2", "--repeat", "2",
@@ -81,6 +82,7 @@ def test_decode_bench_bad_flags_are_one_line_errors(tiny_causal_lm, capsys, argv
     _one_line_error(capsys, needle)
 
 
+@pytest.mark.slow  # another build of the decoder
 def test_decode_bench_times_the_first_step_against_an_empty_cache(tiny_causal_lm):
     from tvm_fusion_ext.tools.bench import bench_decode
 
