@@ -60,7 +60,7 @@ def load_onnx(model, shapes: Mapping[str, Sequence[int]] | None = None,
     upper bound: from ``max_shapes`` (by ONNX input name, like ``shapes``), from the graph, or a default.
     ``shapes`` pins dims by ONNX input name instead (a static build; a dim the model fixes cannot be changed,
     since static exports bake it into Reshape constants). Both take shell-style patterns too
-(``"past_key_values.*"``: every cache input of a decoder). ``dtypes`` overrides input element types; ``opset``
+    (``"past_key_values.*"``: every cache input of a decoder). ``dtypes`` overrides input element types; ``opset``
     overrides the model's opset. Raises :class:`ModelLoadError` for the model, :class:`InputError` for bad
     ``shapes``/``max_shapes``/``dtypes``; both carry a one-line message.
     """
