@@ -11,8 +11,10 @@ STAGES = ("attn_online", "attn_bo", "attn_bsum", "attn_p", "attn_bmax", "attn_qk
 LOW_PRECISION_STAGES = ("attn_p16", "attn_vb")
 
 
-def kernel_stages(sch: s_tir.Schedule, out) -> Dict[str, s_tir.schedule.SBlockRV]:
-    """The kernel's blocks by name, found through the producer graph (robust to function renaming)."""
+def kernel_stages(sch: s_tir.Schedule, out, stages=STAGES,
+                  what: str = "tfx.attention: not a fused_attention kernel") -> Dict[str, s_tir.schedule.SBlockRV]:
+    """The kernel's blocks by name, found through the producer graph (robust to function renaming); ``stages``
+    must all be there, else ``what`` and the missing ones."""
     found, todo = {}, [out]
     while todo:
         blk = todo.pop()
@@ -21,9 +23,9 @@ def kernel_stages(sch: s_tir.Schedule, out) -> Dict[str, s_tir.schedule.SBlockRV
             if name not in found:
                 found[name] = prod
                 todo.append(prod)
-    missing = [n for n in STAGES if n not in found]
+    missing = [n for n in stages if n not in found]
     if missing:
-        raise ValueError(f"tfx.attention: not a fused_attention kernel (missing blocks {missing})")
+        raise ValueError(f"{what} (missing blocks {missing})")
     return found
 
 

@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 from tvm import s_tir
 
 from ...targets import TargetInfo
+from ..attention_blocks import kernel_stages
 from ..common import categorical
 from ..rule import Knobs, TemplateRule
 from .attention import ROW_STEPS, UNROLL, _vector_split
@@ -37,17 +38,7 @@ STAGES = ("dec_merge", "dec_split", "dec_bo", "dec_bsum", "dec_p", "dec_bmax", "
 
 def decode_stages(sch: s_tir.Schedule, out) -> dict:
     """The decode kernel's blocks by name, found through the producer graph."""
-    found, todo = {}, [out]
-    while todo:
-        for prod in sch.get_producers(todo.pop()):
-            name = sch.get(prod).name_hint
-            if name not in found:
-                found[name] = prod
-                todo.append(prod)
-    missing = [n for n in STAGES if n not in found]
-    if missing:
-        raise ValueError(f"tfx.decode_attention: not a decode attention kernel (missing blocks {missing})")
-    return found
+    return kernel_stages(sch, out, STAGES, "tfx.decode_attention: not a decode attention kernel")
 
 
 def _group_kernel(sch, block, rows_knob, vec_knob, lanes, knobs):
