@@ -168,3 +168,18 @@ def test_int8_decoder_artifact_is_smoothed_and_holds_the_contract(tiny_causal_lm
     assert "activations smoothed per input channel" in text and "contract holds" in text
     accuracy = json.loads((tmp_path / "art" / "manifest.json").read_text())["precision"]["accuracy"]
     assert accuracy["passed"] and "prefill" in accuracy["inputs"]
+
+
+def test_generated_calibration_follows_pinned_shape_patterns(tiny_causal_lm):
+    """``--shape past_key_values.*:...`` pins every cache input for the generated samples as it does for the build."""
+    import onnx as _onnx
+
+    from tvm_fusion_ext.compile.calibration import generated_samples
+
+    graph = _onnx.load(tiny_causal_lm, load_external_data=False).graph
+    kv_heads, head_dim = [d.dim_value for d in graph.input[3].type.tensor_type.shape.dim][1::2]
+    pinned = {"input_ids": [1, 1], "attention_mask": [1, 9], "position_ids": [1, 1],
+              "past_key_values.*": [1, kv_heads, 8, head_dim]}
+    for sample in generated_samples(tiny_causal_lm, pinned):
+        assert {v.shape for k, v in sample.items() if k.startswith("past_key_values.")} == {(1, kv_heads, 8, head_dim)}
+        assert sample["attention_mask"].shape == (1, 9)

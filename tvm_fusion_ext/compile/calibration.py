@@ -144,6 +144,7 @@ def generated_samples(model: str, pinned: Optional[dict] = None, sets: int = 3, 
     (:mod:`~tvm_fusion_ext.frontend.decode_inputs`)."""
     import onnx
 
+    from ..frontend.dims import expand_input_patterns
     from ..frontend.sample_inputs import sample_inputs
 
     pinned = pinned or {}
@@ -151,6 +152,7 @@ def generated_samples(model: str, pinned: Optional[dict] = None, sets: int = 3, 
     inits = {t.name for t in graph.initializer}
     declared = {vi.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                           for d in vi.type.tensor_type.shape.dim] for vi in graph.input if vi.name not in inits}
+    pinned = expand_input_patterns(pinned, list(declared), model, "shapes")  # past_key_values.* as load_onnx reads it
     if not pinned:
         decoder = _decoder_samples(model, sets, batch, seq)
         if decoder is not None:
