@@ -431,3 +431,27 @@ def test_int8_records_name_the_dot_product_kernel_and_apply_in_a_fresh_process(m
     want = CompiledModel.from_module(mod, "llvm", precision="int8").run(feeds)
     for name, ref in want.items():
         np.testing.assert_array_equal(got[name], ref)  # int32 accumulation: any schedule gives the same bits
+
+
+def test_dynamic_inputs_are_refused_with_how_to_pin_them(tmp_path):
+    """MetaSchedule times candidates at one size (its search stops with an internal error at a symbolic loop): a
+    model with dynamic dims is refused before any work, naming the dims and ``--shape``; pinned, it tunes."""
+    from tvm_fusion_ext.errors import FusionExtError
+    from tvm_fusion_ext.tune.driver import TuneOptions, tune
+
+    import tvm
+    from tvm import relax
+
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType([n, 16], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, relax.const(np.ones((16, 8), "float32"))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    mod["main"] = mod["main"].with_attr("onnx_input_names", ["x.in"])
+    with pytest.raises(FusionExtError, match=r"dynamic input dims \(x\.in\[n,16\]\).*--shape") as err:
+        tune(mod, "llvm", logs=str(tmp_path), workload="dyn", options=TuneOptions(trials=1))
+    assert len(str(err.value).splitlines()) == 1
+    assert not any(tmp_path.iterdir())

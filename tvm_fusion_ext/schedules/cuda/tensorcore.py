@@ -329,10 +329,13 @@ def mma_defaults(M: int, N: int, K: int, lim: dict, tile_k: int = TILE, in_bytes
             ki = largest_divisor(kt, ki - 1)
         else:
             fn = largest_divisor(nt // wn, fn - 1)
-    # int8: no auto-unroll. At 16 steps ptxas keeps an 8-byte stack frame with 8 bytes of spills in MiniLM's QKV
-    # projection (K = 384, N = 1152) on sm_90; with none, no MiniLM, BERT-base or LLaMA-7B shape spills on
-    # sm_80 or sm_90 (tests/cuda/test_cuda_precision.py)
-    unroll = 0 if in_bytes == 1 else 1
+    # The unroll that keeps every fragment in registers. fp16/bf16: 64 steps. At 16, TVM leaves the K loop rolled
+    # and nvcc unrolls a short one (12 steps at K = 384) itself: on sm_80 ptxas then keeps an 8-byte stack frame
+    # with 16 bytes of spills in MiniLM's projections without activation (``#pragma unroll 1`` on that loop
+    # removes them too). At 64, TVM unrolls it and no MiniLM, BERT-base or LLaMA-7B shape spills on sm_80 or
+    # sm_90 (tests/cuda/test_cuda_resources.py). int8: none. At 16 steps ptxas keeps the same stack frame in
+    # MiniLM's QKV projection on sm_90; with none, no shape spills (tests/cuda/test_cuda_precision.py).
+    unroll = 0 if in_bytes == 1 else 2
     return {"i": [mt // (wm * fm), wm, fm], "j": [nt // (wn * fn), wn, fn], "k": [kt // ki, ki], "unroll": unroll}
 
 
