@@ -110,6 +110,8 @@ def test_int8_weight_in_cuda_layout_computes_the_same(rows, K, N):
     got = {}
     for for_cuda in (False, True):
         lowered = LowerPrecision("int8", for_cuda=for_cuda)(mod)
+        # CPU: one fused row-quantisation kernel; CUDA: the stock ops (run here on the CPU: the same values)
+        assert fused_calls(lowered).get("fused_quantize_rows", 0) == (0 if for_cuda else 1)
         weights = [c.value.numpy() for c in _constants(lowered) if str(c.ty.dtype) == "int8"]
         assert [w.shape for w in weights] == [(N, K) if for_cuda else (K, N)]
         got[for_cuda] = _run(compile_model(lowered, TARGET, fuse_graph=False), x)

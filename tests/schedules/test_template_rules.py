@@ -32,8 +32,8 @@ def _dense_func(m=16, k=32, n=24):
 
 
 _OPERATOR_RULES = ("tfx.dense", "tfx.gated_dense", "tfx.attention", "tfx.layernorm", "tfx.rmsnorm")
-#: operator forms only the CPU builds (attention's split-K decode form)
-_CPU_ONLY_RULES = ("tfx.decode_attention",)
+#: operator forms only the CPU builds (attention's split-K decode form, int8's fused row quantisation)
+_CPU_ONLY_RULES = ("tfx.decode_attention", "tfx.quantize_rows")
 
 
 def test_one_template_per_operator_and_family():

@@ -410,8 +410,11 @@ def test_int8_records_name_the_dot_product_kernel_and_apply_in_a_fresh_process(m
     from tvm_fusion_ext.tune.driver import TuneOptions, tune
 
     path, mod, feeds = model
+    # one trial for each of the six template tasks (four int8 denses, layernorm, attention): which tasks a smaller
+    # budget reaches depends on the scheduler's order
     manifest = tune(mod, "llvm", logs=str(tmp_path / "logs"), workload="tiny", precision="int8",
-                    options=TuneOptions(trials=4, progress=None, space="template", **TINY))
+                    options=TuneOptions(trials=6, progress=None, space="template", **TINY))
+    assert any("row quantization" in why for why in manifest["skipped"].values()), manifest["skipped"]
     dense = {name: t for name, t in manifest["tasks"].items() if name.startswith("fused_dense_int8")}
     assert dense and all(t["trials"] > 0 and t["best_us"] is not None for t in dense.values()), manifest["tasks"]
     (logs,) = [str(p) for p in (tmp_path / "logs").iterdir() if p.name.startswith("tiny-int8-")]

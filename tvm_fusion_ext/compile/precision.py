@@ -14,10 +14,11 @@ them). The kernel widens each weight vector in registers (bf16 → fp32 is a 16-
 arithmetic of a bf16 dot-product instruction (``vdpbf16ps``), on any x86 with AVX2.
 
 ``int8``: dynamic quantisation (:mod:`..ops.dense_int8`): weights int8 symmetric per output channel, activations
-uint8 asymmetric per row (token), quantised at run time by a small stock kernel in front of the dense (the
-ONNX Runtime ``quantize_dynamic`` scheme, whose activations are quantised per tensor: per row is finer), int32
-accumulation, the zero-point correction, scales, bias and activation in the dense kernel's epilogue. The
-micro-kernel multiplies with the target's dot-product instruction (schedules/cpu/dot_intrin.py), on weights
+uint8 asymmetric per row (token) (the ONNX Runtime ``quantize_dynamic`` scheme, whose activations are
+quantised per tensor: per row is finer), quantised at run time by one fused kernel in front of the dense
+(:mod:`..ops.quantize_rows`: one pass for the row's range, one to quantise; activation smoothing's per-channel
+multiply folded into its read; on CUDA, stock kernels), int32 accumulation, the zero-point correction, scales,
+bias and activation in the dense kernel's epilogue. The micro-kernel multiplies with the target's dot-product instruction (schedules/cpu/dot_intrin.py), on weights
 packed k-grouped at compile time: ``vpdpbusd`` (u8 × s8 quads) with AVX512-VNNI or AVX-VNNI, ``vpmaddwd`` (int16
 pairs; the activations are stored as int16 for it) on AVX2. Every form is exact in int32, so the results are
 those of the scalar loop bit for bit; without AVX2 the scalar loop runs.
@@ -193,16 +194,17 @@ class _LowerPrecision(relax.PyExprMutator):
         from .calibration import smoothing_factors, weight_key
 
         w = w.T if bool(params.get("transpose_b", False)) else w  # (K, N)
-        x = inputs["x"]
+        x, smooth = inputs["x"], None
         if self.ranges is not None:
             s = smoothing_factors(self.ranges.get(weight_key(w)), w)
             if not np.all(s == 1.0):
                 # (x / s) @ (s w): the outlier channels' range moves into the per-channel weight scales
-                x = self.builder_.emit(relax.op.multiply(x, relax.const((1.0 / s).astype(np.float32))))
+                smooth = relax.const((1.0 / s).astype(np.float32))
                 w = w * s[:, None]
                 self.smoothed += 1
         wq, w_scale, w_sum = quantize_weight(w)  # (K, N) int8, (N,), (N,)
-        xq, x_scale, x_zero = quantize_rows(self.builder_, x, self.x_dtype)
+        # CPU: one fused kernel (the smoothing multiply folded into its read); CUDA: stock kernels dlight binds
+        xq, x_scale, x_zero = quantize_rows(self.builder_, x, self.x_dtype, smooth=smooth, fused=not self.for_cuda)
         given = {"x": xq, "x_scale": x_scale, "x_zero": x_zero,
                  "w": relax.const(np.ascontiguousarray(wq.T) if self.for_cuda else wq),
                  "w_scale": relax.const(w_scale), "w_sum": relax.const(w_sum), "bias": inputs.get("bias")}
@@ -229,12 +231,23 @@ def round_to_bf16(x):
     return te.compute(x.shape, rounded, name="round_to_bf16")
 
 
-def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr, dtype: str = "uint8"):
+def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr, dtype: str = "uint8", smooth: Optional[relax.Expr] = None,
+                  fused: bool = False):
     """Per-row (last axis) asymmetric uint8 quantisation, ONNX ``DynamicQuantizeLinear``'s arithmetic per row:
     the range always holds 0 (so 0 is exact), scale = range / 255, zero point = round(-min / scale) clipped to
     [0, 255], q = clip(round(x / scale) + zero point). Returns (q uint8, scale float32, zero point int32), the
     last two of shape (..., 1). ``dtype`` int16: the same values, stored in the type AVX2's ``vpmaddwd`` kernel
-    multiplies (schedules/cpu/dot_intrin.py)."""
+    multiplies (schedules/cpu/dot_intrin.py). ``smooth`` (K,): activation smoothing's ``1 / s``, multiplied into
+    ``x`` first.
+
+    ``fused``: one ``fused_quantize_rows`` kernel (:mod:`..ops.quantize_rows`, the CPU path: one pass for the
+    range, one to quantise, ``smooth`` applied as it reads), the same values bit for bit. Otherwise stock Relax
+    ops (five or six kernels after FuseOps; what GPU schedules bind to threads)."""
+    if fused:
+        out = bb.emit(call_op(bb, "fused_quantize_rows", {"x": x, "smooth": smooth}, {"dtype": dtype}))
+        return tuple(bb.emit(relax.TupleGetItem(out, i)) for i in range(3))
+    if smooth is not None:
+        x = bb.emit(relax.op.multiply(x, smooth))
     f32 = lambda v: relax.const(v, "float32")  # noqa: E731
     lo = bb.emit(relax.op.minimum(relax.op.min(x, axis=-1, keepdims=True), f32(0.0)))
     hi = bb.emit(relax.op.maximum(relax.op.max(x, axis=-1, keepdims=True), f32(0.0)))

@@ -32,7 +32,9 @@ _OP_PATTERN_OPAQUE = 8
 class OpSpec:
     name: str
     inputs: Sequence[str]  # input names in call order; optional inputs may be absent from a call
-    compute: Callable[..., te.Tensor]  # compute(**present_inputs_as_te_tensors, **params) -> te.Tensor
+    # compute(**present_inputs_as_te_tensors, **params) -> te.Tensor, or a list of them (a call of the operator
+    # is then a tuple, in that order)
+    compute: Callable[..., te.Tensor]
 
 
 _REGISTRY: Dict[str, OpSpec] = {}
@@ -84,8 +86,9 @@ def _make(name: str, input_types: Dict[str, relax.TensorType], params: dict):
         shape = [d if symbolic else int(d) for d in ty.shape.values]
         placeholders[n] = te.placeholder(shape, str(ty.dtype), name=n)
     out = spec.compute(**placeholders, **params)
-    unbound = unbound_dims([placeholders[n] for n in present] + [out])
-    func = te.create_prim_func([placeholders[n] for n in present] + unbound + [out])
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    unbound = unbound_dims([placeholders[n] for n in present] + outs)
+    func = te.create_prim_func([placeholders[n] for n in present] + unbound + outs)
     attrs = {
         ATTR_OP: name,
         ATTR_PARAMS: json.dumps(params, sort_keys=True),
@@ -95,8 +98,9 @@ def _make(name: str, input_types: Dict[str, relax.TensorType], params: dict):
     func = func.without_attr("global_symbol") if "global_symbol" in func.attrs else func
     for k, v in attrs.items():
         func = func.with_attr(k, v)
-    out_ty = relax.TensorType([int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in out.shape], str(out.dtype))
-    return func, out_ty, unbound
+    types = [relax.TensorType([int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in o.shape], str(o.dtype))
+             for o in outs]
+    return func, (types if isinstance(out, (list, tuple)) else types[0]), unbound
 
 
 def unbound_dims(tensors) -> list:
@@ -115,7 +119,8 @@ def unbound_dims(tensors) -> list:
 
 def call_op(bb: relax.BlockBuilder, name: str, inputs: Dict[str, Optional[relax.Expr]], params: dict,
             name_hint: Optional[str] = None) -> relax.Call:
-    """``R.call_tir`` of operator ``name`` on ``inputs`` (entries that are None are left out)."""
+    """``R.call_tir`` of operator ``name`` on ``inputs`` (entries that are None are left out); a tuple when the
+    operator has several outputs."""
     spec = get_op(name)
     args = [inputs[n] for n in spec.inputs if inputs.get(n) is not None]
     types = {n: inputs[n].ty for n in spec.inputs if inputs.get(n) is not None}

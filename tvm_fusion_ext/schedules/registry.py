@@ -20,6 +20,7 @@ def _all_templates() -> List[TemplateRule]:
     from .cpu.dense import DenseCPU
     from .cpu.gated_dense import GatedDenseCPU
     from .cpu.layernorm import LayerNormCPU
+    from .cpu.quantize_rows import QuantizeRowsCPU
     from .cpu.rmsnorm import RMSNormCPU
     from .cuda.attention import AttentionCUDA
     from .cuda.dense import DenseCUDA
@@ -28,6 +29,7 @@ def _all_templates() -> List[TemplateRule]:
     from .cuda.rmsnorm import RMSNormCUDA
 
     return [DenseCPU(), GatedDenseCPU(), AttentionCPU(), DecodeAttentionCPU(), LayerNormCPU(), RMSNormCPU(),
+            QuantizeRowsCPU(),
             DenseCUDA(), GatedDenseCUDA(), AttentionCUDA(), LayerNormCUDA(), RMSNormCUDA()]
 
 

@@ -17,6 +17,9 @@ from .expert import RuleStats
 
 # Below this many FLOPs a kernel costs less than a launch / the VM call around it: not worth a trial.
 DEFAULT_MIN_FLOPS = 1000.0
+#: templates of memory-bound row passes whose only knob (unrolling) moves nothing measurable: their trials would
+#: come out of the dense kernels' budget
+UNTUNED_RULES = {"tfx.quantize_rows": "a memory-bound pass over rows (int8's row quantization); template defaults"}
 
 
 @dataclass
@@ -88,7 +91,7 @@ def extract_tasks(lowered: tvm.IRModule, target, min_flops: float = DEFAULT_MIN_
         mod = ext.dispatched[0]
         func = mod["main"]
         rule = _template_rule(func, target)
-        reason = light_reason(func, rule is not None, min_flops)
+        reason = UNTUNED_RULES.get(rule) or light_reason(func, rule is not None, min_flops)
         if reason is None and estimate_flops(mod) is None:
             # MetaSchedule's task scheduler estimates every task's FLOPs and aborts the whole run where it
             # cannot (e.g. a Let expression, as in fused_attention's fast exp): leave it to its template.
