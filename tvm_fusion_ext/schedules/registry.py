@@ -22,13 +22,14 @@ def _all_templates() -> List[TemplateRule]:
     from .cpu.layernorm import LayerNormCPU
     from .cpu.rmsnorm import RMSNormCPU
     from .cuda.attention import AttentionCUDA
+    from .cuda.decode_attention import DecodeAttentionCUDA
     from .cuda.dense import DenseCUDA
     from .cuda.gated_dense import GatedDenseCUDA
     from .cuda.layernorm import LayerNormCUDA
     from .cuda.rmsnorm import RMSNormCUDA
 
     return [DenseCPU(), GatedDenseCPU(), AttentionCPU(), DecodeAttentionCPU(), LayerNormCPU(), RMSNormCPU(),
-            DenseCUDA(), GatedDenseCUDA(), AttentionCUDA(), LayerNormCUDA(), RMSNormCUDA()]
+            DenseCUDA(), GatedDenseCUDA(), AttentionCUDA(), DecodeAttentionCUDA(), LayerNormCUDA(), RMSNormCUDA()]
 
 
 def registered() -> Dict[Tuple[str, str], TemplateRule]:
