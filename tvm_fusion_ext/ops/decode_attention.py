@@ -58,11 +58,11 @@ def decode_key_block(keys) -> int:
     return kb
 
 
-def decode_params(params: dict, keys) -> dict:
-    """``fused_attention``'s parameters for its decode form over ``keys`` keys: the key block and split size set,
-    any query tile dropped (one row)."""
+def decode_params(params: dict, keys, key_block: Optional[int] = None, split_blocks: Optional[int] = None) -> dict:
+    """``fused_attention``'s parameters for its decode form over ``keys`` keys: the key block and split size set
+    (a target's template may ask for its own), any query tile dropped (one row)."""
     out = {k: v for k, v in params.items() if k != "query_block"}
-    return dict(out, key_block=decode_key_block(keys), split_blocks=DEFAULT_SPLIT_BLOCKS)
+    return dict(out, key_block=key_block or decode_key_block(keys), split_blocks=split_blocks or DEFAULT_SPLIT_BLOCKS)
 
 
 @dataclass(frozen=True)

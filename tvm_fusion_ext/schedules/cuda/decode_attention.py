@@ -32,19 +32,27 @@ from typing import Optional
 
 from tvm import s_tir
 
+from ...ops.decode_attention import decode_key_block, decode_params
 from ..attention_blocks import kernel_stages
 from ..common import categorical
 from ..rule import Knobs, TemplateRule
-from .attention import UNROLL
 from .tensorcore import WARP
 
 STAGES = ("dec_merge", "dec_split", "dec_bo", "dec_bsum", "dec_p", "dec_bmax", "dec_qk", "dec_kt", "dec_vt",
           "dec_q")
+UNROLL = (0, 16, 64)
 #: keys per tile on CUDA: a key per lane of a warp
 CUDA_DECODE_KEY_BLOCK = WARP
 #: key blocks per split on CUDA: 128 keys per thread block (LLaMA-7B's 8 K/V heads at batch 1: 32 blocks at
 #: P = 512, 512 at P = 8192)
 CUDA_DECODE_SPLIT_BLOCKS = 4
+
+
+def cuda_decode_params(params: dict, keys) -> dict:
+    """``fused_attention``'s parameters for the decode form this template is written for: tiles of at most a
+    warp's keys (a short static cache takes a shorter power of two), :data:`CUDA_DECODE_SPLIT_BLOCKS` per split."""
+    return decode_params(params, keys, key_block=min(decode_key_block(keys), CUDA_DECODE_KEY_BLOCK),
+                         split_blocks=CUDA_DECODE_SPLIT_BLOCKS)
 
 
 def decode_stages(sch: s_tir.Schedule, out) -> dict:
