@@ -78,3 +78,22 @@ def test_symbolic_attention_builds_its_decode_branch_for_cuda(caplog):
     assert all(r["spill_bytes"] == 0 and r["stack_bytes"] == 0 for r in rows), rows
     # the flash loop's kernels and the decode branch's two (splits, combine) in one function's launches
     assert len(rows) >= 4, rows
+
+
+def test_decode_kernels_are_flagged_in_the_report():
+    rows = decode_report(8, 2, 64, "float16", "sm_90", keys=300)  # a static one-row attention: decode form only
+    assert rows and all(r["decode"] for r in rows), rows
+
+
+@pytest.mark.slow  # a symbolic decoder built for CUDA with nvcc: ~1 min on 2 cores
+def test_inspect_cuda_shows_the_decoders_decode_kernels(tiny_causal_lm):
+    """``inspect-cuda`` on the tiny LLaMA decoder (KV cache, GQA, dynamic lengths): its attention kernel carries the
+    one-row branch, whose two kernels (splits, combine) the report flags; nothing spills."""
+    from tvm_fusion_ext.tools.inspect_cuda import format_table, inspect_cuda
+
+    rows = inspect_cuda(tiny_causal_lm, arch="sm_90")
+    attention = [r for r in rows if r["name"].startswith("fused_attention")]
+    decode = [r for r in attention if r["decode"]]
+    assert len(decode) == 2 and len(attention) > len(decode), attention
+    assert all(r["spill_bytes"] == 0 for r in attention), attention
+    assert "decode" in format_table(rows).splitlines()[0]
