@@ -155,9 +155,10 @@ def decode_attention_cases():
     from tvm_fusion_ext.schedules.cuda.decode_attention import cuda_decode_params
 
     cases = []
+    # small enough to carry: the inputs travel as .npz (16-bit cases in 16 bits), under 1 MiB for all five
     for dtype, B, H, HKV, P, D, pad in [("float16", 2, 4, 4, 0, 64, None), ("float32", 1, 8, 2, 7, 128, None),
-                                        ("float16", 3, 16, 4, 129, 128, "right"),
-                                        ("float32", 2, 8, 2, 129, 64, "left"), ("float32", 1, 8, 1, 1000, 64, None)]:
+                                        ("float16", 2, 8, 2, 129, 128, "right"),
+                                        ("float32", 2, 8, 2, 129, 64, "left"), ("float16", 1, 8, 1, 1000, 64, None)]:
         rng = np.random.default_rng(P + H)
         q = rng.standard_normal((B, 1, H, D)).astype("float32")
         k, v = (rng.standard_normal((B, P + 1, HKV, D)).astype("float32") for _ in range(2))
@@ -172,7 +173,7 @@ def decode_attention_cases():
         tol = {"float32": 1e-4, "float16": 2e-2}[dtype]
         cases.append((f"decode_attention_{dtype}_B{B}_H{H}_KV{HKV}_P{P}_D{D}{'_' + pad if pad else ''}",
                       "fused_attention", "tfx.decode_attention",
-                      {"q": (q, dtype), "k": (k, dtype), "v": (v, dtype), "mask": (mask, dtype)},
+                      {n: (a.astype(dtype), dtype) for n, a in (("q", q), ("k", k), ("v", v), ("mask", mask))},
                       cuda_decode_params({"scale": scale}, P + 1), q.shape, dtype, want, tol,
                       {"op": "attention", "layout": "BSHD", "scale": scale}))
     return cases
@@ -189,7 +190,7 @@ def _decode_dispatch(target, out_dir):
     mod = helpers._module({"scale": 0.125, "causal": True})
     compile_model(mod, target, fuse_graph=False).executable.export_library(str(out_dir / "decode_dispatch.so"))
     entries = []
-    for batch, rows, past, pad in ((2, 1, 0, None), (1, 1, 7, None), (3, 1, 129, (0, 40, 129)), (1, 1, 1000, None),
+    for batch, rows, past, pad in ((2, 1, 0, None), (1, 1, 7, None), (2, 1, 129, (0, 129)), (1, 1, 300, None),
                                    (2, 5, 20, None)):
         feeds = helpers._inputs(batch, rows, past, seed=past + rows, pad=pad)
         want = helpers._reference(*feeds, 0.125)
@@ -299,7 +300,7 @@ def build(out_dir: Path, arch: str) -> None:
             continue  # the CPU rehearsal: the float32 cases exercise the same run-side code
         cases.append(_build_prim(case, target, out_dir))
         print("built", cases[-1]["name"], flush=True)
-        if not on_cpu and case[1] == "fused_attention" and case[6] != "float32":  # the opt-in tensor-core template too
+        if not on_cpu and case[2] == "tfx.attention" and case[6] != "float32":  # the opt-in tensor-core template too
             os.environ[OPT_IN] = "1"
             try:
                 cases.append(_build_prim((case[0] + "_mma",) + tuple(case[1:]), target, out_dir))
