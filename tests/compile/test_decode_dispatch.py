@@ -1,6 +1,6 @@
 """One-row (decode) requests of symbolic CPU attention run the split-K decode kernel (compile/variants/decode.py):
 the decode kernel over a symbolic cache length built once and run at several lengths (P + 1 = 1 included), the
-branch in front of the kernel's others, the static one-row form, and the kernels left alone."""
+branch in front of the kernel's others, the static one-row form, the kernels left alone, and CUDA's branch."""
 
 import warnings
 
@@ -111,14 +111,19 @@ def test_static_one_row_attention_takes_the_decode_form():
     assert "split_blocks" not in params_of(two_rows)
 
 
-def test_static_rows_packed_attention_and_cuda_are_left_alone():
+def test_static_rows_are_left_alone_and_cuda_gets_the_branch_with_its_own_tiles():
+    """CUDA: the same branch, the decode form with the CUDA template's key block and splits (numerics on PoCL:
+    tests/opencl/test_simt_decode_dispatch.py; nvcc: tests/cuda/test_cuda_decode_attention.py)."""
+    from tvm_fusion_ext.schedules.cuda.decode_attention import CUDA_DECODE_KEY_BLOCK, CUDA_DECODE_SPLIT_BLOCKS
+
     static = _kernel(prepare(_module({"scale": 0.125}, rows=4), TARGET, fuse_graph=False)[0])
     assert decode._refusal(static) == ""
     cuda = resolve_target("cuda:sm_80")
     kernel = _kernel(schedule(prepare(_module({"scale": 0.125}), cuda, fuse_graph=False)[0], cuda))
-    assert decode.DECODE_ATTR not in kernel.attrs
-    assert "split_blocks" not in params_of(_kernel(prepare(_module({"scale": 0.125}, rows=1), cuda,
-                                                           fuse_graph=False)[0]))
+    assert kernel.attrs[decode.DECODE_ATTR] == "1"
+    assert "blockIdx.x" in kernel.script() and "dec_split" in kernel.script()
+    one_row = params_of(_kernel(prepare(_module({"scale": 0.125}, rows=1), cuda, fuse_graph=False)[0]))
+    assert (one_row["split_blocks"], one_row["key_block"]) == (CUDA_DECODE_SPLIT_BLOCKS, CUDA_DECODE_KEY_BLOCK)
 
 
 def test_packed_attention_is_refused_with_its_reason():
