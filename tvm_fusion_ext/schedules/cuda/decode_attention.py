@@ -76,10 +76,11 @@ def _group_threads(group: int, lanes: int, max_threads: int) -> int:
     return max(r for r in range(1, group + 1) if group % r == 0 and r * lanes <= max_threads)
 
 
-def _cooperative(sch, block, loops, threads):
-    """``loops`` (innermost contiguous in global memory) fused and spread over all ``threads`` of the block."""
+def _cooperative(sch, loops, heads, lanes):
+    """``loops`` (innermost contiguous in global memory) fused and spread over all threads of the block, in the
+    block's own shape (``heads`` × ``lanes``: every stage of a kernel must bind the same thread extents)."""
     fused = sch.fuse(*loops)
-    _, ty, tx = sch.split(fused, [None, threads // WARP if threads >= WARP else 1, min(threads, WARP)])
+    _, ty, tx = sch.split(fused, [None, heads, lanes])
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
 
@@ -126,15 +127,14 @@ def decode_attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[di
     qg = st["dec_q"]  # the group's rows once per block, in shared memory
     sch.compute_at(qg, task, preserve_unit_loops=True)
     sch.set_scope(qg, 0, "shared")
-    threads = heads * lanes
-    _cooperative(sch, qg, sch.get_loops(qg)[-2:], threads)
+    _cooperative(sch, sch.get_loops(qg)[-2:], heads, lanes)
 
     # the K tile: loaded once for the group, each K row's head dims by consecutive threads (coalesced)
     kt = st["dec_kt"]
     sch.set_scope(kt, 0, "shared")
     *_, kd, kj = sch.get_loops(kt)
     sch.reorder(kj, kd)
-    _cooperative(sch, kt, [kj, kd], threads)
+    _cooperative(sch, [kj, kd], heads, lanes)
 
     qk = st["dec_qk"]
     *_, qg_loop, qj, _ = sch.get_loops(qk)
@@ -163,7 +163,7 @@ def decode_attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[di
     vt = st["dec_vt"]
     sch.compute_at(vt, rb, preserve_unit_loops=True)
     sch.set_scope(vt, 0, "shared")
-    _cooperative(sch, vt, sch.get_loops(vt)[-2:], threads)
+    _cooperative(sch, sch.get_loops(vt)[-2:], heads, lanes)
 
     unroll = categorical(sch, UNROLL, "unroll", 64, knobs or {})
     sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
