@@ -147,3 +147,25 @@ def test_every_request_matches_numpy_through_the_build():
         got = vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
         np.testing.assert_allclose(got, _reference(*arrays, 0.125), rtol=2e-5, atol=2e-5,
                                    err_msg=f"(batch, rows, past) = {(batch, rows, past)}")
+
+
+def test_cuda_declines_a_group_wider_than_a_thread_block():
+    """64 query heads on one K/V head (64 warps): the CUDA decode template declines, and a static one-row CUDA
+    attention keeps the flash-loop form."""
+    from tvm_fusion_ext.schedules.cuda.decode_attention import cuda_decode_params
+    from tvm_fusion_ext.schedules.registry import get_template
+
+    cuda = resolve_target("cuda:sm_80")
+    types = {"q": relax.TensorType([1, 1, 64, 64], "float32"), "k": relax.TensorType([1, 40, 1, 64], "float32"),
+             "v": relax.TensorType([1, 40, 1, 64], "float32")}
+    wide = make_prim_func("fused_attention", types, cuda_decode_params({"scale": 0.125}, 40))
+    template = get_template("tfx.decode_attention", cuda)
+    sch = s_tir.Schedule(tvm.IRModule({"main": wide}))
+    assert "do not fit one thread block" in template.decline(sch, sch.get_sblock("dec_out"), cuda)
+    narrow = make_prim_func("fused_attention", dict(types, q=relax.TensorType([1, 1, 32, 64], "float32")),
+                            cuda_decode_params({"scale": 0.125}, 40))
+    sch = s_tir.Schedule(tvm.IRModule({"main": narrow}))
+    assert template.decline(sch, sch.get_sblock("dec_out"), cuda) is None
+    args = [relax.Var(n, t) for n, t in types.items()]
+    mod = build_module(args, lambda bb: call_op(bb, "fused_attention", dict(zip("qkv", args)), {"scale": 0.125}))
+    assert "split_blocks" not in params_of(_kernel(prepare(mod, cuda, fuse_graph=False)[0]))

@@ -21,8 +21,9 @@ Shape of the schedule (``G`` = query heads per K/V head on threadIdx.y, ``lanes`
 
 The splits' count follows the key count (the operator's ``split_blocks`` key blocks per split), so a symbolic P
 needs no re-build. The tiles are ``key_block`` keys: :data:`CUDA_DECODE_KEY_BLOCK` (one key per lane; fp32 K and
-V tiles of head dim 128 take 32 KiB of shared memory together) unless the caller set one. Groups wider than
-``max_threads / lanes`` query heads loop over the rest on each thread. Knobs: ``unroll`` (index into UNROLL).
+V tiles of head dim 128 take 16 KiB each, and share one buffer) unless the caller set one. A group wider than a
+block holds (more than 32 query heads per K/V head) is declined: :func:`group_fits`. Knobs: ``unroll`` (index into
+UNROLL).
 """
 
 from __future__ import annotations
@@ -59,21 +60,21 @@ def decode_stages(sch: s_tir.Schedule, out) -> dict:
     return kernel_stages(sch, out, STAGES, "tfx.decode_attention: not a decode attention kernel")
 
 
-def _heads_lanes(sch, g_loop, lane_loop, lanes, heads):
-    """g → threadIdx.y (``heads`` of them per pass, the rest a serial loop outside); the lane loop split so
-    that its inner ``lanes``-sized part is threadIdx.x. Returns (serial head loop or None, lane outer, lane)."""
-    g_outer = None
-    if int(sch.get(g_loop).extent) > heads:
-        g_outer, g_loop = sch.split(g_loop, [None, heads])
+def group_fits(group: int, key_block: int, target) -> bool:
+    """Whether a K/V head's ``group`` query heads, a row of ``min(warp, key_block)`` lanes each, fit one thread
+    block: the template puts the whole group on threadIdx.y (up to 32 query heads per K/V head at 1024 threads).
+    A wider group would loop over its heads around the warp all-reduces, which TVM's reduction lowering refuses."""
+    max_threads = int(target.attrs.get("max_num_threads", 1024) or 1024)
+    return group * min(WARP, key_block) <= max_threads
+
+
+def _heads_lanes(sch, g_loop, lane_loop, lanes):
+    """g → threadIdx.y; the lane loop split so that its inner ``lanes``-sized part is threadIdx.x. Returns
+    (lane outer, lane)."""
     sch.bind(g_loop, "threadIdx.y")
     outer, inner = sch.split(lane_loop, [None, lanes])
     sch.bind(inner, "threadIdx.x")
-    return g_outer, outer, inner
-
-
-def _group_threads(group: int, lanes: int, max_threads: int) -> int:
-    """Query heads per pass on threadIdx.y: the widest divisor of the group that fits the block."""
-    return max(r for r in range(1, group + 1) if group % r == 0 and r * lanes <= max_threads)
+    return outer, inner
 
 
 def _cooperative(sch, loops, heads, lanes):
@@ -93,7 +94,7 @@ def decode_attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[di
     group = int(sch.get(sg).extent)
     key_block = int(sch.get(sch.get_loops(st["dec_qk"])[-2]).extent)
     lanes = min(WARP, key_block)  # key blocks are powers of two ≥ 8: the key loops split evenly
-    heads = _group_threads(group, lanes, max_threads)
+    heads = group  # on threadIdx.y (the template declines groups that do not fit: group_fits)
 
     # kernel 2: the combine, one thread per output element, the merge of its splits in registers
     *outer, d = sch.get_loops(block)
@@ -110,7 +111,7 @@ def decode_attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[di
     task = sch.fuse(sb_, sh, ss)
     sch.bind(task, "blockIdx.x")
     sch.reorder(rb, sg, sd)
-    _heads_lanes(sch, sg, sd, lanes, heads)
+    _heads_lanes(sch, sg, sd, lanes)
     # the split state in registers, written to the partials once the split's blocks are folded: each thread
     # stores the (head, column) elements it owns
     stores = [sch.cache_write(split, i, "local") for i in range(3)]
@@ -118,7 +119,7 @@ def decode_attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[di
         if len(sch.get_loops(store)) == 5:  # still at the root: (b, hk, sp, g, d)
             sch.reverse_compute_at(store, task, preserve_unit_loops=True)
         *_, wg, wd = sch.get_loops(store)
-        _heads_lanes(sch, wg, wd, lanes, heads)
+        _heads_lanes(sch, wg, wd, lanes)
     sch.decompose_reduction(split, rb)
 
     for name in ("dec_bo", "dec_bsum", "dec_p", "dec_bmax", "dec_qk", "dec_kt"):  # consumers first
@@ -138,7 +139,7 @@ def decode_attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[di
 
     qk = st["dec_qk"]
     *_, qg_loop, qj, _ = sch.get_loops(qk)
-    _, _, q_lane = _heads_lanes(sch, qg_loop, qj, lanes, heads)
+    _, q_lane = _heads_lanes(sch, qg_loop, qj, lanes)
     # each score accumulated in a register, stored to shared once (ThreadSync would put barriers in every step
     # of the dot product otherwise)
     sch.set_scope(qk, 0, "shared")
@@ -147,17 +148,17 @@ def decode_attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[di
 
     for red, scope in ((st["dec_bmax"], "local"), (st["dec_bsum"], "shared")):  # warp all-reduces per head
         *_, rg, rj = sch.get_loops(red)
-        _heads_lanes(sch, rg, rj, lanes, heads)
+        _heads_lanes(sch, rg, rj, lanes)
         sch.set_scope(red, 0, scope)
 
     p = st["dec_p"]
     *_, pg, pj = sch.get_loops(p)
-    _heads_lanes(sch, pg, pj, lanes, heads)
+    _heads_lanes(sch, pg, pj, lanes)
     sch.set_scope(p, 0, "shared")
 
     bo = st["dec_bo"]
     *_, vg, vd, vj = sch.get_loops(bo)
-    _heads_lanes(sch, vg, vd, lanes, heads)
+    _heads_lanes(sch, vg, vd, lanes)
     sch.set_scope(bo, 0, "local")
     # the V tile in shared memory, loaded once: every query head of the group reads each V row from there
     vt = st["dec_vt"]
@@ -185,6 +186,14 @@ class DecodeAttentionCUDA(TemplateRule):
 
     def transferable_knobs(self, static):
         return dict(static)
+
+    def decline(self, sch, block, target):
+        st = decode_stages(sch, block)
+        group = int(sch.get(sch.get_loops(st["dec_split"])[3]).extent)
+        key_block = int(sch.get(sch.get_loops(st["dec_qk"])[-2]).extent)
+        if not group_fits(group, key_block, target):
+            return f"{group} query heads per K/V head do not fit one thread block"
+        return None
 
     def schedule(self, sch, block, target, knobs=None):
         decode_attention_cuda(sch, block, target, knobs)
