@@ -5,7 +5,6 @@ and one kernel built for a symbolic key count run at several lengths (its split 
 
 import numpy as np
 import pytest
-import tvm
 from tvm import relax, tirx
 
 from tvm_fusion_ext.ops.registry import make_prim_func

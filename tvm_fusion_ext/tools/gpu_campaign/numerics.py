@@ -5,8 +5,8 @@
 with tensor cores and SIMT, the int8 dense (u8 × s8 tensor cores, int32 accumulation) on quantised inputs,
 bias + residual + LayerNorm, attention fp32 / fp16 / bf16, each 16-bit attention also through the opt-in
 tensor-core template, the split-K decode attention (one query row, GQA / MQA, padded pasts), and a symbolic
-attention whose one-row requests branch to it; a symbolic-shape chain of dense → causal attention → LayerNorm through the
-Relax VM; the packed varlen attention) with ``export_library`` into ``DIR``, with each case's inputs and the
+attention whose one-row requests branch to it; a symbolic-shape chain of dense → causal attention → LayerNorm
+through the Relax VM; the packed varlen attention) with ``export_library`` into ``DIR``, with each case's inputs and the
 reference it must match (numpy in float64 on the values the GPU sees, or the CPU build for the VM chain) and a
 ``cases.json`` index. ``arch="llvm"`` builds the float32 cases for this CPU instead, so that the run side is
 exercised here by a runtime-only process before a GPU ever sees it. ``run`` needs only ``tvm.runtime``, numpy and
@@ -195,7 +195,8 @@ def _decode_dispatch(target, out_dir):
         feeds = helpers._inputs(batch, rows, past, seed=past + rows, pad=pad)
         want = helpers._reference(*feeds, 0.125)
         name = f"decode_dispatch_b{batch}_rows{rows}_past{past}"
-        np.savez(out_dir / f"{name}.npz", want=np.asarray(want, "float32"), **{f"in{i}": a for i, a in enumerate(feeds)})
+        np.savez(out_dir / f"{name}.npz", want=np.asarray(want, "float32"),
+                 **{f"in{i}": a for i, a in enumerate(feeds)})
         entries.append({"name": name, "kind": "vm", "library": "decode_dispatch.so", "tol": 1e-4})
     return entries
 

@@ -2,8 +2,9 @@
 figure) against torch's kernel for the same op timed the same way (``torch.cuda.Event`` over a loop): fp16 dense at
 BERT-base and LLaMA-7B projection sizes vs cuBLAS (``F.linear``), attention S = 512…8192 at head dim 64 / 128,
 causal and not, vs SDPA (flash where torch picks it), LayerNorm / RMSNorm vs torch, the split-K decode attention
-(one query row, 32 heads on 8 K/V heads of 128, caches of 512…8192 keys, batch 1 and 8) vs SDPA with one row. Inputs are made on the device
-from a seed, so nothing but the libraries is carried; each row also says how far our output is from torch's.
+(one query row, 32 heads on 8 K/V heads of 128, caches of 512…8192 keys, batch 1 and 8) vs SDPA with one row.
+Inputs are made on the device from a seed, so nothing but the libraries is carried; each row also says how far our
+output is from torch's.
 
 Build side: :func:`cases` and :func:`build` (the compiler). Run side: :func:`run` (tvm.runtime and torch only).
 """
