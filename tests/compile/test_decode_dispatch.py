@@ -1,6 +1,6 @@
 """One-row (decode) requests of symbolic CPU attention run the split-K decode kernel (compile/variants/decode.py):
 the decode kernel over a symbolic cache length built once and run at several lengths (P + 1 = 1 included), the
-branch in front of the kernel's others, the static one-row form, and the kernels left alone."""
+branch in front of the kernel's others, the static one-row form, the kernels left alone, and CUDA's branch."""
 
 import warnings
 
@@ -111,14 +111,19 @@ def test_static_one_row_attention_takes_the_decode_form():
     assert "split_blocks" not in params_of(two_rows)
 
 
-def test_static_rows_packed_attention_and_cuda_are_left_alone():
+def test_static_rows_are_left_alone_and_cuda_gets_the_branch_with_its_own_tiles():
+    """CUDA: the same branch, the decode form with the CUDA template's key block and splits (numerics on PoCL:
+    tests/opencl/test_simt_decode_dispatch.py; nvcc: tests/cuda/test_cuda_decode_attention.py)."""
+    from tvm_fusion_ext.schedules.cuda.decode_attention import CUDA_DECODE_KEY_BLOCK, CUDA_DECODE_SPLIT_BLOCKS
+
     static = _kernel(prepare(_module({"scale": 0.125}, rows=4), TARGET, fuse_graph=False)[0])
     assert decode._refusal(static) == ""
     cuda = resolve_target("cuda:sm_80")
     kernel = _kernel(schedule(prepare(_module({"scale": 0.125}), cuda, fuse_graph=False)[0], cuda))
-    assert decode.DECODE_ATTR not in kernel.attrs
-    assert "split_blocks" not in params_of(_kernel(prepare(_module({"scale": 0.125}, rows=1), cuda,
-                                                           fuse_graph=False)[0]))
+    assert kernel.attrs[decode.DECODE_ATTR] == "1"
+    assert "blockIdx.x" in kernel.script() and "dec_split" in kernel.script()
+    one_row = params_of(_kernel(prepare(_module({"scale": 0.125}, rows=1), cuda, fuse_graph=False)[0]))
+    assert (one_row["split_blocks"], one_row["key_block"]) == (CUDA_DECODE_SPLIT_BLOCKS, CUDA_DECODE_KEY_BLOCK)
 
 
 def test_packed_attention_is_refused_with_its_reason():
@@ -142,3 +147,25 @@ def test_every_request_matches_numpy_through_the_build():
         got = vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
         np.testing.assert_allclose(got, _reference(*arrays, 0.125), rtol=2e-5, atol=2e-5,
                                    err_msg=f"(batch, rows, past) = {(batch, rows, past)}")
+
+
+def test_cuda_declines_a_group_wider_than_a_thread_block():
+    """64 query heads on one K/V head (64 warps): the CUDA decode template declines, and a static one-row CUDA
+    attention keeps the flash-loop form."""
+    from tvm_fusion_ext.schedules.cuda.decode_attention import cuda_decode_params
+    from tvm_fusion_ext.schedules.registry import get_template
+
+    cuda = resolve_target("cuda:sm_80")
+    types = {"q": relax.TensorType([1, 1, 64, 64], "float32"), "k": relax.TensorType([1, 40, 1, 64], "float32"),
+             "v": relax.TensorType([1, 40, 1, 64], "float32")}
+    wide = make_prim_func("fused_attention", types, cuda_decode_params({"scale": 0.125}, 40))
+    template = get_template("tfx.decode_attention", cuda)
+    sch = s_tir.Schedule(tvm.IRModule({"main": wide}))
+    assert "do not fit one thread block" in template.decline(sch, sch.get_sblock("dec_out"), cuda)
+    narrow = make_prim_func("fused_attention", dict(types, q=relax.TensorType([1, 1, 32, 64], "float32")),
+                            cuda_decode_params({"scale": 0.125}, 40))
+    sch = s_tir.Schedule(tvm.IRModule({"main": narrow}))
+    assert template.decline(sch, sch.get_sblock("dec_out"), cuda) is None
+    args = [relax.Var(n, t) for n, t in types.items()]
+    mod = build_module(args, lambda bb: call_op(bb, "fused_attention", dict(zip("qkv", args)), {"scale": 0.125}))
+    assert "split_blocks" not in params_of(_kernel(prepare(mod, cuda, fuse_graph=False)[0]))

@@ -1,7 +1,8 @@
 """CUDA templates take kernels whose batch and sequence are known only at run time (a dynamic-axes export):
-dense pads its rows to whole row tiles, attention its query rows to whole query tiles, the norms put the
-symbolic row count on ``blockIdx.x``. Each compiles with nvcc for sm_80 and sm_90 with no spills, and no
-template declines (a declined kernel would silently take the generic fallback)."""
+dense pads its rows to whole row tiles, attention its query rows to whole query tiles (and carries its one-row
+branch, the split-K decode kernels), the norms put the symbolic row count on ``blockIdx.x``. Each compiles with
+nvcc for sm_80 and sm_90 with no spills, and no template declines (a declined kernel would silently take the
+generic fallback)."""
 
 import logging
 import shutil
@@ -64,6 +65,14 @@ def _kernels(rows, prefix):
     return [r for name, r in rows.items() if name.startswith(prefix)]
 
 
+def _flash(rows):
+    """The attention kernels with shared memory, the flash loop's and the one-row branch's split kernel apart."""
+    staged = [r for r in _kernels(rows, "fused_attention") if r["smem_bytes"] > 0]
+    decode = [r for r in staged if r["decode"]]
+    assert len(decode) == 1, staged  # symbolic rows: the decode branch's split kernel (then its combine)
+    return [r for r in staged if not r["decode"]]
+
+
 def test_fp32_kernels_with_symbolic_rows(caplog):
     b, s = _dims()
     norm = {"x": [b, s, 384], "residual": [b, s, 384], "gamma": [384]}
@@ -74,21 +83,21 @@ def test_fp32_kernels_with_symbolic_rows(caplog):
     assert dense["smem_bytes"] > 0  # operand tiles staged in shared memory, rows on blockIdx.y
     norms = _kernels(rows, "fused_layernorm") + _kernels(rows, "fused_rmsnorm")
     assert len(norms) == 2 and all(r["smem_bytes"] > 0 for r in norms)  # the row staged, one block per row
-    assert len([r for r in _kernels(rows, "fused_attention") if r["smem_bytes"] > 0]) == 1  # the flash loop
+    assert len(_flash(rows)) == 1  # the flash loop
 
 
 def test_fp16_kernels_with_symbolic_rows(caplog):
     b, s = _dims()
     rows = _compile([_dense(b, s), _attention(b, s, causal=True)], "float16", "sm_80", caplog)
     assert all(r["smem_bytes"] > 0 for r in _kernels(rows, "fused_dense"))
-    flash = [r for r in _kernels(rows, "fused_attention") if r["smem_bytes"] > 0]
+    flash = _flash(rows)
     assert len(flash) == 1 and flash[0]["threads_per_block"] % 32 == 0
 
 
 def test_grouped_rotary_causal_attention_with_symbolic_lengths(caplog):
     b, s = _dims()
     rows = _compile([_attention(b, s, causal=True, heads=8, kv_heads=2, rope=True)], "float32", "sm_90", caplog)
-    assert len([r for r in _kernels(rows, "fused_attention") if r["smem_bytes"] > 0]) == 1
+    assert len(_flash(rows)) == 1
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -97,4 +106,4 @@ def test_latent_attention_with_its_own_value_head_dim(caplog, dtype):
     b, s = _dims()
     shapes = {"q": [b, s, 4, 192], "k": [b, s, 4, 192], "v": [b, s, 4, 128]}
     rows = _compile([("fused_attention", shapes, {"scale": 192 ** -0.5, "causal": True})], dtype, "sm_90", caplog)
-    assert len([r for r in _kernels(rows, "fused_attention") if r["smem_bytes"] > 0]) == 1
+    assert len(_flash(rows)) == 1

@@ -32,16 +32,19 @@ def _run_runtime_only(campaign: Path, out: Path, *extra):
 def test_speed_parts_built_for_the_cpu_run_with_the_runtime_only(tmp_path):
     pytest.importorskip("torch", reason="torch is the peer the campaign times against")
     campaign = tmp_path / "campaign"
-    assert main(["build", str(campaign), "--arch", "llvm", "--parts", "dense,norms", "--quick"]) == 0
+    assert main(["build", str(campaign), "--arch", "llvm", "--parts", "dense,norms,decode", "--quick"]) == 0
     manifest = json.loads((campaign / "campaign.json").read_text())
-    assert set(manifest["parts"]) == {"dense", "norms"} and all(p["expected_s"] > 0 for p in manifest["parts"].values())
+    assert set(manifest["parts"]) == {"dense", "norms", "decode"}
+    assert all(p["expected_s"] > 0 for p in manifest["parts"].values())
     done = _run_runtime_only(campaign, tmp_path / "out.json")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     heavy = json.loads(done.stdout.split("HEAVY ", 1)[1].splitlines()[0])
     assert heavy == [], heavy  # the run side imports nothing that compiles
     results = json.loads((tmp_path / "out.json").read_text())
     rows = [r for part in results["parts"].values() for r in part["cases"]]
-    assert len(rows) == 3 and all("error" not in r for r in rows), rows
+    assert len(rows) == 4 and all("error" not in r for r in rows), rows
+    decode = results["parts"]["decode"]["cases"]  # one query row against SDPA's, the cache's bytes per second
+    assert decode[0]["gbytes_per_s"] > 0 and decode[0]["torch_gbytes_per_s"] > 0, decode
     assert all(r["ours_s"] > 0 and r["torch_s"] > 0 and r["max_abs_vs_torch"] < 0.05 for r in rows), rows
     assert "ours/torch" in done.stdout and "expected" in done.stdout  # the table and the expected times
 
@@ -68,10 +71,11 @@ def test_numerics_part_built_for_the_cpu_passes_with_the_runtime_only(tmp_path):
 def test_built_with_nvcc_for_sm_80(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "nvcc")
     campaign = tmp_path / "campaign"
-    assert main(["build", str(campaign), "--arch", "sm_80", "--parts", "norms,attention", "--quick"]) == 0
+    assert main(["build", str(campaign), "--arch", "sm_80", "--parts", "norms,attention,decode", "--quick"]) == 0
     cases = json.loads((campaign / "norms" / "cases.json").read_text())["cases"]
     assert len(cases) == 2 and all((campaign / "norms" / c["library"]).stat().st_size > 0 for c in cases)
     assert (campaign / "attention" / "attention_f16_S128_D64_H2_causal.so").is_file()
+    assert (campaign / "decode" / "decode_attention_f16_P128_B1_H4_KV2_D64.so").is_file()
     size = sum(f.stat().st_size for f in campaign.rglob("*") if f.is_file())
     assert size < 8 * 2**20  # small libraries: the whole campaign and the 23 MB runtime fit the 64 MiB carried
 
@@ -161,3 +165,29 @@ def test_pool_pack_of_results_without_a_pool_part_is_refused(tmp_path):
     (tmp_path / "out.json").write_text(json.dumps({"device": "x", "parts": {"norms": {"cases": []}}}))
     with pytest.raises(SystemExit, match="no pool part"):
         main(["pool-pack", str(tmp_path), str(tmp_path / "out.json"), str(tmp_path / "pools")])
+
+
+def test_decode_speed_cases_are_the_llama_7b_decode_steps():
+    from tvm_fusion_ext.tools.gpu_campaign.speed import cases
+
+    full = cases("decode")
+    assert [(c["inputs"]["k"][0][1], c["inputs"]["k"][0][0]) for c in full] == [
+        (512, 1), (512, 8), (2048, 1), (2048, 8), (8192, 1), (8192, 8)]
+    assert all(c["inputs"]["q"][0][1:] == [1, 32, 128] and c["inputs"]["k"][0][2:] == [8, 128] for c in full)
+    assert all(c["params"]["split_blocks"] and c["rule"] == "tfx.decode_attention" for c in full)
+
+
+def test_decode_numerics_references_agree_with_the_package_reference():
+    """The campaign's own float64 reference (the run side cannot import the test helpers) against
+    ``testing.decode_attention_reference`` on the same values, padded pasts included."""
+    import numpy as np
+
+    from tvm_fusion_ext.testing import decode_attention_reference
+    from tvm_fusion_ext.tools.gpu_campaign.numerics import decode_attention_cases
+
+    cases = decode_attention_cases()
+    assert {c[6] for c in cases} == {"float32", "float16"} and any(c[0].endswith("_left") for c in cases)
+    for name, _, rule, inputs, params, _, dtype, want, _, _ in cases:
+        values = [inputs[n][0].astype(dtype).astype("float64") for n in ("q", "k", "v", "mask")]
+        np.testing.assert_allclose(want, decode_attention_reference(*values, params["scale"]), atol=1e-6,
+                                   err_msg=name)

@@ -58,11 +58,11 @@ def decode_key_block(keys) -> int:
     return kb
 
 
-def decode_params(params: dict, keys) -> dict:
-    """``fused_attention``'s parameters for its decode form over ``keys`` keys: the key block and split size set,
-    any query tile dropped (one row)."""
+def decode_params(params: dict, keys, key_block: Optional[int] = None, split_blocks: Optional[int] = None) -> dict:
+    """``fused_attention``'s parameters for its decode form over ``keys`` keys: the key block and split size set
+    (a target's template may ask for its own), any query tile dropped (one row)."""
     out = {k: v for k, v in params.items() if k != "query_block"}
-    return dict(out, key_block=decode_key_block(keys), split_blocks=DEFAULT_SPLIT_BLOCKS)
+    return dict(out, key_block=key_block or decode_key_block(keys), split_blocks=split_blocks or DEFAULT_SPLIT_BLOCKS)
 
 
 @dataclass(frozen=True)
@@ -133,9 +133,14 @@ def decode_attention(ops: DecodeOperands, *, B, S, T, H, HKV, D, DV, scale: floa
     jj2 = te.reduce_axis((0, kb), name="jj2")
     bsum = te.compute((B, HKV, splits, sb, G), lambda b, hk, sp, jb, g: te.sum(p[b, hk, sp, jb, g, jj2], axis=jj2),
                       name="dec_bsum", attrs={"schedule_rule": "None"})
+    # V's block as a tile of its own: a GPU template stages it once for the group (in shared memory); a CPU one
+    # inlines it and streams V rows from memory
+    vt = te.compute((B, HKV, splits, sb, kb, DV),
+                    lambda b, hk, sp, jb, jj, d: ops.v(b, hk, clamped(sp, jb, jj), d).astype(ACC),
+                    name="dec_vt", attrs={"schedule_rule": "None"})
     jj3 = te.reduce_axis((0, kb), name="jj3")
     bo = te.compute((B, HKV, splits, sb, G, DV), lambda b, hk, sp, jb, g, d: te.sum(
-        p[b, hk, sp, jb, g, jj3] * ops.v(b, hk, clamped(sp, jb, jj3), d).astype(ACC), axis=jj3),
+        p[b, hk, sp, jb, g, jj3] * vt[b, hk, sp, jb, jj3, d], axis=jj3),
         name="dec_bo", attrs={"schedule_rule": "None"})
 
     online = online_softmax_reducer()

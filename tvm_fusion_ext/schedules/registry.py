@@ -23,6 +23,7 @@ def _all_templates() -> List[TemplateRule]:
     from .cpu.quantize_rows import QuantizeRowsCPU
     from .cpu.rmsnorm import RMSNormCPU
     from .cuda.attention import AttentionCUDA
+    from .cuda.decode_attention import DecodeAttentionCUDA
     from .cuda.dense import DenseCUDA
     from .cuda.gated_dense import GatedDenseCUDA
     from .cuda.layernorm import LayerNormCUDA
@@ -30,7 +31,7 @@ def _all_templates() -> List[TemplateRule]:
 
     return [DenseCPU(), GatedDenseCPU(), AttentionCPU(), DecodeAttentionCPU(), LayerNormCPU(), RMSNormCPU(),
             QuantizeRowsCPU(),
-            DenseCUDA(), GatedDenseCUDA(), AttentionCUDA(), LayerNormCUDA(), RMSNormCUDA()]
+            DenseCUDA(), GatedDenseCUDA(), AttentionCUDA(), DecodeAttentionCUDA(), LayerNormCUDA(), RMSNormCUDA()]
 
 
 def registered() -> Dict[Tuple[str, str], TemplateRule]:

@@ -19,7 +19,8 @@ from ..errors import FusionExtError, TargetError
 
 ARCHS = ("sm_80", "sm_90")
 DTYPES = ("float32", "float16")
-FIELDS = ("name", "registers", "smem_bytes", "stack_bytes", "spill_bytes", "threads_per_block", "tensor_core")
+FIELDS = ("name", "registers", "smem_bytes", "stack_bytes", "spill_bytes", "threads_per_block", "tensor_core",
+          "decode")
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
 _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -28,6 +29,7 @@ _SMEM = re.compile(r"(\d+) bytes smem")
 _TC = re.compile(r"^\s*(?:@!?%p\d+\s+)?(mma\.sync|wmma\.|wgmma\.)", re.M)
 _PTX_ENTRY = re.compile(r"^\.visible \.entry (\w+)\(", re.M)
 _LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\((\d+)\)\s*(\w+)\(")
+_DECODE_BUFFER = re.compile(r"\bdec_(split|merge|kt|vt|q|qk|p|bo|bsum|bmax)\w*")
 
 
 class CudaToolchainError(FusionExtError):
@@ -109,6 +111,18 @@ def threads_per_block(src: str) -> Dict[str, int]:
     return {name: int(n) for n, name in _LAUNCH_BOUNDS.findall(src)}
 
 
+def decode_kernels(src: str) -> Dict[str, bool]:
+    """Kernel name -> whether it is one of the split-K decode attention's (``ops/decode_attention.py``: its body
+    names the decode stages' buffers, ``dec_*``): a symbolic attention's one-row branch, or a static one-row
+    attention."""
+    starts = [(m.start(), m.group(2)) for m in _LAUNCH_BOUNDS.finditer(src)]
+    out: Dict[str, bool] = {}
+    for n, (pos, name) in enumerate(starts):
+        end = starts[n + 1][0] if n + 1 < len(starts) else len(src)
+        out[name] = bool(_DECODE_BUFFER.search(src, pos, end))
+    return out
+
+
 def kernel_report(src: str, arch: str) -> List[dict]:
     """Compile one CUDA source and describe each of its kernels (fields :data:`FIELDS`)."""
     _, log, ptx = compile_cuda_source(src, arch)
@@ -119,9 +133,11 @@ def _rows(src: str, log: str, ptx: str) -> List[dict]:
     res = parse_ptxas(log)
     tc = tensor_core_kernels(ptx)
     threads = threads_per_block(src)
+    decode = decode_kernels(src)
     rows = []
     for name, r in res.items():
-        rows.append({"name": name, **r, "threads_per_block": threads.get(name, 0), "tensor_core": tc.get(name, False)})
+        rows.append({"name": name, **r, "threads_per_block": threads.get(name, 0), "tensor_core": tc.get(name, False),
+                     "decode": decode.get(name, False)})
     return rows
 
 
@@ -230,9 +246,10 @@ def inspect_cuda(model_path: str, arch: str = "sm_90", dtype: str = "float32", p
 
 
 def format_table(rows: List[dict]) -> str:
-    head = ("kernel", "regs", "smem", "stack", "spill", "threads", "tensor core")
+    head = ("kernel", "regs", "smem", "stack", "spill", "threads", "tensor core", "decode")
     body = [(r["name"], str(r["registers"]), str(r["smem_bytes"]), str(r["stack_bytes"]), str(r["spill_bytes"]),
-             str(r["threads_per_block"]), "yes" if r["tensor_core"] else "no") for r in rows]
+             str(r["threads_per_block"]), "yes" if r["tensor_core"] else "no",
+             "yes" if r.get("decode") else "no") for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
                                   for i, (c, w) in enumerate(zip(cells, widths)))

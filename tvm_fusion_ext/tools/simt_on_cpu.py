@@ -158,6 +158,8 @@ def _eval(expr, env: dict):
         return int(value) if str(expr.dtype).startswith(("int", "uint")) else value
     if kind == "Select":
         return _eval(expr.true_value if _eval(expr.condition, env) else expr.false_value, env)
+    if kind == "Call" and expr.op.name == "tirx.tvm_thread_invariant":  # a host branch around kernel launches
+        return _eval(expr.args[0], env)
     if kind == "Call" and expr.op.name == "tirx.if_then_else":
         cond, then, other = expr.args
         return _eval(then if _eval(cond, env) else other, env)

@@ -16,7 +16,7 @@ from typing import Callable, List, Optional, Tuple
 
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
 
 from ...ops.registry import inputs_of, make_prim_func, op_of
 from ...schedules.kernel_knobs import VARIANT_OF, kernel_signature
@@ -34,10 +34,19 @@ def cpu_dispatch_pass(name: str, target: tvm.target.Target, refusal: Callable[[o
     """Module pass over a scheduled CPU module: each PrimFunc ``refusal`` accepts (None) is replaced by
     ``dispatch(func, schedule_fn)`` when that makes one; ``refusal``'s reasons are logged at debug level ("" for a
     function that is not a candidate at all). Other targets pass through."""
+    return dispatch_pass(name, target, refusal, dispatch, schedule_fn, logger, families=("cpu",))
+
+
+def dispatch_pass(name: str, target: tvm.target.Target, refusal: Callable[[object], Optional[str]],
+                  dispatch: Callable[[tirx.PrimFunc, ScheduleFn], Optional[tirx.PrimFunc]],
+                  schedule_fn: ScheduleFn, logger: logging.Logger, families=("cpu",)) -> tvm.transform.Pass:
+    """:func:`cpu_dispatch_pass` for the target families named (``TargetInfo.family``: "cpu", "cuda"). A branch
+    is a host-side choice between kernel launches on a GPU: each body's thread-bound loops become kernels of
+    their own, the ``if`` on the symbolic size stays in the host function."""
 
     @tvm.transform.module_pass(opt_level=0, name=name)
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        if not TargetInfo.of(target).is_cpu:
+        if TargetInfo.of(target).family not in families:
             return mod
         out = None
         for gv, func in mod.functions_items():
@@ -90,10 +99,16 @@ def with_variants(func: tirx.PrimFunc, size: tirx.PrimExpr, variants: List[Tuple
 
 
 def with_cases(func: tirx.PrimFunc, cases: List[Tuple[tirx.PrimExpr, str, dict]], schedule_fn: ScheduleFn,
-               attr: str, attr_value: str, logger: logging.Logger) -> Optional[tirx.PrimFunc]:
+               attr: str, attr_value: str, logger: logging.Logger, launches: bool = False) -> Optional[tirx.PrimFunc]:
     """``func`` running, for the first ``(condition, label, params)`` whose condition holds, the operator rebuilt
     with ``params``, else its own body; ``attr_value`` recorded in ``attr``. None (and the reason logged) when a
-    variant cannot be made: then the kernel stays as built."""
+    variant cannot be made: then the kernel stays as built.
+
+    ``launches``: the bodies are GPU kernel launches, and the branch a host-side choice between them. Two things
+    TVM's GPU lowering needs then: the conditions marked thread-invariant (``tvm_thread_invariant``; ThreadSync
+    otherwise takes each kernel's barriers for syncs under a condition and refuses them), and one root block
+    above the branch (global buffers shared by two kernels of a body are allocated at the function's root block;
+    with none there, their allocation is lost)."""
     bodies: List[Tuple[tirx.PrimExpr, tirx.Stmt]] = []
     for condition, label, params in cases:
         body, why = scheduled_variant(func, params, schedule_fn)
@@ -103,7 +118,11 @@ def with_cases(func: tirx.PrimFunc, cases: List[Tuple[tirx.PrimExpr, str, dict]]
         bodies.append((condition, body))
     out = func.body
     for condition, body in reversed(bodies):
+        if launches:
+            condition = tirx.call_intrin("bool", "tirx.tvm_thread_invariant", condition)
         out = tirx.IfThenElse(condition, body, out)
+    if launches:
+        out = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", out))
     return func.with_body(out).with_attr(attr, attr_value)
 
 

@@ -1,4 +1,4 @@
-"""Symbolic CPU attention runs a decode step (one query row) with the split-K decode kernel.
+"""Symbolic attention runs a decode step (one query row) with the split-K decode kernel, on CPU and CUDA.
 
 A ``fused_attention`` whose query rows are known only at run time serves both the prompt (many rows) and every
 generated token after it (one row per sequence, against the whole cache). The flash-loop kernel takes a 1-row
@@ -10,9 +10,17 @@ K/V row once for the whole group.
 This pass puts it in front of the kernel as built: ``if rows == 1`` the decode kernel, else what the other
 variants made. Applied last, so it is the outermost branch: a one-token step never reaches the short-key or
 query-tile branches. Static query rows get the decode form from the template instead
-(:meth:`~tvm_fusion_ext.schedules.cpu.attention.AttentionCPU.prepare_operator`); packed (varlen) attention and
-CUDA are left alone. The branch reads and writes the kernel's own buffers (:mod:`.branches`), so the Relax graph,
-the tuner's tasks and the records are unchanged.
+(``prepare_operator`` of :class:`~tvm_fusion_ext.schedules.cpu.attention.AttentionCPU` and
+:class:`~tvm_fusion_ext.schedules.cuda.attention.AttentionCUDA`); packed (varlen) attention is left alone. The
+branch reads and writes the kernel's own buffers (:mod:`.branches`), so the Relax graph, the tuner's tasks and
+the records are unchanged.
+
+On CUDA the branch is one PrimFunc too: both bodies are kernel launches (their thread-bound loops become kernels
+of their own when host and device code are split), and the ``if rows == 1`` stays in the host function, which
+launches either the decode kernels (splits, then the combine) or the flash-loop ones. TVM's GPU lowering takes
+that once the condition is marked thread-invariant and a root block sits above the branch
+(:func:`.branches.with_cases`, ``launches``). The decode form there has
+the CUDA template's tiles (:func:`~tvm_fusion_ext.schedules.cuda.decode_attention.cuda_decode_params`).
 
 Unlike the other dispatches, kernels that take a size as a scalar parameter are candidates: a decoder's keys are
 ``past + new`` (its cache and the new tokens), so its attention kernel takes ``past`` as one. The variant is the
@@ -31,7 +39,9 @@ from tvm import tirx
 from ...ops.attention import key_geometry
 from ...ops.decode_attention import decode_params
 from ...ops.registry import inputs_of, op_of, params_of
-from .branches import ScheduleFn, cpu_dispatch_pass, with_cases
+from ...schedules.cuda.decode_attention import cuda_decode_params
+from ...targets import TargetInfo
+from .branches import ScheduleFn, dispatch_pass, with_cases
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +50,15 @@ DECODE_ATTR = "tfx.decode_branch"
 
 
 def DispatchDecode(target: tvm.target.Target, schedule_fn: ScheduleFn) -> tvm.transform.Pass:  # noqa: N802
-    """Module pass over a scheduled module: every CPU attention with symbolic query rows runs one-row requests
-    with the decode kernel (templates only, no fallback)."""
-    return cpu_dispatch_pass("tfx.DispatchDecode", target, _refusal, dispatch, schedule_fn, logger)
+    """Module pass over a scheduled module: every CPU or CUDA attention with symbolic query rows runs one-row
+    requests with the decode kernel (templates only, no fallback)."""
+    family = TargetInfo.of(target).family
+
+    def _dispatch(func, schedule):
+        return dispatch(func, schedule, family)
+
+    return dispatch_pass("tfx.DispatchDecode", target, _refusal, _dispatch, schedule_fn, logger,
+                         families=("cpu", "cuda"))
 
 
 def _refusal(func) -> Optional[str]:
@@ -59,10 +75,11 @@ def _refusal(func) -> Optional[str]:
     return None
 
 
-def dispatch(func: tirx.PrimFunc, schedule_fn: ScheduleFn) -> Optional[tirx.PrimFunc]:
-    """``func`` (scheduled) with the decode kernel in front of it for one-row requests, or None when the decode
-    kernel cannot be made."""
+def dispatch(func: tirx.PrimFunc, schedule_fn: ScheduleFn, family: str = "cpu") -> Optional[tirx.PrimFunc]:
+    """``func`` (scheduled for the ``family`` of targets) with the decode kernel in front of it for one-row
+    requests, or None when the decode kernel cannot be made."""
     S, T, _ = key_geometry(func)
     rows = S if str(S.ty) == "int64" else S.astype("int64")
-    cases = [(rows == tirx.IntImm("int64", 1), "decode", decode_params(params_of(func), T))]
-    return with_cases(func, cases, schedule_fn, DECODE_ATTR, "1", logger)
+    params = (cuda_decode_params if family == "cuda" else decode_params)(params_of(func), T)
+    cases = [(rows == tirx.IntImm("int64", 1), "decode", params)]
+    return with_cases(func, cases, schedule_fn, DECODE_ATTR, "1", logger, launches=family == "cuda")

@@ -57,6 +57,8 @@ def _group_kernel(sch, block, rows_knob, vec_knob, lanes, knobs):
 def decode_attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = None) -> None:
     st = decode_stages(sch, block)
     lanes = TargetInfo.of(target).lanes()
+    if "dec_vt" in st:  # V rows streamed where they are used: the whole split's V is an L2 working set
+        sch.compute_inline(st["dec_vt"])
 
     # the output: one row per (batch, head), head dim vectorised
     *outer, d = sch.get_loops(block)

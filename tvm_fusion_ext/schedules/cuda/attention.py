@@ -49,6 +49,7 @@ from ...ops.attention import LOW_PRECISION
 from ..common import categorical, op_params
 from ..rule import Knobs, TemplateRule
 from .attention_mma import KEY_BLOCK, attention_mma, opted_in, tensor_cores_fit
+from .decode_attention import cuda_decode_params, group_fits
 from .tensorcore import WARP
 
 UNROLL = (0, 16, 64)
@@ -168,6 +169,26 @@ def _is_bhsd(sch, out) -> bool:
     return op_params(sch).get("out_layout", "BSHD") == "BHSD"
 
 
+def _decode_form(call, target):
+    """One static query row (a decode step built for static rows): the call as the split-K decode form
+    (:mod:`.decode_attention`, its own template), else None (also for a GQA group wider than its thread block)."""
+    params = call.params
+    if params.get("query_block") is not None or params.get("split_blocks") is not None or "cu_seqlens" in call.inputs:
+        return None
+    rows = call.inputs["q"].ty.shape[2 if params.get("q_layout", "BSHD") == "BHSD" else 1]
+    if not isinstance(rows, tvm.tirx.IntImm) or int(rows) != 1:
+        return None
+    keys = call.inputs["k"].ty.shape[2 if params.get("k_layout", "BSHD") == "BHSD" else 1]
+    keys = int(keys) if isinstance(keys, tvm.tirx.IntImm) else keys
+    decode = cuda_decode_params(params, keys)
+    group = int(params.get("heads") or _heads(call, "q")) // int(params.get("kv_heads") or _heads(call, "k"))
+    return call.replace(params=decode) if group_fits(group, decode["key_block"], target) else None
+
+
+def _heads(call, name):
+    return call.inputs[name].ty.shape[1 if call.params.get(f"{name}_layout", "BSHD") == "BHSD" else 2]
+
+
 @dataclass(frozen=True)
 class AttentionCudaKnobs(Knobs):
     rows: Optional[Sequence[int]] = None    # SIMT: [query tiles, rows per block]
@@ -197,6 +218,9 @@ class AttentionCUDA(TemplateRule):
         their own (:func:`..attention_blocks.separate_head_ranges`)."""
         if call.op != "fused_attention":
             return None
+        decode = _decode_form(call, target)
+        if decode is not None:
+            return decode
         wanted = pad_symbolic_queries(call, SYMBOLIC_QUERY_ROWS) or call
         keys = call.inputs["k"].ty.shape[2 if call.params.get("k_layout", "BSHD") == "BHSD" else 1]
         if not isinstance(keys, tvm.tirx.IntImm) and call.params.get("key_block") is None:

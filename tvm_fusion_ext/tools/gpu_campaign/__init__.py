@@ -11,6 +11,8 @@ Parts (each runnable alone; ``run`` prints the expected time of each before it s
 ``dense``      fp16 dense at BERT-base / LLaMA-7B projection sizes vs cuBLAS (:mod:`.speed`)
 ``attention``  fp16 attention S = 512…8192, head dim 64/128, causal and not, vs SDPA
 ``norms``      LayerNorm / RMSNorm vs torch
+``decode``     fp16 split-K decode attention, one query row, P = 512…8192 keys, batch 1 / 8, 32 heads on 8 K/V heads
+               of 128, vs SDPA with one query row
 ``e2e``        BERT-base and a LLaMA-shaped prefill in fp16, symbolic-shape and static builds, vs the same model in
                plain torch fp16 eager (and torch.compile), weights drawn there from a seed (:mod:`.e2e`)
 ``pool``       template candidates of heavy kernels timed there (:mod:`.pool`); ``pool-pack`` (here, after the run)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import e2e, pool, speed
 
-PARTS = ("numerics", "dense", "attention", "norms", "e2e", "pool")
+PARTS = ("numerics", "dense", "attention", "norms", "decode", "e2e", "pool")
 #: seconds a part is expected to take on an H100/H200 (numerics: ~40 small libraries, each loaded and checked)
 EXPECTED_S = {"numerics": 60, **speed.EXPECTED_S, "e2e": e2e.EXPECTED_S, "pool": pool.EXPECTED_S}
 

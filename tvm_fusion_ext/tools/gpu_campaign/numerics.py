@@ -4,8 +4,9 @@
 ``build`` compiles the cases of ``tests/gpu/`` (the CUDA templates one kernel at a time: dense fp32 / fp16 / bf16
 with tensor cores and SIMT, the int8 dense (u8 × s8 tensor cores, int32 accumulation) on quantised inputs,
 bias + residual + LayerNorm, attention fp32 / fp16 / bf16, each 16-bit attention also through the opt-in
-tensor-core template; a symbolic-shape chain of dense → causal attention → LayerNorm through the
-Relax VM; the packed varlen attention) with ``export_library`` into ``DIR``, with each case's inputs and the
+tensor-core template, the split-K decode attention (one query row, GQA / MQA, padded pasts), and a symbolic
+attention whose one-row requests branch to it; a symbolic-shape chain of dense → causal attention → LayerNorm
+through the Relax VM; the packed varlen attention) with ``export_library`` into ``DIR``, with each case's inputs and the
 reference it must match (numpy in float64 on the values the GPU sees, or the CPU build for the VM chain) and a
 ``cases.json`` index. ``arch="llvm"`` builds the float32 cases for this CPU instead, so that the run side is
 exercised here by a runtime-only process before a GPU ever sees it. ``run`` needs only ``tvm.runtime``, numpy and
@@ -135,6 +136,71 @@ def int8_dense_cases():
     return cases
 
 
+def _decode_ref(q, k, v, mask, scale):
+    """softmax(scale · q kᵀ + mask) v for q [B, 1, H, D], k / v [B, T, Hkv, D] (K/V head ``h // group`` serves
+    query head h); every row here sees at least the new key."""
+    group = q.shape[2] // k.shape[2]
+    kk, vv = (np.repeat(a, group, axis=2) for a in (k, v))
+    s = np.einsum("bshd,bthd->bhst", q, kk) * scale + mask
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bhst,bthd->bshd", p, vv)
+
+
+def decode_attention_cases():
+    """The split-K decode attention (``tfx.decode_attention``, one query row per head, the CUDA template's tiles) in
+    the tuple form of :func:`_prim_cases`: P cached keys plus the new one at P = 0, 7, 129 (a padded and a
+    left-padded past from the mask) and 1000, MHA / GQA 4 / MQA, head dims 64 and 128, fp32 and fp16. The torch
+    peer is SDPA with one query row (K/V heads repeated for it)."""
+    from tvm_fusion_ext.schedules.cuda.decode_attention import cuda_decode_params
+
+    cases = []
+    # small enough to carry: the inputs travel as .npz (16-bit cases in 16 bits), under 1 MiB for all five
+    for dtype, B, H, HKV, P, D, pad in [("float16", 2, 4, 4, 0, 64, None), ("float32", 1, 8, 2, 7, 128, None),
+                                        ("float16", 2, 8, 2, 129, 128, "right"),
+                                        ("float32", 2, 8, 2, 129, 64, "left"), ("float16", 1, 8, 1, 1000, 64, None)]:
+        rng = np.random.default_rng(P + H)
+        q = rng.standard_normal((B, 1, H, D)).astype("float32")
+        k, v = (rng.standard_normal((B, P + 1, HKV, D)).astype("float32") for _ in range(2))
+        mask = np.zeros((B, 1, 1, P + 1), "float32")
+        for b in range(B if pad else 0):  # sequence b's past has (P * b) // (2 B) padding positions
+            n = (P * b) // (2 * B)
+            if n:
+                mask[b, ..., :n] = -np.inf if pad == "left" else 0.0
+                mask[b, ..., P - n:P] = -np.inf if pad == "right" else mask[b, ..., P - n:P]
+        scale = D ** -0.5
+        want = _decode_ref(*(_cast(a, dtype) for a in (q, k, v, mask)), scale)
+        tol = {"float32": 1e-4, "float16": 2e-2}[dtype]
+        cases.append((f"decode_attention_{dtype}_B{B}_H{H}_KV{HKV}_P{P}_D{D}{'_' + pad if pad else ''}",
+                      "fused_attention", "tfx.decode_attention",
+                      {n: (a.astype(dtype), dtype) for n, a in (("q", q), ("k", k), ("v", v), ("mask", mask))},
+                      cuda_decode_params({"scale": scale}, P + 1), q.shape, dtype, want, tol,
+                      {"op": "attention", "layout": "BSHD", "scale": scale}))
+    return cases
+
+
+def _decode_dispatch(target, out_dir):
+    """tests/opencl/test_simt_decode_dispatch.py as one VM library: a symbolic GQA attention whose one-row requests
+    take the decode kernels (the host's ``if rows == 1``), at several cache lengths and one prefill chunk."""
+    sys.path.insert(0, str(ROOT / "tests" / "compile"))
+    import test_decode_dispatch as helpers
+
+    from tvm_fusion_ext.compile.pipeline import compile_model
+
+    mod = helpers._module({"scale": 0.125, "causal": True})
+    compile_model(mod, target, fuse_graph=False).executable.export_library(str(out_dir / "decode_dispatch.so"))
+    entries = []
+    for batch, rows, past, pad in ((2, 1, 0, None), (1, 1, 7, None), (2, 1, 129, (0, 129)), (1, 1, 300, None),
+                                   (2, 5, 20, None)):
+        feeds = helpers._inputs(batch, rows, past, seed=past + rows, pad=pad)
+        want = helpers._reference(*feeds, 0.125)
+        name = f"decode_dispatch_b{batch}_rows{rows}_past{past}"
+        np.savez(out_dir / f"{name}.npz", want=np.asarray(want, "float32"),
+                 **{f"in{i}": a for i, a in enumerate(feeds)})
+        entries.append({"name": name, "kind": "vm", "library": "decode_dispatch.so", "tol": 1e-4})
+    return entries
+
+
 def _torch_int8_dense_peer(torch, spec, tensors):
     """What the int8 dense replaces: cuBLAS's fp16 ``linear`` (fp32 on a CPU rehearsal) of the same shape."""
     F = torch.nn.functional
@@ -230,12 +296,12 @@ def build(out_dir: Path, arch: str) -> None:
     cases = []
     from tvm_fusion_ext.schedules.cuda.attention_mma import OPT_IN
 
-    for case in _prim_cases() + int8_dense_cases():
+    for case in _prim_cases() + int8_dense_cases() + decode_attention_cases():
         if on_cpu and case[6] != "float32":
             continue  # the CPU rehearsal: the float32 cases exercise the same run-side code
         cases.append(_build_prim(case, target, out_dir))
         print("built", cases[-1]["name"], flush=True)
-        if not on_cpu and case[1] == "fused_attention" and case[6] != "float32":  # the opt-in tensor-core template too
+        if not on_cpu and case[2] == "tfx.attention" and case[6] != "float32":  # the opt-in tensor-core template too
             os.environ[OPT_IN] = "1"
             try:
                 cases.append(_build_prim((case[0] + "_mma",) + tuple(case[1:]), target, out_dir))
@@ -243,6 +309,7 @@ def build(out_dir: Path, arch: str) -> None:
                 del os.environ[OPT_IN]
             print("built", cases[-1]["name"], flush=True)
     cases += _symbolic_chain(target, out_dir)
+    cases += _decode_dispatch(target, out_dir)
     cases += _varlen(target, out_dir, dtypes=("float32",) if on_cpu else ("float32", "float16"))
     (out_dir / "cases.json").write_text(json.dumps({"arch": arch, "cases": cases}, indent=1))
     print(f"{len(cases)} cases in {out_dir}")

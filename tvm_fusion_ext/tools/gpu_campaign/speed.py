@@ -1,8 +1,10 @@
 """Kernel speed at real model sizes: each template's kernel alone, timed by TVM's ``time_evaluator`` (many calls per
 figure) against torch's kernel for the same op timed the same way (``torch.cuda.Event`` over a loop): fp16 dense at
 BERT-base and LLaMA-7B projection sizes vs cuBLAS (``F.linear``), attention S = 512…8192 at head dim 64 / 128,
-causal and not, vs SDPA (flash where torch picks it), LayerNorm / RMSNorm vs torch. Inputs are made on the device
-from a seed, so nothing but the libraries is carried; each row also says how far our output is from torch's.
+causal and not, vs SDPA (flash where torch picks it), LayerNorm / RMSNorm vs torch, the split-K decode attention
+(one query row, 32 heads on 8 K/V heads of 128, caches of 512…8192 keys, batch 1 and 8) vs SDPA with one row.
+Inputs are made on the device from a seed, so nothing but the libraries is carried; each row also says how far our
+output is from torch's.
 
 Build side: :func:`cases` and :func:`build` (the compiler). Run side: :func:`run` (tvm.runtime and torch only).
 """
@@ -19,8 +21,12 @@ DENSE_SHAPES = {"bert": [(768, 768), (3072, 768), (768, 3072)], "llama7b": [(409
 DENSE_ROWS = (16, 128, 512, 4096)
 ATTENTION = [(S, D, causal) for S in (512, 2048, 8192) for D in (64, 128) for causal in (False, True)]
 NORM_ROWS = 8192
+#: decode attention (one query row per head, split-K): (cached keys, batch) at LLaMA-7B-like heads, 32 query heads
+#: on 8 K/V heads of 128
+DECODE = [(P, B) for P in (512, 2048, 8192) for B in (1, 8)]
+DECODE_HEADS = (32, 8, 128)
 #: per part, the seconds a full run of it is expected to take on an H100/H200 (timing loops + library loads)
-EXPECTED_S = {"dense": 90, "attention": 150, "norms": 15}
+EXPECTED_S = {"dense": 90, "attention": 150, "norms": 15, "decode": 20}
 
 
 def cases(part: str, quick: bool = False) -> List[dict]:
@@ -54,8 +60,20 @@ def cases(part: str, quick: bool = False) -> List[dict]:
             out.append({"name": f"rmsnorm_f16_{rows}x{N}", "op": "fused_rmsnorm", "rule": "tfx.rmsnorm",
                         "inputs": {"x": x, "residual": x, "gamma": [[N], "float16"]},
                         "params": {"eps": 1e-6}, "out": x, "flops": 5 * rows * N, "torch": {"op": "rmsnorm"}})
+    elif part == "decode":
+        from tvm_fusion_ext.schedules.cuda.decode_attention import cuda_decode_params
+
+        H, HKV, D = (4, 2, 64) if quick else DECODE_HEADS
+        for P, B in ([(128, 1)] if quick else DECODE):
+            kv = [[B, P, HKV, D], "float16"]
+            out.append({"name": f"decode_attention_f16_P{P}_B{B}_H{H}_KV{HKV}_D{D}", "op": "fused_attention",
+                        "rule": "tfx.decode_attention",
+                        "inputs": {"q": [[B, 1, H, D], "float16"], "k": kv, "v": kv},
+                        "params": cuda_decode_params({"scale": D ** -0.5}, P), "out": [[B, 1, H, D], "float16"],
+                        "flops": 4 * B * H * P * D, "bytes": 2 * B * HKV * P * D * 2,
+                        "torch": {"op": "decode_attention"}})
     else:
-        raise ValueError(f"unknown speed part '{part}' (dense, attention, norms)")
+        raise ValueError(f"unknown speed part '{part}' (dense, attention, norms, decode)")
     return out
 
 
@@ -95,6 +113,15 @@ def _torch_peer(torch, spec, tensors, params):
     if spec["op"] == "attention":
         q, k, v = (t.transpose(1, 2) for t in tensors)  # BSHD views as BHSD, as a model hands them over
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=spec["causal"], scale=params["scale"])
+    if spec["op"] == "decode_attention":  # one query row against the cache; grouped K/V heads as SDPA takes them
+        q, k, v = (t.transpose(1, 2) for t in tensors)
+        group = q.shape[1] // k.shape[1]
+        try:
+            F.scaled_dot_product_attention(q, k, v, scale=params["scale"], enable_gqa=True)
+            return lambda: F.scaled_dot_product_attention(q, k, v, scale=params["scale"], enable_gqa=True)
+        except TypeError:  # a torch before 2.5: K/V heads repeated once, outside the timed call
+            k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+            return lambda: F.scaled_dot_product_attention(q, k, v, scale=params["scale"])
     if spec["op"] == "layernorm":
         x, r, g, b = tensors
         return lambda: F.layer_norm(x + r, (x.shape[-1],), g, b, params["eps"])
@@ -135,10 +162,13 @@ def run(in_dir: Path, tvm_dev, torch_device: str, torch_time) -> List[dict]:
             row["torch_s"] = torch_time(torch, peer, number=number)
             row["ours_over_torch"] = row["ours_s"] / row["torch_s"]
             want = peer().float()
-            if case["torch"]["op"] == "attention":
+            if case["torch"]["op"] in ("attention", "decode_attention"):
                 want = want.transpose(1, 2)
             row["max_abs_vs_torch"] = float((out.float() - want).abs().max())
             row["tflops"] = case["flops"] / row["ours_s"] / 1e12
+            if "bytes" in case:  # a memory-bound kernel (decode attention: the cache read once)
+                row["gbytes_per_s"] = case["bytes"] / row["ours_s"] / 1e9
+                row["torch_gbytes_per_s"] = case["bytes"] / row["torch_s"] / 1e9
         except Exception as e:  # noqa: BLE001  (recorded; the other cases still run)
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         rows.append(row)
