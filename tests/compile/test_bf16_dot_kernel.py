@@ -1,0 +1,123 @@
+"""The bf16 dot-product micro-kernel (schedules/cpu/dot_intrin.py: ``vdpbf16ps`` on k-pairs × 16 columns) on its
+own: a dense over bf16 weights packed in k-pair panels (the ``dot_panels`` layout of ops/dense_int8.py with
+group 2), scheduled here as the CPU template schedules the int8 one. Numerics of the loop nest against numpy on
+this host (its non-tensorized form), the instruction in the assembly for AVX512_BF16 CPUs (compiled here, run
+only where the host has it), and the target-feature choice."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir, te
+
+from tvm_fusion_ext.deploy import host
+from tvm_fusion_ext.ops.dense_int8 import pack_dot_panels
+from tvm_fusion_ext.schedules.cpu.dot_intrin import (
+    AVX512_BF16,
+    IMPORT_LLVM_KEY,
+    bf16_bits_to_float,
+    bf16_dot_kernel,
+    dpbf16ps_wrapper,
+    register,
+)
+from tvm_fusion_ext.targets import resolve_target
+
+FLAGS = host.cpu_flags() or set()
+HAS_BF16 = host.machine_arch() == "x86_64" and "avx512_bf16" in FLAGS
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+def _dense(M, K, N, nr=16):
+    """x (M, 2·ceil(K/2)) bf16 bits (zero past K), w dot_panels (N/nr, K/2, nr, 2) bf16 bits → fp32 (M, N/nr·nr)."""
+    kg = -(-K // 2)
+    x = te.placeholder((M, kg * 2), "uint16", name="x")
+    w = te.placeholder((-(-N // nr), kg, nr, 2), "uint16", name="w")
+    g = te.reduce_axis((0, kg), name="kg")
+    kk = te.reduce_axis((0, 2), name="kk")
+    out = te.compute((M, -(-N // nr) * nr), lambda i, j: te.sum(
+        bf16_bits_to_float(x[i, g * 2 + kk]) * bf16_bits_to_float(w[j // nr, g, j % nr, kk]), axis=[g, kk]),
+        name="dense")
+    return te.create_prim_func([x, w, out])
+
+
+def _schedule(func, tensorize: bool, mr=4, nr=16):
+    sch = s_tir.Schedule(func)
+    block = sch.get_sblock("dense")
+    i, j, g, kk = sch.get_loops(block)
+    i0, i1 = sch.split(i, [None, mr])
+    j0, j1 = sch.split(j, [None, nr])
+    sch.reorder(j0, i0, g, i1, j1, kk)
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, i0, preserve_unit_loops=True)
+    sch.parallel(j0)
+    sch.unroll(i1)
+    j1v, j1l = sch.split(j1, [None, AVX512_BF16.lanes])
+    sch.unroll(j1v)
+    init = sch.decompose_reduction(block, g)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.vectorize(sch.get_loops(acc)[-1])
+    if tensorize:
+        sch.tensorize(j1l, register(AVX512_BF16))
+        sch.annotate(j0, IMPORT_LLVM_KEY, dpbf16ps_wrapper(AVX512_BF16))
+    return sch.mod["main"]
+
+
+def _inputs(M, K, N, nr=16, seed=0):
+    rng = np.random.default_rng(seed)
+    xf = rng.standard_normal((M, K)).astype(np.float32)
+    wf = rng.standard_normal((K, N)).astype(np.float32)
+    kg = -(-K // 2)
+    x = np.zeros((M, kg * 2), np.uint16)
+    x[:, :K] = _bits(xf)
+    w = pack_dot_panels(_bits(wf), nr, 2)
+    ref = xf.astype(ml_dtypes.bfloat16).astype(np.float64) @ wf.astype(ml_dtypes.bfloat16).astype(np.float64)
+    return x, w, ref
+
+
+def _run(func, target, M, K, N):
+    x, w, ref = _inputs(M, K, N)
+    lib = tvm.tirx.build(func, target=target)
+    out = tvm.runtime.tensor(np.zeros((M, w.shape[0] * w.shape[2]), np.float32))
+    lib(tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    return out.numpy()[:, :N], ref
+
+
+def _asm(func, mcpu):
+    return tvm.tirx.build(func, target=resolve_target(f"llvm:{mcpu}")).inspect_source("asm")
+
+
+@pytest.mark.parametrize("mcpu,kernel", [("znver4", AVX512_BF16), ("sapphirerapids", AVX512_BF16),
+                                         ("cooperlake", AVX512_BF16), ("icelake-server", None),
+                                         ("znver3", None), ("x86-64", None)])
+def test_kernel_follows_the_targets_features(mcpu, kernel):
+    assert bf16_dot_kernel(resolve_target(f"llvm:{mcpu}")) == kernel
+
+
+@pytest.mark.parametrize("mcpu", ["znver4", "sapphirerapids"])
+def test_vdpbf16ps_is_in_the_assembly(mcpu):
+    """Compiled for AVX512_BF16 CPUs (run nowhere here): the k-pair × 16-column step is one ``vdpbf16ps``."""
+    asm = _asm(_schedule(_dense(8, 37, 40), tensorize=True), mcpu)
+    lines = [line for line in asm.splitlines() if "vdpbf16ps" in line.split()]
+    assert lines and all("%zmm" in line for line in lines), lines[:4]
+
+
+@pytest.mark.parametrize("M,K,N", [(8, 37, 40), (4, 13, 100), (12, 64, 48), (4, 3, 9)])
+def test_the_loop_nest_matches_numpy(M, K, N):
+    """The layout and the intrinsic's description, not tensorized (any host): K odd (a zero k past it), N not a
+    multiple of the panel. Products of bfloat16 are exact in fp32; the sums differ from float64 by rounding."""
+    out, ref = _run(_schedule(_dense(M, K, N), tensorize=False), resolve_target("llvm"), M, K, N)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4 * np.sqrt(K))
+
+
+@pytest.mark.skipif(not HAS_BF16, reason="this CPU lacks avx512_bf16 (reads /proc/cpuinfo)")
+@pytest.mark.parametrize("M,K,N", [(8, 37, 40), (4, 13, 100), (12, 64, 48)])
+def test_vdpbf16ps_kernel_matches_numpy(M, K, N):
+    """vdpbf16ps adds each pair with round-to-nearest-even and flushes denormals: equal to the fp32 loop to a few
+    ulps on normal values."""
+    out, ref = _run(_schedule(_dense(M, K, N), tensorize=True), resolve_target("llvm"), M, K, N)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4 * np.sqrt(K))
