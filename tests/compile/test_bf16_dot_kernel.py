@@ -121,3 +121,114 @@ def test_vdpbf16ps_kernel_matches_numpy(M, K, N):
     ulps on normal values."""
     out, ref = _run(_schedule(_dense(M, K, N), tensorize=True), resolve_target("llvm"), M, K, N)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4 * np.sqrt(K))
+
+
+# --- the bf16 precision's dense through the compile path -------------------------------------------------------
+
+def _model(rows, K, N, act="gelu", seed=0, transpose_b=False):
+    import math
+
+    from tvm import relax
+
+    from tvm_fusion_ext.ops.registry import call_op
+
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((K, N)) / math.sqrt(K)).astype("float32")
+    b = rng.standard_normal(N).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((*rows, K), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            given = {"x": x, "w": relax.const(np.ascontiguousarray(w.T) if transpose_b else w),
+                     "bias": relax.const(b)}
+            d = bb.emit(call_op(bb, "fused_dense", given, {"act": act, "transpose_b": transpose_b}))
+            out = bb.emit_output(d)
+        bb.emit_func_output(out)
+    return bb.get(), w, b
+
+
+def _bf16_reference(x, w, b, act):
+    from tvm_fusion_ext.testing import numpy_activation
+
+    xb = x.astype(ml_dtypes.bfloat16).astype(np.float64)
+    wb = w.astype(ml_dtypes.bfloat16).astype(np.float64)
+    return numpy_activation(xb @ wb + b, act)
+
+
+@pytest.mark.parametrize("mcpu", ["znver4", "sapphirerapids"])
+def test_bf16_precision_multiplies_with_vdpbf16ps_and_records_it(mcpu):
+    from tvm_fusion_ext.compile import compile_model
+
+    mod, _, _ = _model((2, 8), 101, 80, transpose_b=True)  # K odd, N not a panel multiple, an (N, K) weight
+    compiled = compile_model(mod, resolve_target(f"llvm:{mcpu}"), fuse_graph=False, precision="bf16")
+    asm = compiled.executable.mod.imports[0].inspect_source("asm")
+    lines = [line for line in asm.splitlines() if "vdpbf16ps" in line.split()]
+    assert lines and all("%zmm" in line for line in lines), lines[:4]
+    assert compiled.precision.features == ["avx2", "fma", "avx512f", "avx512bf16"]
+
+
+def test_without_avx512_bf16_the_weights_are_widened_and_no_dot_feature_is_recorded():
+    from tvm_fusion_ext.compile import compile_model
+    from tvm_fusion_ext.compile.precision import target_features
+
+    for mcpu in ("icelake-server", "znver3"):
+        target = resolve_target(f"llvm:{mcpu}")
+        compiled = compile_model(_model((4,), 16, 32)[0], target, fuse_graph=False, precision="bf16")
+        assert "vdpbf16ps" not in compiled.executable.mod.imports[0].inspect_source("asm")
+        assert "avx512bf16" not in compiled.precision.features
+        assert "avx512bf16" not in target_features(target, "bf16")
+
+
+def _bits_module(rows, K, N, nr=16, act="gelu", seed=0):
+    """fused_dense on bf16 bit patterns with a dot_panels weight, as the bf16 precision hands it to an AVX512_BF16
+    target, built here for this host: the template declines the layout (no vdpbf16ps) and the fallback runs the
+    operator's own loop nest."""
+    from tvm import relax
+
+    from tvm_fusion_ext.ops.registry import call_op
+
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((K, N)).astype("float32") / np.sqrt(K)
+    b = rng.standard_normal(N).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((*rows, K), "uint16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            given = {"x": x, "w": relax.const(pack_dot_panels(_bits(w), nr, 2)), "bias": relax.const(b)}
+            d = bb.emit(call_op(bb, "fused_dense", given, {"act": act, "w_layout": "dot_panels",
+                                                            "out_features": N, "row_block": 4}))
+            out = bb.emit_output(d)
+        bb.emit_func_output(out)
+    return bb.get(), w, b
+
+
+@pytest.mark.parametrize("rows,K,N", [((13,), 37, 40), ((2, 3), 24, 48), ((1,), 3, 9), ("sym", 41, 33)])
+def test_dot_panels_layout_matches_numpy_on_this_host(rows, K, N):
+    from tvm import relax, tirx
+
+    from tvm_fusion_ext.compile import compile_model
+
+    module_rows, run_rows = ((2, tirx.Var("seq", "int64")), (2, 7)) if rows == "sym" else (rows, rows)
+    mod, w, b = _bits_module(module_rows, K, N)
+    compiled = compile_model(mod, resolve_target("llvm"), fuse_graph=False)
+    xf = np.random.default_rng(2).standard_normal((*run_rows, K)).astype("float32")
+    vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(_bits(xf))).numpy()
+    np.testing.assert_allclose(out, _bf16_reference(xf, w, b, "gelu"), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not HAS_BF16, reason="this CPU lacks avx512_bf16 (reads /proc/cpuinfo)")
+@pytest.mark.parametrize("rows,K,N", [((13,), 37, 40), ((2, 3), 24, 48), ("sym", 41, 33)])
+def test_bf16_precision_on_vdpbf16ps_matches_numpy(rows, K, N):
+    from tvm import relax, tirx
+
+    from tvm_fusion_ext.compile import compile_model
+
+    module_rows, run_rows = ((2, tirx.Var("seq", "int64")), (2, 7)) if rows == "sym" else (rows, rows)
+    mod, w, b = _model(module_rows, K, N)
+    compiled = compile_model(mod, resolve_target("llvm"), fuse_graph=False, precision="bf16")
+    assert "vdpbf16ps" in compiled.executable.mod.imports[0].inspect_source("asm")
+    x = np.random.default_rng(2).standard_normal((*run_rows, K)).astype("float32")
+    vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(out, _bf16_reference(x, w, b, "gelu"), rtol=1e-4, atol=1e-4)
