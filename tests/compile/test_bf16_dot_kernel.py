@@ -155,16 +155,45 @@ def _bf16_reference(x, w, b, act):
     return numpy_activation(xb @ wb + b, act)
 
 
-@pytest.mark.parametrize("mcpu", ["znver4", "sapphirerapids"])
-def test_bf16_precision_multiplies_with_vdpbf16ps_and_records_it(mcpu):
+@pytest.mark.parametrize("mcpu,rows", [("znver4", (2, 8)), ("sapphirerapids", (2, 8)), ("znver4", "sym")])
+def test_bf16_precision_multiplies_with_vdpbf16ps_and_records_it(mcpu, rows):
+    from tvm import tirx
+
     from tvm_fusion_ext.compile import compile_model
 
-    mod, _, _ = _model((2, 8), 101, 80, transpose_b=True)  # K odd, N not a panel multiple, an (N, K) weight
+    rows = (2, tirx.Var("seq", "int64")) if rows == "sym" else rows
+    mod, _, _ = _model(rows, 101, 80, transpose_b=True)  # K odd, N not a panel multiple, an (N, K) weight
     compiled = compile_model(mod, resolve_target(f"llvm:{mcpu}"), fuse_graph=False, precision="bf16")
     asm = compiled.executable.mod.imports[0].inspect_source("asm")
     lines = [line for line in asm.splitlines() if "vdpbf16ps" in line.split()]
     assert lines and all("%zmm" in line for line in lines), lines[:4]
     assert compiled.precision.features == ["avx2", "fma", "avx512f", "avx512bf16"]
+
+
+def test_every_dense_of_a_module_links_the_bitcast_wrapper():
+    """Each dense function carries the LLVM IR wrapper; two in one module link (the imported definitions are
+    available_externally, inlined and dropped)."""
+    from tvm import relax
+
+    from tvm_fusion_ext.compile import compile_model
+    from tvm_fusion_ext.ops.registry import call_op
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = x
+            for k, n in ((64, 96), (96, 64)):
+                given = {"x": h, "w": relax.const(rng.standard_normal((k, n)).astype("float32")),
+                         "bias": relax.const(np.zeros(n, "float32"))}
+                h = bb.emit(call_op(bb, "fused_dense", given, {"act": "gelu"}))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    compiled = compile_model(bb.get(), resolve_target("llvm:znver4"), fuse_graph=False, precision="bf16")
+    asm = compiled.executable.mod.imports[0].inspect_source("asm")
+    assert compiled.precision.converted == {"fused_dense": 2}
+    assert "vdpbf16ps" in asm and "tfx_dot_16x2_bf16_dpbf16ps512" not in asm  # inlined, no call left
 
 
 def test_without_avx512_bf16_the_weights_are_widened_and_no_dot_feature_is_recorded():
