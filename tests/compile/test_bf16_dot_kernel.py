@@ -261,3 +261,30 @@ def test_bf16_precision_on_vdpbf16ps_matches_numpy(rows, K, N):
     vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(out, _bf16_reference(x, w, b, "gelu"), rtol=1e-4, atol=1e-4)
+
+
+def test_a_tuning_record_of_the_template_replays_to_vdpbf16ps_and_other_cpus_decline_it():
+    """The template's trace (what a tuning record stores) names the intrinsic and carries the LLVM IR import;
+    replayed from its JSON on a fresh schedule it builds to the instruction. A CPU without AVX512_BF16 declines the
+    layout in one line."""
+    import json
+
+    from tvm_fusion_ext.ops.dense import fused_dense
+    from tvm_fusion_ext.schedules.cpu.dense import DenseCPU
+
+    params = {"act": "gelu", "w_layout": "dot_panels", "out_features": 40, "row_block": 8, "row_clamp": "min"}
+    x = te.placeholder((16, 37), "uint16", name="x")
+    w = te.placeholder((3, 19, 16, 2), "uint16", name="w")
+    func = te.create_prim_func([x, w, fused_dense(x, w, None, **params)]).with_attr("tfx.params", json.dumps(params))
+    target = resolve_target("llvm:znver4")
+    sch = s_tir.Schedule(func)
+    assert DenseCPU().decline(sch, sch.get_sblock("dense"), target) is None
+    DenseCPU().schedule(sch, sch.get_sblock("dense"), target)
+    record = str(tvm.ir.save_json(sch.trace.as_json()))
+    assert AVX512_BF16.name in record and IMPORT_LLVM_KEY in record
+    replayed = s_tir.Schedule(func)
+    s_tir.schedule.Trace.apply_json_to_schedule(tvm.ir.load_json(record), replayed)
+    assert "vdpbf16ps" in tvm.tirx.build(replayed.mod["main"], target=target).inspect_source("asm")
+    here = s_tir.Schedule(func)
+    reason = DenseCPU().decline(here, here.get_sblock("dense"), resolve_target("llvm:znver3"))
+    assert reason and "no bf16 dot-product instruction" in reason
