@@ -1,4 +1,4 @@
-"""x86 dot-product tensor intrinsics for the int8 dense micro-kernel, and which one a target gets.
+"""x86 dot-product tensor intrinsics for the int8 and bf16 dense micro-kernels, and which one a target gets.
 
 Each intrinsic computes ``C[l] += sum_g int32(A[g]) * int32(B[l, g])`` for ``lanes`` int32 accumulators and a
 group of ``group`` consecutive k: ``A`` (``group`` u8 activations of one row) is broadcast to every lane, ``B`` is
@@ -18,6 +18,12 @@ for bit:
     Runtime's ``reduce_range`` gives up; it is not used.
 ``avx512_vnni`` (16 lanes, quads) / ``avx_vnni`` (8 lanes, quads)
     ``vpdpbusd``: u8 × s8 quads summed into int32 with no intermediate rounding or saturation.
+
+``avx512_bf16`` (16 lanes, pairs; bf16 precision)
+    ``vdpbf16ps``: ``C[l] += A[0]·B[l, 0] + A[1]·B[l, 1]`` in fp32, the operands bfloat16 (stored as their uint16
+    bit patterns, the pair of activations one 32-bit broadcast). The products are exact; the instruction rounds
+    the sum to nearest even and flushes denormals, so it matches the widen + FMA loop to a few ulps, not bit for
+    bit. Its bfloat16 operands are typed in LLVM IR linked into the function (:func:`dpbf16ps_wrapper`).
 
 Registered once per process, under names that say the instruction.
 """
