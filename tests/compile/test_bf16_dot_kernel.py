@@ -117,8 +117,8 @@ def test_the_loop_nest_matches_numpy(M, K, N):
 @pytest.mark.skipif(not HAS_BF16, reason="this CPU lacks avx512_bf16 (reads /proc/cpuinfo)")
 @pytest.mark.parametrize("M,K,N", [(8, 37, 40), (4, 13, 100), (12, 64, 48)])
 def test_vdpbf16ps_kernel_matches_numpy(M, K, N):
-    """vdpbf16ps adds each pair with round-to-nearest-even and flushes denormals: equal to the fp32 loop to a few
-    ulps on normal values."""
+    """vdpbf16ps adds a pair's odd k first and flushes denormals: equal to the fp32 loop to a few ulps on normal
+    values."""
     out, ref = _run(_schedule(_dense(M, K, N), tensorize=True), resolve_target("llvm"), M, K, N)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4 * np.sqrt(K))
 

@@ -15,10 +15,10 @@ projection included) multiplies with ``vdpbf16ps``: the activation is stored as 
 k-pairs × 16 columns (``dot_panels``, ops/dense.py), and each instruction adds 16 columns' pair products into
 fp32 accumulators (schedules/cpu/dot_intrin.py). Elsewhere, and for the gated dense everywhere, the kernel
 widens each weight vector in registers (bf16 → fp32 is a 16-bit shift: ``vpmovzxwd`` + ``vpslld`` on AVX2) and
-accumulates with fp32 FMAs. The product of two bfloat16 values is exact in fp32 in both; they differ in the
-sums: ``vdpbf16ps`` adds a pair of products and the accumulator with round-to-nearest-even and flushes denormal
-inputs and results to zero, the FMA path rounds after each product's addition and keeps denormals, so results
-agree to a few ulps of the accumulator (denormal-sized values aside). TVM 0.27 cannot type the instruction's
+accumulates with fp32 FMAs. The product of two bfloat16 values is exact in fp32 in both, and both round each
+addition to the accumulator to nearest even; they differ in order and denormals: ``vdpbf16ps`` adds a pair's odd
+k before its even one and treats denormal inputs and results as zero, the FMA loop adds in k order and keeps
+denormals, so results agree to a few ulps of the accumulator (denormal-sized values aside). TVM 0.27 cannot type the instruction's
 ``<32 x bfloat>`` operands (its BF16 legalisation turns bfloat16 values into float32 or uint16, and LLVM rejects
 the call), so the bitcast is a few lines of LLVM IR linked into the module (:func:`~..schedules.cpu.dot_intrin
 .dpbf16ps_wrapper`). AMX is not used.

@@ -21,9 +21,9 @@ for bit:
 
 ``avx512_bf16`` (16 lanes, pairs; bf16 precision)
     ``vdpbf16ps``: ``C[l] += A[0]·B[l, 0] + A[1]·B[l, 1]`` in fp32, the operands bfloat16 (stored as their uint16
-    bit patterns, the pair of activations one 32-bit broadcast). The products are exact; the instruction rounds
-    the sum to nearest even and flushes denormals, so it matches the widen + FMA loop to a few ulps, not bit for
-    bit. Its bfloat16 operands are typed in LLVM IR linked into the function (:func:`dpbf16ps_wrapper`).
+    bit patterns, the pair of activations one 32-bit broadcast). The products are exact; the instruction adds
+    the odd k's before the even k's, each addition rounded to nearest even, and treats denormals as zero, so it
+    matches the widen + FMA loop (k in order, denormals kept) to a few ulps, not bit for bit. Its bfloat16 operands are typed in LLVM IR linked into the function (:func:`dpbf16ps_wrapper`).
 
 Registered once per process, under names that say the instruction.
 """
@@ -219,8 +219,8 @@ IMPORT_LLVM_KEY = "pragma_import_llvm"
 def _bf16_prim_funcs(kernel: DotKernel):
     """``C[l] += float(A[k]) * float(B[l, k])`` over a pair of k, the operands bfloat16 bit patterns in uint16
     (no bfloat16 value in TIR: see :func:`dpbf16ps_wrapper`). The products of two bfloat16 are exact in fp32; the
-    instruction adds the pair with round-to-nearest-even and treats denormal inputs and outputs as zero, so its
-    sums can differ from the widen + FMA loop's in the last bit (and where a value is an fp32 denormal)."""
+    instruction adds the pair's odd k first and treats denormal inputs and outputs as zero, so its sums can differ
+    from this description's (k in order) in the last bits, and where a value is an fp32 denormal."""
     from tvm.script import tirx as T
 
     lanes, group = kernel.lanes, kernel.group
