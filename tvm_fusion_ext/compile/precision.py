@@ -6,22 +6,22 @@ fused QKV projection included: it is one ``fused_dense`` on the concatenated wei
 whose weight is a compile-time constant. Norms, softmax, attention's matmuls, residual adds and the model's
 outputs stay fp32.
 
-``bf16``: the weight is stored as bfloat16 (half the bytes streamed per call) and the activation entering the
-kernel is rounded to bfloat16 (:func:`round_to_bf16`, an elementwise kernel in front of the call; FuseOps joins
-it to an elementwise producer, not to a fused layer norm or dense: MiniLM at 8 × 128 spends ~6 % of its call in
-them). Where the target has AVX512_BF16 (Zen 4, Cooper Lake, Sapphire Rapids and later) the dense (the fused QKV
-projection included) multiplies with ``vdpbf16ps``: the activation is stored as bfloat16 bit patterns
+``bf16``: the weight is stored as bfloat16 (half the bytes streamed per call) and the activation entering the kernel
+is rounded to bfloat16 (:func:`round_to_bf16`, an elementwise kernel in front of the call; FuseOps joins it to an
+elementwise producer, not to a fused layer norm or dense: MiniLM at 8 × 128 spends ~6 % of its call in them). Where
+the target has AVX512_BF16 (Zen 4, Cooper Lake, Sapphire Rapids and later) the dense (the fused QKV projection
+included) multiplies with ``vdpbf16ps``: the activation is stored as bfloat16 bit patterns
 (:func:`round_to_bf16_bits`, uint16: a pair of k is one 32-bit broadcast), the weight packed at compile time in
-k-pairs × 16 columns (``dot_panels``, ops/dense.py), and each instruction adds 16 columns' pair products into
-fp32 accumulators (schedules/cpu/dot_intrin.py). Elsewhere, and for the gated dense everywhere, the kernel
-widens each weight vector in registers (bf16 → fp32 is a 16-bit shift: ``vpmovzxwd`` + ``vpslld`` on AVX2) and
-accumulates with fp32 FMAs. The product of two bfloat16 values is exact in fp32 in both, and both round each
-addition to the accumulator to nearest even; they differ in order and denormals: ``vdpbf16ps`` adds a pair's odd
-k before its even one and treats denormal inputs and results as zero, the FMA loop adds in k order and keeps
-denormals, so results agree to a few ulps of the accumulator (denormal-sized values aside). TVM 0.27 cannot type the instruction's
-``<32 x bfloat>`` operands (its BF16 legalisation turns bfloat16 values into float32 or uint16, and LLVM rejects
-the call), so the bitcast is a few lines of LLVM IR linked into the module (:func:`~..schedules.cpu.dot_intrin
-.dpbf16ps_wrapper`). AMX is not used.
+k-pairs × 16 columns (``dot_panels``, ops/dense.py), and each instruction adds 16 columns' pair products into fp32
+accumulators (schedules/cpu/dot_intrin.py). Elsewhere, and for the gated dense everywhere, the kernel widens each
+weight vector in registers (bf16 → fp32 is a 16-bit shift: ``vpmovzxwd`` + ``vpslld`` on AVX2) and accumulates with
+fp32 FMAs. The product of two bfloat16 values is exact in fp32 in both, and both round each addition to the
+accumulator to nearest even; they differ in order and denormals: ``vdpbf16ps`` adds a pair's odd k before its even
+one and treats denormal inputs and results as zero, the FMA loop adds in k order and keeps denormals, so results
+agree to a few ulps of the accumulator (denormal-sized values aside). TVM 0.27 cannot type the instruction's
+``<32 x bfloat>`` operands (its BF16 legalisation turns bfloat16 values into float32 or uint16, and LLVM rejects the
+call), so the bitcast is a few lines of LLVM IR linked into the module (schedules/cpu/dot_intrin.py,
+``dpbf16ps_wrapper``). AMX is not used.
 
 ``int8``: dynamic quantisation (:mod:`..ops.dense_int8`): weights int8 symmetric per output channel, activations
 uint8 asymmetric per row (token), quantised at run time by a small stock kernel in front of the dense (the

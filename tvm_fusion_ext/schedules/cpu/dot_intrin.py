@@ -23,7 +23,8 @@ for bit:
     ``vdpbf16ps``: ``C[l] += A[0]·B[l, 0] + A[1]·B[l, 1]`` in fp32, the operands bfloat16 (stored as their uint16
     bit patterns, the pair of activations one 32-bit broadcast). The products are exact; the instruction adds
     the odd k's before the even k's, each addition rounded to nearest even, and treats denormals as zero, so it
-    matches the widen + FMA loop (k in order, denormals kept) to a few ulps, not bit for bit. Its bfloat16 operands are typed in LLVM IR linked into the function (:func:`dpbf16ps_wrapper`).
+    matches the widen + FMA loop (k in order, denormals kept) to a few ulps, not bit for bit. Its bfloat16
+    operands are typed in LLVM IR linked into the function (:func:`dpbf16ps_wrapper`).
 
 Registered once per process, under names that say the instruction.
 """
