@@ -105,7 +105,8 @@ def test_bad_precision_flags_are_one_line(tmp_path, capsys, argv, message):
 
 
 def test_bf16_artifact_for_a_wider_cpu_is_refused_here_in_one_line(tmp_path, capsys):
-    """An AVX-512 bf16 build (Zen 4) records the features its kernels use; a CPU without them refuses it at load."""
+    """An AVX-512 bf16 build (Zen 4) records the features its kernels use (its dense multiplies with
+    ``vdpbf16ps``: avx512bf16); a CPU without them refuses it at load."""
     from tvm_fusion_ext.deploy import host
 
     flags = host.cpu_flags()
@@ -117,7 +118,7 @@ def test_bf16_artifact_for_a_wider_cpu_is_refused_here_in_one_line(tmp_path, cap
     from tvm_fusion_ext.compile.artifact import compile_artifact
 
     manifest = compile_artifact(model, str(out), target="llvm:znver4", precision="bf16")
-    assert manifest["precision"]["features"] == ["avx2", "fma", "avx512f"]
+    assert manifest["precision"]["features"] == ["avx2", "fma", "avx512f", "avx512bf16"]
     assert "accuracy against fp32 not measured: no sample inputs" in manifest["precision"]["notes"]
     np.savez(tmp_path / "x.npz", x=np.zeros((1, 5, 32), np.float32))
     code = main(["run", str(out), "--inputs", str(tmp_path / "x.npz"), "--output", str(tmp_path / "y.npz")])

@@ -6,12 +6,22 @@ fused QKV projection included: it is one ``fused_dense`` on the concatenated wei
 whose weight is a compile-time constant. Norms, softmax, attention's matmuls, residual adds and the model's
 outputs stay fp32.
 
-``bf16``: the weight is stored as bfloat16 (half the bytes streamed per call) and the activation entering the
-kernel is rounded to bfloat16 (:func:`round_to_bf16`, an elementwise kernel in front of the call; FuseOps joins
-it to an elementwise producer, not to a fused layer norm or dense: MiniLM at 8 × 128 spends ~6 % of its call in
-them). The kernel widens each weight vector in registers (bf16 → fp32 is a 16-bit shift: ``vpmovzxwd`` +
-``vpslld`` on AVX2) and accumulates in fp32; the product of two bfloat16 values is exact in fp32, so this is the
-arithmetic of a bf16 dot-product instruction (``vdpbf16ps``), on any x86 with AVX2.
+``bf16``: the weight is stored as bfloat16 (half the bytes streamed per call) and the activation entering the kernel
+is rounded to bfloat16 (:func:`round_to_bf16`, an elementwise kernel in front of the call; FuseOps joins it to an
+elementwise producer, not to a fused layer norm or dense: MiniLM at 8 × 128 spends ~6 % of its call in them). Where
+the target has AVX512_BF16 (Zen 4, Cooper Lake, Sapphire Rapids and later) the dense (the fused QKV projection
+included) multiplies with ``vdpbf16ps``: the activation is stored as bfloat16 bit patterns
+(:func:`round_to_bf16_bits`, uint16: a pair of k is one 32-bit broadcast), the weight packed at compile time in
+k-pairs × 16 columns (``dot_panels``, ops/dense.py), and each instruction adds 16 columns' pair products into fp32
+accumulators (schedules/cpu/dot_intrin.py). Elsewhere, and for the gated dense everywhere, the kernel widens each
+weight vector in registers (bf16 → fp32 is a 16-bit shift: ``vpmovzxwd`` + ``vpslld`` on AVX2) and accumulates with
+fp32 FMAs. The product of two bfloat16 values is exact in fp32 in both, and both round each addition to the
+accumulator to nearest even; they differ in order and denormals: ``vdpbf16ps`` adds a pair's odd k before its even
+one and treats denormal inputs and results as zero, the FMA loop adds in k order and keeps denormals, so results
+agree to a few ulps of the accumulator (denormal-sized values aside). TVM 0.27 cannot type the instruction's
+``<32 x bfloat>`` operands (its BF16 legalisation turns bfloat16 values into float32 or uint16, and LLVM rejects the
+call), so the bitcast is a few lines of LLVM IR linked into the module (schedules/cpu/dot_intrin.py,
+``dpbf16ps_wrapper``). AMX is not used.
 
 ``int8``: dynamic quantisation (:mod:`..ops.dense_int8`): weights int8 symmetric per output channel, activations
 uint8 asymmetric per row (token) (the ONNX Runtime ``quantize_dynamic`` scheme, whose activations are
@@ -52,15 +62,16 @@ GPU_PRECISIONS = {"cuda": ("fp32", "bf16", "int8")}
 #: LLVM features the kernels of each precision are built on, recorded when the target has them. int8's dense
 #: kernel multiplies with the target's dot-product instruction (schedules/cpu/dot_intrin.py, tensorized: LLVM
 #: does not form these from a loop nest): ``vpdpbusd`` where the target has AVX512-VNNI (512-bit) or AVX-VNNI
-#: (256-bit), else AVX2's ``vpmaddwd``; only the one it uses is recorded. bf16 widens its weights in registers
-#: and multiplies with fp32 FMAs on every x86 host (``vdpbf16ps`` is not used). AMX is not used.
+#: (256-bit), else AVX2's ``vpmaddwd``; only the one it uses is recorded. bf16's dense multiplies with
+#: ``vdpbf16ps`` where the target has AVX512_BF16 (recorded as ``avx512bf16``), else it widens its weights in
+#: registers and multiplies with fp32 FMAs. AMX is not used.
 PRECISION_FEATURES = {
     "fp32": ("avx2", "fma", "avx512f"),
-    "bf16": ("avx2", "fma", "avx512f"),
+    "bf16": ("avx2", "fma", "avx512f", "avx512bf16"),
     "int8": ("avx2", "avx512f", "avx512bw", "avx512vnni", "avxvnni"),
 }
 #: features recorded only when the precision's kernel uses them (the target may have several)
-DOT_PRODUCT_FEATURES = ("avx512vnni", "avxvnni")
+DOT_PRODUCT_FEATURES = ("avx512vnni", "avxvnni", "avx512bf16")
 
 
 def check_precision(precision: Optional[str]) -> str:
@@ -127,14 +138,20 @@ def target_features(target: tvm.target.Target, precision: str) -> List[str]:
 
         kernel = int8_dot_kernel(target)
         used = set(kernel.features) if kernel is not None else set()
+    if precision == "bf16":
+        from ..schedules.cpu.dot_intrin import bf16_dot_kernel
+
+        kernel = bf16_dot_kernel(target)
+        used = set(kernel.features) if kernel is not None else set()
     return [f for f in PRECISION_FEATURES[precision] if f in have and (f not in DOT_PRODUCT_FEATURES or f in used)]
 
 
 @relax.expr_functor.mutator
 class _LowerPrecision(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, precision: str, report: PrecisionReport, ranges=None,
-                 for_cuda: bool = False, x_dtype: str = "uint8"):
+                 for_cuda: bool = False, x_dtype: str = "uint8", bf16_dot: bool = False):
         super().__init__(mod)
+        self.bf16_dot = bf16_dot  # the target's dense multiplies bf16 pairs (vdpbf16ps): bit-pattern operands
         self.mod = mod
         self.x_dtype = x_dtype
         self.precision = precision
@@ -184,6 +201,15 @@ class _LowerPrecision(relax.PyExprMutator):
             # and output as on the CPU
             x = self.builder_.emit(relax.op.astype(inputs["x"], "bfloat16"))
             params = dict(params, out_dtype="float32")
+        elif self.bf16_dot and op == "fused_dense":
+            # the operands of vdpbf16ps: bfloat16 bit patterns (uint16), the weight (K, N); the CPU template packs
+            # it in k-pairs (schedules/cpu/dense.py)
+            x = self.builder_.emit_te(round_to_bf16_bits, inputs["x"], primfunc_name_hint="round_to_bf16_bits")
+            w = w.T if bool(params.get("transpose_b", False)) else w
+            params = dict(params, transpose_b=False) if "transpose_b" in params else params
+            given = dict(inputs, x=x, w=relax.const(np.ascontiguousarray(w).astype(ml_dtypes.bfloat16)
+                                                    .view(np.uint16)))
+            return call_op(self.builder_, op, given, params)
         else:
             x = self.builder_.emit_te(round_to_bf16, inputs["x"], primfunc_name_hint="round_to_bf16")
         given = dict(inputs, x=x, w=relax.const(w.astype(ml_dtypes.bfloat16)))
@@ -231,6 +257,20 @@ def round_to_bf16(x):
     return te.compute(x.shape, rounded, name="round_to_bf16")
 
 
+def round_to_bf16_bits(x):
+    """TE: float32 values rounded to the nearest bfloat16 (ties to even, as :func:`round_to_bf16`), as their bit
+    patterns (uint16): the activation operand of the ``vdpbf16ps`` dense (bfloat16 values themselves would go
+    through TVM's bf16 legalisation, see the module docstring)."""
+    from tvm import te, tirx
+
+    def rounded(*idx):
+        u = tirx.reinterpret("uint32", x(*idx))
+        lsb = (u >> tirx.const(16, "uint32")) & tirx.const(1, "uint32")
+        return ((u + tirx.const(0x7FFF, "uint32") + lsb) >> tirx.const(16, "uint32")).astype("uint16")
+
+    return te.compute(x.shape, rounded, name="round_to_bf16_bits")
+
+
 def quantize_rows(bb: relax.BlockBuilder, x: relax.Expr, dtype: str = "uint8", smooth: Optional[relax.Expr] = None,
                   fused: bool = False):
     """Per-row (last axis) asymmetric uint8 quantisation, ONNX ``DynamicQuantizeLinear``'s arithmetic per row:
@@ -276,7 +316,8 @@ def LowerPrecision(precision: str, report: Optional[PrecisionReport] = None,  # 
         if precision == "fp32":
             return mod
         x_dtype = "uint8" if for_cuda else int8_activation_dtype(target)
-        mutator = _LowerPrecision(mod, precision, report, ranges, for_cuda, x_dtype)
+        mutator = _LowerPrecision(mod, precision, report, ranges, for_cuda, x_dtype,
+                                  bf16_dot=not for_cuda and bf16_dot_kernel(target) is not None)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 mutator.builder_.update_func(gv, mutator.visit_expr(func))
@@ -317,6 +358,13 @@ def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target
         else:
             report.notes.append("activation smoothing off: no calibration inputs (calibration=, --calibration)")
     return LowerPrecision(precision, report, ranges, for_cuda=info.kind == "cuda", target=target)(mod), report
+
+
+def bf16_dot_kernel(target: Optional[tvm.target.Target]):
+    """The target's bf16 dot-product kernel (``vdpbf16ps``), or None."""
+    from ..schedules.cpu.dot_intrin import bf16_dot_kernel as kernel
+
+    return kernel(target) if target is not None else None
 
 
 def int8_activation_dtype(target: Optional[tvm.target.Target]) -> str:

@@ -15,6 +15,12 @@ wasted FMAs, no out-of-bounds read), and the epilogue writes only the real rows.
 its accumulator tile out of registers. On CPU a request of fewer rows than the tile runs a copy of the kernel
 built with a thinner ``row_block`` (:mod:`..compile.variants.short_rows`), not 8 padded rows. ``row_clamp`` says how a
 padding row is clamped to the last real one (:func:`real_row`).
+
+uint16 ``x`` and ``w`` are bfloat16 bit patterns (the bf16 precision's operands where the CPU multiplies with
+``vdpbf16ps``, compile/precision.py), widened to fp32 exactly. ``w_layout="dot_panels"`` (bit patterns only): the
+(ceil(N / nr), ceil(K / 2), nr, 2) k-pair panels of :func:`.dense_int8.pack_dot_panels`, the operand layout of
+``vdpbf16ps``; the accumulator reduces over k-pairs and the k inside a pair, over the zero-padded columns, and an
+odd K's last product goes to the epilogue, as in :mod:`.dense_int8`.
 """
 
 from __future__ import annotations
@@ -28,7 +34,16 @@ from . import fastmath
 from .registry import register_op
 
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
-W_LAYOUTS = ("plain", "packed")
+W_LAYOUTS = ("plain", "packed", "dot_panels")
+#: the type of bfloat16 operands given as bit patterns
+BF16_BITS = "uint16"
+
+
+def widen(v, acc_dtype: str):
+    """An operand in the accumulator's type: bfloat16 bit patterns shifted into fp32's high half, else a cast."""
+    if str(v.dtype) == BF16_BITS:
+        return tirx.reinterpret("float32", tirx.Cast("uint32", v) << tirx.const(16, "uint32"))
+    return v.astype(acc_dtype)
 
 
 def activation(v, act: str):
@@ -65,7 +80,10 @@ def fused_dense(x, w, bias=None, *, act="none", transpose_b=False, w_layout="pla
                 acc_dtype="float32", out_dtype=None, row_block=None, row_clamp="min"):
     if w_layout not in W_LAYOUTS:
         raise ValueError(f"fused_dense: unknown weight layout '{w_layout}' (known: {', '.join(W_LAYOUTS)})")
-    out_dtype = out_dtype or x.dtype
+    out_dtype = out_dtype or ("float32" if str(x.dtype) == BF16_BITS else x.dtype)
+    if w_layout == "dot_panels":
+        return _bf16_dot_panels(x, w, bias, act=act, out_features=out_features, out_dtype=out_dtype,
+                                row_block=row_block, row_clamp=row_clamp)
     *batch, K = x.shape
     if w_layout == "packed":
         nr = int(w.shape[2])
@@ -83,7 +101,7 @@ def fused_dense(x, w, bias=None, *, act="none", transpose_b=False, w_layout="pla
     if row_block is None:
         def matmul(*idx):
             *b, j = idx
-            return te.sum(x[(*b, k)].astype(acc_dtype) * weight(j).astype(acc_dtype), axis=k)
+            return te.sum(widen(x[(*b, k)], acc_dtype) * widen(weight(j), acc_dtype), axis=k)
 
         acc = te.compute((*batch, N), matmul, name="dense", attrs={"schedule_rule": "tfx.dense"})
         at = lambda *idx: acc(*idx)  # noqa: E731  (a full index gives a PrimExpr; a tuple gives a TensorSlice)
@@ -95,7 +113,7 @@ def fused_dense(x, w, bias=None, *, act="none", transpose_b=False, w_layout="pla
         padded_x = te.compute((padded, K), lambda r, c: x[(*unflatten_index(real_row(r, rows, row_clamp), batch), c)],
                               name="dense_rows", attrs={"schedule_rule": "None"})
         acc = te.compute((padded, N), lambda r, j: te.sum(
-            padded_x[r, k].astype(acc_dtype) * weight(j).astype(acc_dtype),
+            widen(padded_x[r, k], acc_dtype) * widen(weight(j), acc_dtype),
             axis=k), name="dense", attrs={"schedule_rule": "tfx.dense"})
         at = lambda *idx: acc(flatten_index(idx[:-1], batch), idx[-1])  # noqa: E731
 
@@ -106,6 +124,63 @@ def fused_dense(x, w, bias=None, *, act="none", transpose_b=False, w_layout="pla
         return activation(v, act).astype(out_dtype)
 
     # "None": MetaSchedule's generic rules leave the epilogue to the dense template, which inlines it.
+    return te.compute((*batch, N), epilogue, name="dense_epilogue", attrs={"schedule_rule": "None"})
+
+
+def row_accumulator(x, batch, N, row_block, row_clamp, reduce):
+    """The ``dense`` stage (rows padded to ``row_block`` when given) and a reader of it by output index;
+    ``reduce(xk, j)`` is the reduction, ``xk(k)`` the row's activation at ``k`` (the dot-panel layouts here and in
+    :mod:`.dense_int8`)."""
+    K = x.shape[-1]
+    if row_block is None:
+        acc = te.compute((*batch, N), lambda *idx: reduce(lambda k: x[(*idx[:-1], k)], idx[-1]),
+                         name="dense", attrs={"schedule_rule": "tfx.dense"})
+        return acc, (lambda *idx: acc(*idx))
+    rows = dims_product(batch)
+    padded = (rows + (int(row_block) - 1)) // int(row_block) * int(row_block)
+    exact = _is_zero(padded - rows)  # static rows the tile divides: no clamp to read
+    padded_x = te.compute((padded, K), lambda r, c: x[(*unflatten_index(r if exact else real_row(r, rows, row_clamp),
+                                                                        batch), c)],
+                          name="dense_rows", attrs={"schedule_rule": "None"})
+    acc = te.compute((padded, N), lambda r, j: reduce(lambda k: padded_x[r, k], j),
+                     name="dense", attrs={"schedule_rule": "tfx.dense"})
+    return acc, (lambda *idx: acc(flatten_index(idx[:-1], batch), idx[-1]))
+
+
+def _is_zero(expr) -> bool:
+    from tvm import sym, tirx
+
+    expr = sym.Analyzer().simplify(expr)
+    return isinstance(expr, tirx.IntImm) and int(expr) == 0
+
+
+def _bf16_dot_panels(x, w, bias, *, act, out_features, out_dtype, row_block, row_clamp):
+    if str(x.dtype) != BF16_BITS or str(w.dtype) != BF16_BITS:
+        raise ValueError(f"fused_dense: dot_panels takes bfloat16 bit patterns ({BF16_BITS}), not {x.dtype} x "
+                         f"and {w.dtype} w")
+    *batch, K = x.shape
+    K = int(K)
+    tiles, groups, nr, g = (int(d) for d in w.shape)
+    if groups != -(-K // g):
+        raise ValueError(f"fused_dense: dot_panels weight {tuple(w.shape)} does not cover K = {K}")
+    idx_dtype = str(x.shape[0].ty)
+    N = tirx.IntImm(idx_dtype, int(out_features) if out_features is not None else tiles * nr)
+    full = K // g  # k-pairs inside K; an odd K's last product goes to the epilogue
+    kg = te.reduce_axis((0, full), name="kg")
+    kk = te.reduce_axis((0, g), name="kk")
+    _, at = row_accumulator(x, batch, tirx.IntImm(idx_dtype, tiles * nr), row_block, row_clamp,
+                         lambda xk, j: te.sum(widen(xk(kg * g + kk), "float32")
+                                              * widen(w[j // nr, kg, j % nr, kk], "float32"), axis=[kg, kk]))
+
+    def epilogue(*idx):
+        v = at(*idx)
+        row, j = idx[:-1], idx[-1]
+        for t in range(K % g):
+            v = v + widen(x[(*row, full * g + t)], "float32") * widen(w[j // nr, full, j % nr, t], "float32")
+        if bias is not None:
+            v = v + bias[j].astype("float32")
+        return activation(v, act).astype(out_dtype)
+
     return te.compute((*batch, N), epilogue, name="dense_epilogue", attrs={"schedule_rule": "None"})
 
 

@@ -28,12 +28,12 @@ import numpy as np
 from tvm import te
 
 from .dense import W_LAYOUTS as DENSE_W_LAYOUTS
-from .dense import activation, dims_product, flatten_index, real_row, unflatten_index
+from .dense import activation, row_accumulator
 from .registry import register_op
 
 
-#: ``dot_panels``: k-grouped panels for the dot-product micro-kernels
-W_LAYOUTS = (*DENSE_W_LAYOUTS, "dot_panels")
+#: ``dot_panels``: k-grouped panels for the dot-product micro-kernels (ops/dense.py takes them for bf16 too)
+W_LAYOUTS = DENSE_W_LAYOUTS
 
 
 def pack_dot_panels(w: np.ndarray, nr: int, group: int) -> np.ndarray:
@@ -82,35 +82,9 @@ def fused_dense_int8(x, x_scale, x_zero, w, w_scale, w_sum, bias=None, *, act="n
             return w[j // nr, k, j % nr]
         return w[j, k] if transpose_b else w[k, j]
 
-    acc, at = _accumulator(x, batch, N, row_block, row_clamp, lambda xk, j: te.sum(
+    acc, at = row_accumulator(x, batch, N, row_block, row_clamp, lambda xk, j: te.sum(
         xk(k).astype("int32") * weight(j).astype("int32"), axis=k))
     return _epilogue(batch, N, at, x_scale, x_zero, w_scale, w_sum, bias, act, out_dtype)
-
-
-def _accumulator(x, batch, N, row_block, row_clamp, reduce):
-    """The ``dense`` stage (rows padded to ``row_block`` when given) and a reader of it by output index;
-    ``reduce(xk, j)`` is the reduction, ``xk(k)`` the row's activation at ``k``."""
-    K = x.shape[-1]
-    if row_block is None:
-        acc = te.compute((*batch, N), lambda *idx: reduce(lambda k: x[(*idx[:-1], k)], idx[-1]),
-                         name="dense", attrs={"schedule_rule": "tfx.dense"})
-        return acc, (lambda *idx: acc(*idx))
-    rows = dims_product(batch)
-    padded = (rows + (int(row_block) - 1)) // int(row_block) * int(row_block)
-    exact = _is_zero(padded - rows)  # static rows the tile divides: no clamp to read
-    padded_x = te.compute((padded, K), lambda r, c: x[(*unflatten_index(r if exact else real_row(r, rows, row_clamp),
-                                                                        batch), c)],
-                          name="dense_rows", attrs={"schedule_rule": "None"})
-    acc = te.compute((padded, N), lambda r, j: reduce(lambda k: padded_x[r, k], j),
-                     name="dense", attrs={"schedule_rule": "tfx.dense"})
-    return acc, (lambda *idx: acc(flatten_index(idx[:-1], batch), idx[-1]))
-
-
-def _is_zero(expr) -> bool:
-    from tvm import sym, tirx
-
-    expr = sym.Analyzer().simplify(expr)
-    return isinstance(expr, tirx.IntImm) and int(expr) == 0
 
 
 def _dot_panels(x, x_scale, x_zero, w, w_scale, w_sum, bias, *, act, out_features, out_dtype, row_block,
@@ -127,7 +101,7 @@ def _dot_panels(x, x_scale, x_zero, w, w_scale, w_sum, bias, *, act, out_feature
     full = K // g  # k-groups inside K; the K mod g products past them go to the epilogue
     kg = te.reduce_axis((0, full), name="kg")
     kk = te.reduce_axis((0, g), name="kk")
-    acc, at = _accumulator(x, batch, tirx.IntImm(idx_dtype, tiles * nr), row_block, row_clamp,
+    acc, at = row_accumulator(x, batch, tirx.IntImm(idx_dtype, tiles * nr), row_block, row_clamp,
                            lambda xk, j: te.sum(xk(kg * g + kk).astype("int32")
                                                 * w[j // nr, kg, j % nr, kk].astype("int32"), axis=[kg, kk]))
     tail = [K - K % g + t for t in range(K % g)]

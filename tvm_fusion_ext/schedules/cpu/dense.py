@@ -25,6 +25,10 @@ int8 (``fused_dense_int8``) on a CPU with a dot-product instruction: the constan
 ``lanes`` columns × ``kk`` under each row are one instruction (tensorized, schedules/cpu/dot_intrin.py). The
 accumulator spans the zero-padded last panel (no predicate in the micro-kernel), so the rows are always padded to
 the register tile (``row_block``) and the write-back, under the row tile, stops at N.
+
+bf16 (``fused_dense`` on bfloat16 bit patterns) on a CPU with AVX512_BF16: the same loop nest on k-pair panels,
+each 16 columns × 2 k one ``vdpbf16ps`` into fp32 accumulators; the function carries the LLVM IR that types the
+instruction's bfloat16 operands (``pragma_import_llvm``, see dot_intrin.py).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from ..common import (
     static_extents_reason,
 )
 from ..rule import Knobs, TemplateRule
-from .dot_intrin import DotKernel, int8_dot_kernel, register
+from .dot_intrin import IMPORT_LLVM_KEY, DotKernel, bf16_dot_kernel, dpbf16ps_wrapper, int8_dot_kernel, register
 
 #: 16 ymm registers (AVX2) bound the accumulator tile: mr*nr/8 + nr/8 + 1 <= 16.
 MR_MAX = 8
@@ -253,23 +257,31 @@ def read_padded_rows_in_place(sch: s_tir.Schedule, block) -> None:
         sch.compute_inline(padded_rows)
 
 
+def _is_bf16_bits(sch: s_tir.Schedule, block) -> bool:
+    return str(sch.get(block).reads[0].source.dtype) == "uint16"
+
+
 def _dot_kernel(sch: s_tir.Schedule, block, target) -> Optional[DotKernel]:
-    """The dot-product kernel of a ``dot_panels`` int8 weight (ops/dense_int8.py), None for other layouts."""
+    """The dot-product kernel of a ``dot_panels`` weight (int8: ops/dense_int8.py; bf16 bit patterns:
+    ops/dense.py), None for other layouts."""
     if op_params(sch).get("w_layout") != "dot_panels":
         return None
-    return int8_dot_kernel(target)
+    return bf16_dot_kernel(target) if _is_bf16_bits(sch, block) else int8_dot_kernel(target)
 
 
 def dot_panels_reason(sch: s_tir.Schedule, block, target) -> Optional[str]:
     """Why the template cannot run a ``dot_panels`` weight on ``target`` (its panels were cut for another CPU)."""
     if op_params(sch).get("w_layout") != "dot_panels":
         return None
-    kernel = int8_dot_kernel(target)
+    bf16 = _is_bf16_bits(sch, block)
+    kernel = bf16_dot_kernel(target) if bf16 else int8_dot_kernel(target)
     _, _, nr, group = (int(d) for d in sch.get(block).reads[1].source.shape)
     x_dtype = str(sch.get(block).reads[0].source.dtype)
     if kernel is None or kernel.group != group or nr % kernel.lanes or x_dtype != kernel.a_dtype:
-        have = kernel.instruction if kernel else "no int8 dot-product instruction"
-        return f"int8 weight packed in {group}-k groups of {nr} columns, {x_dtype} activations; this target has {have}"
+        kind = "bf16" if bf16 else "int8"
+        have = kernel.instruction if kernel else f"no {kind} dot-product instruction"
+        return (f"{kind} weight packed in {group}-k groups of {nr} columns, {x_dtype} activations; this target has "
+                f"{have}")
     return None
 
 
@@ -396,6 +408,8 @@ def _finish(sch: s_tir.Schedule, block, par, i1, j1, k0, knobs, write_back, dot:
         sch.unroll(init_vectors)
         sch.vectorize(init_lanes)
         sch.tensorize(j1l, register(dot))
+        if dot.operands == "bf16":
+            sch.annotate(par, IMPORT_LLVM_KEY, dpbf16ps_wrapper(dot))
 
     u = sch.sample_categorical(list(UNROLL_STEPS), [1.0 / len(UNROLL_STEPS)] * len(UNROLL_STEPS),
                                decision=knobs.get("unroll", 1))
@@ -450,7 +464,10 @@ class DenseCPU(TemplateRule):
             return None
         inputs, params = {}, dict(call.params)
         w = call.constant("w")
-        dot = int8_dot_kernel(target) if call.op == "fused_dense_int8" else None
+        if call.op == "fused_dense_int8":
+            dot = int8_dot_kernel(target)
+        else:  # bf16 bit patterns (compile/precision.py) where the target multiplies bf16 pairs
+            dot = bf16_dot_kernel(target) if w is not None and str(w.dtype) == "uint16" else None
         if dot is not None and params.get("w_layout", "plain") == "plain" and w is not None \
                 and int(w.shape[0]) >= dot.group and str(call.inputs["x"].ty.dtype) == dot.a_dtype:
             n = int(w.shape[1])
