@@ -48,11 +48,24 @@ class KVCacheReport:
     capacity: Optional[int] = None           # positions each past buffer holds (inplace)
     past_inputs: List[str] = field(default_factory=list)
     length_input: Optional[str] = None       # PAST_LENGTH (inplace)
+    past_dim: Optional[str] = None           # the symbolic past length the buffers' shape no longer shows
 
     def to_json(self) -> dict:
         out = {"mode": self.mode}
         if self.mode == "inplace":
-            out.update(capacity=self.capacity, past_inputs=list(self.past_inputs), length_input=self.length_input)
+            out.update(capacity=self.capacity, past_inputs=list(self.past_inputs), length_input=self.length_input,
+                       past_dim=self.past_dim)
+        return out
+
+    def input_specs(self, specs: Dict[str, tuple]) -> Dict[str, tuple]:
+        """The compiled model's ``{input: (shape, dtype)}`` given the exported model's: each past input at the
+        capacity, ``past_length`` after the model's inputs."""
+        if self.mode != "inplace":
+            return dict(specs)
+        out = {}
+        for name, (shape, dtype) in specs.items():
+            out[name] = ((*shape[:2], self.capacity, *shape[3:]), dtype) if name in self.past_inputs else (shape, dtype)
+        out[self.length_input] = ((1,), "int64")
         return out
 
 
@@ -115,7 +128,7 @@ def _inplace(mod: tvm.IRModule):
     out[gv] = new
     out = relax.transform.Normalize()(out)
     out = relax.transform.DeadCodeElimination()(out)
-    report = KVCacheReport("inplace", capacity, [n for _, n in past], PAST_LENGTH)
+    report = KVCacheReport("inplace", capacity, [n for _, n in past], PAST_LENGTH, str(length))
     return out, report
 
 
