@@ -44,3 +44,35 @@ def check_cache_step(kv_cache: Optional[Mapping], inputs: Mapping[str, np.ndarra
     if mask is not None and new is not None and np.asarray(mask).shape[-1] != past + new:
         raise InputError(f"{label}: the attention mask covers {np.asarray(mask).shape[-1]} positions, but {name} "
                          f"{past} + {new} new tokens = {past + new}")
+
+
+def exported_specs(kv_cache: Mapping, specs: Mapping[str, tuple]) -> dict:
+    """The exported model's ``{input: (shape, dtype)}`` behind an in-place model's: past inputs with their
+    symbolic past dim again, ``past_length`` gone (what decode-step tools and ONNX Runtime feed)."""
+    past, length = set(kv_cache["past_inputs"]), kv_cache["length_input"]
+    dim = kv_cache.get("past_dim") or "past_sequence_length"
+    return {n: ((*shape[:2], dim, *shape[3:]) if n in past else tuple(shape), dtype)
+            for n, (shape, dtype) in specs.items() if n != length}
+
+
+def inplace_feeds(kv_cache: Mapping, feeds: Mapping[str, np.ndarray]) -> dict:
+    """The exported model's step inputs (pasts of ``P`` positions) as an in-place model takes them: each past
+    copied into the prefix of a zeroed buffer of the capacity, ``past_length = [P]``."""
+    past, capacity = set(kv_cache["past_inputs"]), int(kv_cache["capacity"])
+    out, length = {}, 0
+    for name, value in feeds.items():
+        if name in past:
+            value = np.asarray(value)
+            length = value.shape[2]
+            buf = np.zeros((*value.shape[:2], capacity, *value.shape[3:]), value.dtype)
+            buf[:, :, :length] = value
+            value = buf
+        out[name] = value
+    out[kv_cache["length_input"]] = np.array([length], np.int64)
+    return out
+
+
+def exported_outputs(kv_cache: Mapping, outputs: Mapping[str, np.ndarray], keys: int) -> dict:
+    """An in-place step's outputs as the exported model returns them: each ``present`` cut to its ``keys``
+    filled positions."""
+    return {n: (np.asarray(v)[:, :, :keys] if "present" in n and np.ndim(v) == 4 else v) for n, v in outputs.items()}
