@@ -139,7 +139,8 @@ def _past_dim(past) -> tirx.Var:
         if shape is None or len(shape) != 4:
             _refuse(f"past input '{name}' is not a [batch, heads, past, head_dim] tensor")
         if not isinstance(shape[2], tirx.Var):
-            _refuse(f"past input '{name}' has its past dim pinned to {shape[2]} (--shape): the length must be "
+            pinned = int(shape[2]) if isinstance(shape[2], tirx.IntImm) else shape[2]
+            _refuse(f"past input '{name}' has its past dim pinned to {pinned} (--shape): the length must be "
                     f"dynamic, given by '{PAST_LENGTH}'")
         dims.add(shape[2])
     if len(dims) != 1:
