@@ -249,6 +249,8 @@ class _Writer(relax.PyExprMutator):
             op, func, inputs = found
             given = {n: self.visit_expr(e) for n, e in inputs.items()}
             if any(given.get(n) in self.written for n in ("k", "v")):
+                if given.get("mask") is None:
+                    _refuse(f"attention {binding.value.args[0].name_hint} has no mask to count the cached keys by")
                 if not all(given.get(n) in self.written for n in ("k", "v")):
                     _refuse(f"attention {binding.value.args[0].name_hint} reads one of K and V from the cache and "
                             f"the other from elsewhere")
