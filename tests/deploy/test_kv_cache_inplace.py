@@ -151,3 +151,22 @@ def test_a_pinned_past_and_unknown_modes_are_refused(tiny_causal_lm):
 
     with pytest.raises(InputError, match="needs fusion"):
         compile_model(load_onnx(tiny_causal_lm), fuse_graph=False, kv_cache="inplace")
+
+
+def test_decode_bench_runs_the_inplace_artifact_against_onnxruntime(inplace_artifact, tiny_causal_lm):
+    from tvm_fusion_ext.tools.bench.decode import bench_decode
+
+    r = bench_decode(inplace_artifact.path, past=20, batch=2, onnx=tiny_causal_lm, repeat=2, out=lambda _: None)
+    assert r["kv_cache"]["mode"] == "inplace" and r["input_shapes"]["past_length"] == [1]
+    assert r["input_shapes"]["past_key_values.0.key"] == [2, KV_HEADS, CAPACITY, HEAD_DIM]
+    assert r["max_abs_diff_vs_ort"] < 1e-4
+
+
+def test_compile_command_takes_the_cache_mode():
+    from tvm_fusion_ext.cli import build_parser
+
+    args = build_parser().parse_args(["compile", "m.onnx", "-o", "out", "--kv-cache", "inplace"])
+    assert args.kv_cache == "inplace"
+    assert build_parser().parse_args(["compile", "m.onnx", "-o", "out"]).kv_cache == "concat"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["compile", "m.onnx", "-o", "out", "--kv-cache", "paged"])
