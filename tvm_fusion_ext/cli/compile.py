@@ -98,9 +98,9 @@ def describe(manifest: dict, out: str, seconds: float) -> str:
             lines += ["  " + ln for ln in describe_accuracy(precision["accuracy"]).splitlines()]
     kv = manifest.get("kv_cache") or {}
     if kv.get("mode") == "inplace":
-        lines.append(f"  kv cache in place: {', '.join(kv['past_inputs'][:2])}{', ...' if len(kv['past_inputs']) > 2 else ''}"
-                     f" are buffers of {kv['capacity']} positions, written at input {kv['length_input']} "
-                     f"(present outputs are the same buffers)")
+        shown = ", ".join(kv["past_inputs"][:2]) + (", ..." if len(kv["past_inputs"]) > 2 else "")
+        lines.append(f"  kv cache in place: {shown} are buffers of {kv['capacity']} positions, written at input "
+                     f"{kv['length_input']} (present outputs are the same buffers)")
     checked = manifest["target"]["cpu"]["checked_features"]
     lines.append(f"  needs CPU features: {', '.join(checked) if checked else 'none beyond the architecture'}")
     return "\n".join(lines)

@@ -104,7 +104,7 @@ def _inplace(mod: tvm.IRModule):
     if bounds is None or str(length) not in bounds:
         _refuse(f"the past length '{length}' has no upper bound to size the cache by (give --max-shape)")
     capacity = int(bounds[str(length)])
-    concats = _concats(func, {p for p, _ in past}, dict(past))
+    concats = _concats(mod, func, {p for p, _ in past}, dict(past))
     buffers = {}
     for p, name in past:
         b, h, _, d = p.ty.shape.values
@@ -148,14 +148,14 @@ def _past_dim(past) -> tirx.Var:
     return dims.pop()
 
 
-def _concats(func: relax.Function, past: set, names: Dict[relax.Var, str]) -> Dict[relax.Var, tuple]:
+def _concats(mod, func: relax.Function, past: set, names: Dict[relax.Var, str]) -> Dict[relax.Var, tuple]:
     """``{concat result var: (past var, new var)}``, after checking that nothing else reads a past or a present."""
     uses: Dict[relax.Var, list] = {}
     concats = {}
     bindings = [b for block in func.body.blocks for b in block.bindings]
 
     def reads(expr):
-        return [v for v in relax.analysis.free_vars(expr)] if not isinstance(expr, relax.Var) else [expr]
+        return [expr] if isinstance(expr, relax.Var) else list(relax.analysis.free_vars(expr))
 
     for b in bindings:
         value = b.value
@@ -187,7 +187,7 @@ def _concats(func: relax.Function, past: set, names: Dict[relax.Var, str]) -> Di
         for user in uses.get(var, []):
             if user is None or user.var in outputs:
                 continue
-            if not _is_attention(user.value):
+            if not _is_attention(mod, user.value):
                 _refuse(f"the concatenation of past input '{names[concats[var][0]]}' is read by {_what(user)}, "
                         f"not only by the attention and the outputs")
     return concats
@@ -203,10 +203,9 @@ def _output_vars(func, bindings) -> set:
     return out
 
 
-def _is_attention(value) -> bool:
-    if not isinstance(value, relax.Call) or value.op != tvm.ir.Op.get("relax.call_tir"):
-        return False
-    return getattr(value.args[0], "name_hint", "").startswith("fused_attention")
+def _is_attention(mod, value) -> bool:
+    found = operator_call(mod, value) if isinstance(value, relax.Call) else None
+    return found is not None and found[0] == "fused_attention"
 
 
 def _what(binding) -> str:
