@@ -97,6 +97,24 @@ def test_a_step_past_the_capacity_is_refused(inplace_artifact):
         generate(inplace_artifact, np.ones((1, CAPACITY - 2), np.int64), max_new_tokens=5)
 
 
+def test_a_raw_call_past_the_capacity_stays_in_its_buffers(inplace_artifact):
+    """The VM called directly (no run-time checks): the write drops positions past the capacity and attention
+    clamps its key reads into the buffers, so the call completes with finite logits and the rows before
+    ``past_length`` untouched."""
+    from tvm_fusion_ext.deploy.io import input_tensors
+
+    past, new = CAPACITY - 1, 4
+    rng = np.random.default_rng(3)
+    buffers = {n: rng.standard_normal((1, KV_HEADS, CAPACITY, HEAD_DIM)).astype("float32") for n in past_names(LAYERS)}
+    feeds = {"input_ids": np.ones((1, new), np.int64), "attention_mask": np.ones((1, past + new), np.int64),
+             "position_ids": np.arange(past, past + new)[None].astype(np.int64), **buffers,
+             "past_length": np.array([past], np.int64)}
+    args = input_tensors([feeds[n] for n in inplace_artifact.input_specs], inplace_artifact.device)
+    out = inplace_artifact.new_vm()["main"](*args, *inplace_artifact._weights)
+    assert np.isfinite(out[0].numpy()).all()
+    np.testing.assert_array_equal(out[1].numpy()[:, :, :past], buffers[past_names(LAYERS)[0]][:, :, :past])
+
+
 # --------------------------------------------------------------------------------- refusals of the rewrite
 
 def _module(func):

@@ -196,11 +196,15 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         # an int32 axis cast from an int64 loop is not an affine binding the schedules can work with)
         B, S, T, H, HKV, D, DV, span = (tirx.IntImm("int64", x) if isinstance(x, int) else x
                                         for x in (B, S, T, H, HKV, D, DV, span))
+    # preallocated K/V: keys are clamped into the cache too, so a key count past its capacity (a caller that
+    # skipped the run-time checks) reads in bounds; T <= capacity otherwise, and the clamp is T - 1 as before
+    last = _last_key(T, cache_len if preallocated_kv else None, symbolic)
     if split_blocks is not None:
         return _decode_form(q, k, v, mask, q_cos, q_sin, k_cos, k_sin, q_layout, k_layout, v_layout, q_rope, k_rope,
                             q_head_start, k_head_start, v_head_start, varlen=varlen, B=B, S=S, T=T, H=H, HKV=HKV, D=D,
                             DV=DV, scale=scale, softcap=softcap, causal=causal, out_layout=out_layout,
-                            key_block=key_block, split_blocks=split_blocks, symbolic=symbolic)
+                            key_block=key_block, split_blocks=split_blocks, symbolic=symbolic,
+                            last=last if preallocated_kv else None)
     kb = int(key_block or (default_key_block(span) if not symbolic else SYMBOLIC_KEY_BLOCK))
     if kb <= 0 or kb & (kb - 1):
         raise ValueError(f"fused_attention: key_block must be a power of two, got {kb}")
@@ -208,7 +212,6 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
     if symbolic:
         kb = tirx.IntImm("int64", kb)
     nb = (span + kb - 1) // kb
-    last = T - 1
     # Queries known only at run time, with query_block: every stage runs over the rows padded to a multiple
     # of query_block (padding rows read the last real query), so a template tiles them with no tail inside
     # the flash loop; only the final write-back (attn_out) is bounded by the real rows.
@@ -365,7 +368,7 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
 
 def _decode_form(q, k, v, mask, q_cos, q_sin, k_cos, k_sin, q_layout, k_layout, v_layout, q_rope, k_rope,
                  q_head_start, k_head_start, v_head_start, *, varlen, B, S, T, H, HKV, D, DV, scale, softcap, causal,
-                 out_layout, key_block, split_blocks, symbolic):
+                 out_layout, key_block, split_blocks, symbolic, last=None):
     """``split_blocks`` given: the split-K decode form (:mod:`.decode_attention`) for one query row."""
     from .decode_attention import DecodeOperands, decode_attention, decode_key_block
 
@@ -398,7 +401,18 @@ def _decode_form(q, k, v, mask, q_cos, q_sin, k_cos, k_sin, q_layout, k_layout, 
                               mask=mask_read if mask is not None else None)
     return decode_attention(operands, B=B, S=S, T=T, H=H, HKV=HKV, D=D, DV=DV, scale=scale, softcap=softcap,
                             causal=causal, out_layout=out_layout, out_dtype=str(q.dtype), key_block=kb,
-                            split_blocks=sb, symbolic=symbolic)
+                            split_blocks=sb, symbolic=symbolic, last_key=last)
+
+
+def _last_key(T, capacity, symbolic: bool):
+    """The last key index a read may take: ``T - 1``, or ``min(T, capacity) - 1`` for a preallocated cache."""
+    if capacity is None:
+        return T - 1
+    if isinstance(_dim(T), int) and isinstance(_dim(capacity), int):
+        return min(_dim(T), _dim(capacity)) - 1
+    if symbolic and isinstance(capacity, int):
+        capacity = tirx.IntImm("int64", capacity)
+    return tirx.min(T, capacity) - tirx.IntImm(str(T.ty) if hasattr(T, "ty") else "int64", 1)
 
 
 def _check_varlen(cu_seqlens, row_seq, key_bias, mask, B, S, T, q_rope, k_rope) -> bool:
