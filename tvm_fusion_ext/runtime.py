@@ -8,6 +8,7 @@ import numpy as np
 import tvm
 
 from .deploy.io import InputBuffers, call_checked, check_inputs, flatten_outputs, input_tensors
+from .deploy.kv_cache import check_cache_step
 from .targets import TargetInfo, device_of
 
 
@@ -32,6 +33,9 @@ class CompiledModel:
         self.bound_reasons = dict(bound_reasons or {})
         #: the :class:`~tvm_fusion_ext.compile.Compiled` it came from (fusion report, records used), if known
         self.compiled = compiled
+        #: how the KV cache is kept (as an artifact's manifest records it: :mod:`.deploy.kv_cache`)
+        self.kv_cache = (compiled.kv_cache.to_json() if compiled is not None and compiled.kv_cache is not None
+                         else {"mode": "concat"})
         self.device = device_of(target)
         info = TargetInfo.of(target)
         if info.is_cpu:
@@ -42,14 +46,16 @@ class CompiledModel:
     @classmethod
     def from_module(cls, mod: tvm.IRModule, target=None, logs: Optional[str] = None, fuse: bool = True,
                     label: str = "model", knobs: Optional[dict] = None,
-                    remove_padding: bool = False, precision: str = "fp32", calibration=None) -> "CompiledModel":
+                    remove_padding: bool = False, precision: str = "fp32", calibration=None,
+                    kv_cache: str = "concat") -> "CompiledModel":
         from .compile import compile_model
         from .frontend.dims import bound_reasons, shape_bounds
         from .frontend import input_specs, output_names
 
         compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding,
-                                 precision=precision, calibration=calibration)
-        return cls(compiled.executable, compiled.target, input_specs(mod), output_names(mod), label, compiled,
+                                 precision=precision, calibration=calibration, kv_cache=kv_cache)
+        specs = compiled.kv_cache.input_specs(input_specs(mod))  # an in-place cache adds past_length
+        return cls(compiled.executable, compiled.target, specs, output_names(mod), label, compiled,
                    shape_bounds(mod), bound_reasons(mod))
 
     @classmethod
@@ -79,7 +85,9 @@ class CompiledModel:
 
     # -- inputs ---------------------------------------------------------------------------------------
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> List[np.ndarray]:
-        return check_inputs(self.input_specs, inputs, self.label, self.bounds, self.bound_reasons)
+        arrays = check_inputs(self.input_specs, inputs, self.label, self.bounds, self.bound_reasons)
+        check_cache_step(self.kv_cache, inputs, self.label)
+        return arrays
 
     # -- running --------------------------------------------------------------------------------------
     def _call(self, tensors):
@@ -96,6 +104,7 @@ class CompiledModel:
         return input_tensors(self.check_inputs(inputs), self.device)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        check_cache_step(self.kv_cache, inputs, self.label)  # the buffers' fast path skips check_inputs
         tensors = self._input_buffers.tensors(inputs)
         result = call_checked(lambda: self._call(tensors), self.input_specs, inputs, self.label)
         return dict(zip(self.output_names, flatten_outputs(result)))

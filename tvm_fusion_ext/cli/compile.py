@@ -19,7 +19,10 @@ def cmd_compile(args) -> int:
     from ..compile.artifact import check_destination, compile_artifact
     from ..compile.precision import check_precision
 
+    from ..compile.kv_cache import check_kv_cache
+
     precision = check_precision(args.precision)
+    kv_cache = check_kv_cache(args.kv_cache)
     check_destination(args.output)  # before minutes of compiling
     samples, source = (None, "given")
     if precision != "fp32":
@@ -30,7 +33,7 @@ def cmd_compile(args) -> int:
     manifest = compile_artifact(args.model, args.output, target=args.target, logs=args.logs, shapes=shapes_arg(args),
                                 max_shapes=max_shapes_arg(args), fuse_graph=not args.no_fusion,
                                 remove_padding=args.remove_padding, precision=precision, samples=samples,
-                                samples_source=source)
+                                samples_source=source, kv_cache=kv_cache)
     print(describe(manifest, args.output, time.perf_counter() - t0))
     accuracy = (manifest.get("precision") or {}).get("accuracy")
     if accuracy is not None and not accuracy["passed"]:
@@ -93,6 +96,11 @@ def describe(manifest: dict, out: str, seconds: float) -> str:
             from ..compile.accuracy import describe as describe_accuracy
 
             lines += ["  " + ln for ln in describe_accuracy(precision["accuracy"]).splitlines()]
+    kv = manifest.get("kv_cache") or {}
+    if kv.get("mode") == "inplace":
+        shown = ", ".join(kv["past_inputs"][:2]) + (", ..." if len(kv["past_inputs"]) > 2 else "")
+        lines.append(f"  kv cache in place: {shown} are buffers of {kv['capacity']} positions, written at input "
+                     f"{kv['length_input']} (present outputs are the same buffers)")
     checked = manifest["target"]["cpu"]["checked_features"]
     lines.append(f"  needs CPU features: {', '.join(checked) if checked else 'none beyond the architecture'}")
     return "\n".join(lines)
@@ -111,6 +119,11 @@ def add_parser(sub) -> None:
     p.add_argument("--no-fusion", action="store_true", help="compile without the fusion passes")
     add_remove_padding_arg(p)
     add_precision_arg(p)
+    p.add_argument("--kv-cache", choices=("concat", "inplace"), default="concat",
+                   help="a KV-cache decoder's cache: concat (default: as exported, past and new keys/values "
+                        "concatenated into present, a copy of the cache per step) or inplace (each past input a "
+                        "buffer of the past dim's --max-shape bound, the step's keys/values written into it at the "
+                        "new input past_length; present outputs are those buffers)")
     p.add_argument("--calibration", metavar="X.npz",
                    help="with --precision bf16|int8: inputs (one array per ONNX input name) to measure the "
                         "accuracy contract on, against fp32 (default: generated inputs)")

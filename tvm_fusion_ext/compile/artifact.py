@@ -31,13 +31,15 @@ def compile_artifact(model, out: str, target: TargetSpec = None, logs: Optional[
                      shapes: Optional[Mapping[str, Sequence[int]]] = None,
                      max_shapes: Optional[Mapping[str, Sequence[int]]] = None, fuse_graph: bool = True,
                      remove_padding: bool = False, precision: str = "fp32", samples=None,
-                     samples_source: str = "given", min_cosine: Optional[float] = None) -> dict:
+                     samples_source: str = "given", min_cosine: Optional[float] = None,
+                     kv_cache: str = "concat") -> dict:
     """Import the ONNX ``model``, compile it for ``target`` (tuning records from ``logs``) and write the artifact
     directory ``out``; returns its manifest. ``shapes`` pins input dims (a static build), ``max_shapes`` bounds
     the symbolic ones (``NAME: [max dims]``, as ``--max-shape``). ``precision`` other than fp32: the outputs
     are measured against the fp32 build on ``samples`` (input dicts; ``samples_source`` says where they came
     from; int8 also calibrates its activation smoothing on them) and the accuracy contract (:mod:`.accuracy`) goes into the manifest's ``precision`` entry, passed or
-    not (``manifest["precision"]["accuracy"]["passed"]``)."""
+    not (``manifest["precision"]["accuracy"]["passed"]``). ``kv_cache``: ``concat`` or ``inplace``
+    (:mod:`.kv_cache`; the manifest's ``kv_cache`` entry, and its inputs show the buffers and ``past_length``)."""
     from ..frontend import load_onnx
     from .precision import check_precision
 
@@ -46,12 +48,16 @@ def compile_artifact(model, out: str, target: TargetSpec = None, logs: Optional[
     target = resolve_target(target)  # a bad target is refused before the model is read
     mod = load_onnx(model, shapes=shapes, max_shapes=max_shapes)
     compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse_graph, lift_weights=True,
-                             remove_padding=remove_padding, precision=precision, calibration=samples)
+                             remove_padding=remove_padding, precision=precision, calibration=samples,
+                             kv_cache=kv_cache)
     if precision != "fp32" and compiled.precision.kernels:
         if not TargetInfo.of(target).is_cpu:
             # the contract runs both builds in this process (accuracy.run_compiled: CPU only)
             compiled.precision.notes.append(f"accuracy against fp32 not measured: a {target.kind.name} build "
                                             f"runs on its device, not here")
+        elif compiled.kv_cache.mode != "concat":
+            compiled.precision.notes.append("accuracy against fp32 not measured: the sample inputs are the "
+                                            "exported model's, not the in-place cache's")
         elif samples:
             from .accuracy import measure
 
@@ -114,6 +120,9 @@ def build_manifest(compiled: Compiled, mod: tvm.IRModule, weights_index: list, f
     from .. import __version__
 
     inputs, outputs, dims = _io_specs(mod)
+    kv_cache = compiled.kv_cache.to_json() if compiled.kv_cache is not None else {"mode": "concat"}
+    if kv_cache["mode"] == "inplace":
+        inputs, outputs, dims = _inplace_io(compiled.kv_cache, mod, inputs, outputs, dims)
     report = compiled.report
     return {
         "format": FORMAT,
@@ -133,6 +142,7 @@ def build_manifest(compiled: Compiled, mod: tvm.IRModule, weights_index: list, f
         "records": _records_entry(compiled),
         "precision": (compiled.precision.to_dict() if compiled.precision is not None
                       else {"precision": "fp32", "converted": {}, "kept_fp32": [], "notes": [], "features": []}),
+        "kv_cache": kv_cache,
         "weights": weights_index,
         "weights_alignment": ALIGNMENT,
         "files": files,
@@ -189,6 +199,16 @@ def _io_specs(mod: tvm.IRModule):
         why = reasons.get(n, {})
         if why:  # where each bound came from: "max" a default, the user, the graph's table, or an in-range read
             dims[n]["why"] = {"max": why.get("upper"), **({"min": why["lower"]} if "lower" in why else {})}
+    return inputs, outputs, dims
+
+
+def _inplace_io(kv, mod, inputs, outputs, dims):
+    """The in-place cache's interface: past inputs and their present outputs at the capacity, ``past_length``
+    after the model's inputs; the past dim's bounds stay in ``dims`` (they bound ``past_length``'s value)."""
+    specs = kv.input_specs({i["name"]: (tuple(i["shape"]), i["dtype"]) for i in inputs})
+    inputs = [{"name": n, "dtype": dtype, "shape": list(shape)} for n, (shape, dtype) in specs.items()]
+    outputs = [dict(o, shape=[*o["shape"][:2], kv.capacity, *o["shape"][3:]])
+               if "present" in o["name"] and o.get("shape") and len(o["shape"]) == 4 else o for o in outputs]
     return inputs, outputs, dims
 
 

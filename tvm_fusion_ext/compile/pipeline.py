@@ -45,6 +45,8 @@ class Compiled:
     logs: Optional[str] = None               # the ``logs`` given (a record directory or a root of them)
     #: the precision the dense kernels compute in, what it changed, its measured accuracy (compile/precision.py)
     precision: Optional[object] = None       # PrecisionReport
+    #: how the KV cache is kept: ``concat`` (as exported) or ``inplace`` (compile/kv_cache.py), with its capacity
+    kv_cache: Optional[object] = None        # KVCacheReport
 
     @property
     def precision_name(self) -> str:
@@ -62,27 +64,37 @@ def fuse(mod: tvm.IRModule, remove_padding: bool = False) -> Tuple[tvm.IRModule,
 
 def prepare(mod: tvm.IRModule, target: TargetSpec = None, fuse_graph: bool = True, remove_padding: bool = False,
             knobs: Optional[dict] = None, kernel_knobs=None,
-            templates: Optional[list] = None, precision: str = "fp32") -> Tuple[tvm.IRModule, Optional[FusionReport]]:
+            templates: Optional[list] = None, precision: str = "fp32",
+            kv_cache: str = "concat") -> Tuple[tvm.IRModule, Optional[FusionReport]]:
     """Fuse (optionally; ``remove_padding`` as in :func:`SemanticFusion`), set the dense kernels' ``precision``
     (:mod:`.precision`; the FusionReport's ``precision``) and lower: the unscheduled module every later step
-    starts from (``knobs`` / ``kernel_knobs`` / ``templates``: as the build will schedule, see :func:`lower`)."""
-    lowered, report, _ = _prepare(mod, target, fuse_graph, remove_padding, knobs, kernel_knobs, precision, templates)
+    starts from (``knobs`` / ``kernel_knobs`` / ``templates``: as the build will schedule, see :func:`lower`;
+    ``kv_cache``: as :func:`compile_model`)."""
+    lowered, report, _, _ = _prepare(mod, target, fuse_graph, remove_padding, knobs, kernel_knobs, precision,
+                                     templates, kv_cache=kv_cache)
     return lowered, report
 
 
 def _prepare(mod, target, fuse_graph, remove_padding, knobs, kernel_knobs, precision, templates=None,
-             calibration=None):
-    """:func:`prepare`, also returning the PrecisionReport (which exists without fusion too)."""
+             calibration=None, kv_cache="concat"):
+    """:func:`prepare`, also returning the PrecisionReport (which exists without fusion too) and the
+    KVCacheReport."""
+    from .kv_cache import apply_kv_cache, check_kv_cache
     from .precision import apply_precision
 
     target = resolved_target(target)
     report = None
+    if check_kv_cache(kv_cache) != "concat" and not fuse_graph:
+        from ..errors import InputError
+
+        raise InputError("kv_cache=inplace rewrites the fused attention's cache: it needs fusion (drop --no-fusion)")
     if fuse_graph:
         mod, report = fuse(mod, remove_padding)
+    mod, kv_report = apply_kv_cache(mod, kv_cache)
     mod, precision_report = apply_precision(mod, precision, target, calibration)
     if report is not None:
         report.precision = precision_report
-    return lower(mod, target, knobs, kernel_knobs, templates=templates), report, precision_report
+    return lower(mod, target, knobs, kernel_knobs, templates=templates), report, precision_report, kv_report
 
 
 def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Target,
@@ -98,7 +110,7 @@ def select_records(logs: Optional[str], mod: tvm.IRModule, target: tvm.target.Ta
 
 def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse_graph: bool = True,
                   knobs: Optional[dict] = None, lift_weights: bool = False, remove_padding: bool = False,
-                  precision: str = "fp32", calibration=None) -> Compiled:
+                  precision: str = "fp32", calibration=None, kv_cache: str = "concat") -> Compiled:
     """Fuse, lower, schedule (records from ``logs``, templates, fallback) and build ``mod`` for ``target``.
 
     ``logs`` is a record directory or a root of them (the one whose manifest matches this model and target is
@@ -110,7 +122,10 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
     artifact can store them beside the library (:mod:`.codegen.weights`). ``precision``: ``fp32`` (default),
     ``bf16`` or ``int8`` for the constant-weight dense kernels (:mod:`.precision`; :attr:`Compiled.precision`).
     ``calibration``: sample input dicts (by ONNX input name) from which int8 calibrates its activation smoothing
-    (:mod:`.calibration`); without them int8 quantises activations unsmoothed, less accurately."""
+    (:mod:`.calibration`); without them int8 quantises activations unsmoothed, less accurately. ``kv_cache``:
+    ``concat`` (default: the cache as exported, past and new concatenated into ``present``) or ``inplace``: past
+    inputs become buffers of the past dim's upper bound, written in place at the new input ``past_length``
+    (:mod:`.kv_cache`; :attr:`Compiled.kv_cache`)."""
     from ..schedules.registry import template_rules
     from .precision import check_precision
 
@@ -124,8 +139,8 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
         transfer = collect(logs, target)
     table = transfer.table if transfer is not None else None
     templates = template_rules(target, knobs, table)  # here: a bad knob is a one-line error, not a TVM one
-    lowered, report, precision_report = _prepare(mod, target, fuse_graph, remove_padding, None, None, precision,
-                                                 templates, calibration)
+    lowered, report, precision_report, kv_report = _prepare(mod, target, fuse_graph, remove_padding, None, None,
+                                                            precision, templates, calibration, kv_cache)
     scheduled = schedule(lowered, target, records=records, templates=templates)
     if transfer is not None:
         if transfer.table.kernels and records is None:
@@ -141,7 +156,7 @@ def compile_model(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[s
     return Compiled(executable, target, report, records, note, weights,
                     transferred=table.applied() if table is not None else [],
                     transfer_refusals=transfer.summary() if transfer is not None else {}, logs=logs,
-                  precision=precision_report)
+                    precision=precision_report, kv_cache=kv_report)
 
 
 def transfer_note(transfer) -> str:
@@ -155,13 +170,14 @@ def transfer_note(transfer) -> str:
 
 
 def build(mod: tvm.IRModule, target: TargetSpec = None, logs: Optional[str] = None, fuse: bool = True,
-          knobs: Optional[dict] = None, remove_padding: bool = False, precision: str = "fp32", calibration=None):
+          knobs: Optional[dict] = None, remove_padding: bool = False, precision: str = "fp32", calibration=None,
+          kv_cache: str = "concat"):
     """:func:`compile_model`, returning just the executable (run it with ``relax.VirtualMachine(ex, dev)``).
 
     As a convenience for running in this process, a CPU build also sizes TVM's thread pool to the target's
     cores (:func:`~tvm_fusion_ext.deploy.threads.configure_cpu_threads`)."""
     compiled = compile_model(mod, target, logs=logs, fuse_graph=fuse, knobs=knobs, remove_padding=remove_padding,
-                             precision=precision, calibration=calibration)
+                             precision=precision, calibration=calibration, kv_cache=kv_cache)
     info = TargetInfo.of(compiled.target)
     if info.is_cpu:
         from ..deploy.threads import configure_cpu_threads

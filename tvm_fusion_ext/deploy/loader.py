@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import CorruptArtifactError
 from . import host
+from .kv_cache import check_cache_step
 from .io import InputBuffers, call_checked, check_inputs, flatten_outputs, input_tensors
 from .manifest import (LIBRARY_FILE, WEIGHTS_FILE, check_digest, check_file, check_runtime_versions, read_manifest,
                        sha256_of_buffer)
@@ -50,6 +51,9 @@ class DeployedModel:
             name: {side: why for side, why in (("upper", (b.get("why") or {}).get("max")),
                                                ("lower", (b.get("why") or {}).get("min"))) if why}
             for name, b in (manifest.get("dims") or {}).items()}
+        #: how the KV cache is kept: ``{"mode": "concat"}`` or, for an in-place build, ``{"mode": "inplace",
+        #: "capacity": N, "past_inputs": [...], "length_input": "past_length", ...}`` (:mod:`.kv_cache`)
+        self.kv_cache: Dict = dict(manifest.get("kv_cache") or {"mode": "concat"})
         self._library = library
         self._weights = weights
         self._local = threading.local()
@@ -61,7 +65,9 @@ class DeployedModel:
 
     # -- inputs ---------------------------------------------------------------------------------------
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> List[np.ndarray]:
-        return check_inputs(self.input_specs, inputs, self.path, self.dim_bounds, self.dim_reasons)
+        arrays = check_inputs(self.input_specs, inputs, self.path, self.dim_bounds, self.dim_reasons)
+        check_cache_step(self.kv_cache, inputs, self.path)
+        return arrays
 
     # -- running --------------------------------------------------------------------------------------
     def new_vm(self):
@@ -85,6 +91,7 @@ class DeployedModel:
         return input_tensors(self.check_inputs(inputs), self.device) + list(self._weights)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        check_cache_step(self.kv_cache, inputs, self.path)  # the buffers' fast path skips check_inputs
         args = self._inputs.tensors(inputs) + list(self._weights)
         result = call_checked(lambda: self._main()(*args), self.input_specs, inputs, self.path)
         return dict(zip(self.output_names, flatten_outputs(result)))

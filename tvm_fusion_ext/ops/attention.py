@@ -33,6 +33,10 @@ Semantics the graph-side rules rely on:
   rotate-half (``[-x₂, x₁]`` of the two halves of the head dim) or the interleaved form (``(-x₁, x₀)`` per
   pair). Q is rotated into a per-query-tile stage ``attn_qr`` (the template places it under the tile loop),
   K while it is copied into key blocks (``attn_kt``): no rotated copy of Q or K is ever written whole.
+* Preallocated K/V (``preallocated_kv``): K and V are caches of a capacity of their own (their key axis may be
+  longer than the keys in use); the key count ``T`` is the mask's last dim and only keys ``[0, T)`` are read.
+  The in-place KV-cache build (:mod:`..compile.kv_cache`) passes the whole cache this way, so no copy of its
+  valid prefix is ever made. Needs a mask whose last dim is the key count, and K without rotary tables.
 * Keys whose score is -inf (mask -inf, causal, padding) get weight exactly 0. A row with no visible key
   yields 0 (no NaN): this is what SDPA exports guard with ``Where(IsNaN, 0, ·)``. Finite big-negative masks
   (-3.4e38, -10000) are ordinary scores; the running max starts at the lowest *finite* value so no
@@ -130,12 +134,19 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
                     out_layout: str = "BSHD", key_block: Optional[int] = None, q_rope: str = "none",
                     k_rope: str = "none", query_block: Optional[int] = None, softcap: float = 0.0,
                     heads: Optional[int] = None, kv_heads: Optional[int] = None, q_head_start: int = 0,
-                    k_head_start: int = 0, v_head_start: int = 0, split_blocks: Optional[int] = None):
+                    k_head_start: int = 0, v_head_start: int = 0, split_blocks: Optional[int] = None,
+                    preallocated_kv: bool = False):
     for name, lay in (("q", q_layout), ("k", k_layout), ("v", v_layout), ("out", out_layout)):
         if lay not in LAYOUTS:
             raise ValueError(f"fused_attention: {name}_layout must be one of {LAYOUTS}, got '{lay}'")
     B, QH, S, D = (_dim(x) for x in _dims(q, q_layout))
     T, KH = _dim(_dims(k, k_layout)[2]), _dim(_dims(k, k_layout)[1])
+    cache_len = T  # K's and V's own key axis: the keys in use, or (preallocated) the cache's capacity
+    if preallocated_kv:
+        if mask is None or k_rope != "none" or cu_seqlens is not None:
+            raise ValueError("fused_attention: preallocated_kv needs a mask (its last dim counts the keys), "
+                             "no rotary tables for K and no packed form")
+        T = _dim(mask.shape[-1])
     VH = _dim(_dims(v, v_layout)[1])
     if not all(isinstance(x, int) for x in (QH, D, KH, VH)):
         raise ValueError(f"fused_attention: heads and head dim must be static, got q {list(q.shape)} {q_layout}, "
@@ -157,8 +168,8 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
                          "V's heads differ from K's)")
     # V's head dim is its own (DV): the output takes it; only q·kᵀ needs q and k to agree (MLA, LeViT)
     DV = _dim(_dims(v, v_layout)[3])
-    if (not isinstance(DV, int) or not _same_dims(_dims(k, k_layout), [B, KH, T, D])
-            or not _same_dims(_dims(v, v_layout), [B, VH, T, DV]) or H % HKV):
+    if (not isinstance(DV, int) or not _same_dims(_dims(k, k_layout), [B, KH, cache_len, D])
+            or not _same_dims(_dims(v, v_layout), [B, VH, cache_len, DV]) or H % HKV):
         raise ValueError("fused_attention: q, k, v shapes disagree "
                          f"({list(q.shape)} {q_layout}, {list(k.shape)} {k_layout}, {list(v.shape)} {v_layout}; "
                          "K/V heads must divide Q heads)")
@@ -185,11 +196,15 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
         # an int32 axis cast from an int64 loop is not an affine binding the schedules can work with)
         B, S, T, H, HKV, D, DV, span = (tirx.IntImm("int64", x) if isinstance(x, int) else x
                                         for x in (B, S, T, H, HKV, D, DV, span))
+    # preallocated K/V: keys are clamped into the cache too, so a key count past its capacity (a caller that
+    # skipped the run-time checks) reads in bounds; T <= capacity otherwise, and the clamp is T - 1 as before
+    last = _last_key(T, cache_len if preallocated_kv else None, symbolic)
     if split_blocks is not None:
         return _decode_form(q, k, v, mask, q_cos, q_sin, k_cos, k_sin, q_layout, k_layout, v_layout, q_rope, k_rope,
                             q_head_start, k_head_start, v_head_start, varlen=varlen, B=B, S=S, T=T, H=H, HKV=HKV, D=D,
                             DV=DV, scale=scale, softcap=softcap, causal=causal, out_layout=out_layout,
-                            key_block=key_block, split_blocks=split_blocks, symbolic=symbolic)
+                            key_block=key_block, split_blocks=split_blocks, symbolic=symbolic,
+                            last=last if preallocated_kv else None)
     kb = int(key_block or (default_key_block(span) if not symbolic else SYMBOLIC_KEY_BLOCK))
     if kb <= 0 or kb & (kb - 1):
         raise ValueError(f"fused_attention: key_block must be a power of two, got {kb}")
@@ -197,7 +212,6 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
     if symbolic:
         kb = tirx.IntImm("int64", kb)
     nb = (span + kb - 1) // kb
-    last = T - 1
     # Queries known only at run time, with query_block: every stage runs over the rows padded to a multiple
     # of query_block (padding rows read the last real query), so a template tiles them with no tail inside
     # the flash loop; only the final write-back (attn_out) is bounded by the real rows.
@@ -354,7 +368,7 @@ def fused_attention(q, k, v, mask=None, q_cos=None, q_sin=None, k_cos=None, k_si
 
 def _decode_form(q, k, v, mask, q_cos, q_sin, k_cos, k_sin, q_layout, k_layout, v_layout, q_rope, k_rope,
                  q_head_start, k_head_start, v_head_start, *, varlen, B, S, T, H, HKV, D, DV, scale, softcap, causal,
-                 out_layout, key_block, split_blocks, symbolic):
+                 out_layout, key_block, split_blocks, symbolic, last=None):
     """``split_blocks`` given: the split-K decode form (:mod:`.decode_attention`) for one query row."""
     from .decode_attention import DecodeOperands, decode_attention, decode_key_block
 
@@ -387,7 +401,18 @@ def _decode_form(q, k, v, mask, q_cos, q_sin, k_cos, k_sin, q_layout, k_layout, 
                               mask=mask_read if mask is not None else None)
     return decode_attention(operands, B=B, S=S, T=T, H=H, HKV=HKV, D=D, DV=DV, scale=scale, softcap=softcap,
                             causal=causal, out_layout=out_layout, out_dtype=str(q.dtype), key_block=kb,
-                            split_blocks=sb, symbolic=symbolic)
+                            split_blocks=sb, symbolic=symbolic, last_key=last)
+
+
+def _last_key(T, capacity, symbolic: bool):
+    """The last key index a read may take: ``T - 1``, or ``min(T, capacity) - 1`` for a preallocated cache."""
+    if capacity is None:
+        return T - 1
+    if isinstance(_dim(T), int) and isinstance(_dim(capacity), int):
+        return min(_dim(T), _dim(capacity)) - 1
+    if symbolic and isinstance(capacity, int):
+        capacity = tirx.IntImm("int64", capacity)
+    return tirx.min(T, capacity) - tirx.IntImm(str(T.ty) if hasattr(T, "ty") else "int64", 1)
 
 
 def _check_varlen(cu_seqlens, row_seq, key_bias, mask, B, S, T, q_rope, k_rope) -> bool:
@@ -434,6 +459,15 @@ def key_geometry(func) -> tuple:
     params = params_of(func)
     buffers = {name: p.ty for name, p in zip(inputs_of(func), func.params)}  # 0.27: a parameter's type is its buffer
     S = _dim(_dims(buffers["q"], params.get("q_layout", "BSHD"))[2])
-    T = _dim(_dims(buffers["k"], params.get("k_layout", "BSHD"))[2])
+    T = (_dim(buffers["mask"].shape[-1]) if params.get("preallocated_kv")
+         else _dim(_dims(buffers["k"], params.get("k_layout", "BSHD"))[2]))
     default = default_key_block(T) if isinstance(T, int) else SYMBOLIC_KEY_BLOCK
     return S, T, int(params.get("key_block") or default)
+
+
+def call_keys(inputs: dict, params: dict):
+    """The key count of a ``fused_attention`` call (its inputs' Relax types by name): K's key axis, or the
+    mask's last dim for preallocated K/V (a cache longer than the keys in use)."""
+    if params.get("preallocated_kv"):
+        return inputs["mask"].ty.shape[-1]
+    return inputs["k"].ty.shape[2 if params.get("k_layout", "BSHD") == "BHSD" else 1]

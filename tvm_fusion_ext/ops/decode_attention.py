@@ -78,8 +78,11 @@ class DecodeOperands:
 
 
 def decode_attention(ops: DecodeOperands, *, B, S, T, H, HKV, D, DV, scale: float, softcap: float, causal: bool,
-                     out_layout: str, out_dtype: str, key_block, split_blocks: int, symbolic: bool) -> te.Tensor:
-    """The decode kernel's stages; returns the output (``B, S, H, DV`` in BSHD or ``B, H, S, DV`` in BHSD)."""
+                     out_layout: str, out_dtype: str, key_block, split_blocks: int, symbolic: bool,
+                     last_key=None) -> te.Tensor:
+    """The decode kernel's stages; returns the output (``B, S, H, DV`` in BSHD or ``B, H, S, DV`` in BHSD).
+    ``last_key``: the last key index a read may take (default ``T - 1``; a preallocated cache's is also within
+    its capacity)."""
     group = int(H) // int(HKV)
     index = "int64" if symbolic else "int32"
     c = lambda v: tirx.IntImm(index, v)  # noqa: E731
@@ -94,7 +97,7 @@ def decode_attention(ops: DecodeOperands, *, B, S, T, H, HKV, D, DV, scale: floa
         return sp * (sb * kb) + jb * kb + jj
 
     def clamped(sp, jb, jj):
-        return tirx.min(key(sp, jb, jj), T - c(1))
+        return tirx.min(key(sp, jb, jj), T - c(1) if last_key is None else last_key)
 
     # K copied key-contiguous per block: the q·kᵀ micro-kernel's vector runs over keys; the template keeps the
     # copy of one block under its split (an L1 tile), so K is read from memory once

@@ -59,7 +59,8 @@ def _attention_key_block(params: dict, inputs: Dict[str, Tuple[str, list]]) -> i
     if params.get("key_block"):
         return int(params["key_block"])
     shape = inputs["k"][1]
-    keys = shape[1 if params.get("k_layout", "BSHD") == "BSHD" else 2]
+    keys = (inputs["mask"][1][-1] if params.get("preallocated_kv")  # K is a cache longer than its keys
+            else shape[1 if params.get("k_layout", "BSHD") == "BSHD" else 2])
     return default_key_block(keys) if keys is not None else SYMBOLIC_KEY_BLOCK
 
 

@@ -43,6 +43,7 @@ from tvm import s_tir, tirx
 
 from ..attention_blocks import (STAGES, inline_low_precision_stages, kernel_stages, output_loops_bhsd,
                                 pad_symbolic_queries, symbolic_rows_reason)
+from ...ops.attention import call_keys
 from ...ops.decode_attention import decode_params
 from ...targets import TargetInfo
 from ..common import categorical, op_params
@@ -236,7 +237,7 @@ class AttentionCPU(TemplateRule):
         rows = int(call.inputs["q"].ty.shape[2 if call.params.get("q_layout", "BSHD") == "BHSD" else 1])
         if rows == 1 and "cu_seqlens" not in call.inputs and call.params.get("split_blocks") is None:
             # one query row (a decode step built for static rows): the split-K decode form, its own template
-            keys = call.inputs["k"].ty.shape[2 if call.params.get("k_layout", "BSHD") == "BHSD" else 1]
+            keys = call_keys(call.inputs, call.params)
             keys = int(keys) if isinstance(keys, tirx.IntImm) else keys
             return call.replace(params=decode_params(call.params, keys))
         tile = tile or default_query_tile(rows)

@@ -45,7 +45,7 @@ from ..attention_blocks import (
     separate_head_ranges,
     symbolic_rows_reason,
 )
-from ...ops.attention import LOW_PRECISION
+from ...ops.attention import LOW_PRECISION, call_keys
 from ..common import categorical, op_params
 from ..rule import Knobs, TemplateRule
 from .attention_mma import KEY_BLOCK, attention_mma, opted_in, tensor_cores_fit
@@ -222,7 +222,7 @@ class AttentionCUDA(TemplateRule):
         if decode is not None:
             return decode
         wanted = pad_symbolic_queries(call, SYMBOLIC_QUERY_ROWS) or call
-        keys = call.inputs["k"].ty.shape[2 if call.params.get("k_layout", "BSHD") == "BHSD" else 1]
+        keys = call_keys(call.inputs, call.params)
         if not isinstance(keys, tvm.tirx.IntImm) and call.params.get("key_block") is None:
             # a key per lane: wider blocks give each thread several scores, kept in a stack array
             wanted = wanted.replace(params=dict(wanted.params, key_block=WARP))

@@ -20,6 +20,7 @@ import os
 import time
 from typing import Callable, Dict, Optional, Sequence
 
+from ...deploy.kv_cache import exported_outputs, exported_specs, inplace_feeds, is_inplace
 from ...deploy.manifest import is_artifact
 from ...errors import InputError, ModelLoadError
 from ..timing import time_block
@@ -57,8 +58,11 @@ def bench_decode(path: str, past: int, batch: int = 1, onnx: Optional[str] = Non
     shapes = decode_shapes(specs, batch, past, label)
     vocab = vocab_of(onnx_path, specs)
     feeds = decode_feeds(specs, shapes, past, vocab=vocab, seed=seed)
+    kv = getattr(model, "kv_cache", None) if artifact else None
+    inplace = is_inplace(kv)
+    run_feeds = inplace_feeds(kv, feeds) if inplace else feeds  # an in-place cache: buffers + past_length
     if artifact:
-        model.check_inputs(feeds)
+        model.check_inputs(run_feeds)
     else:
         model = _build(path, specs, shapes, logs, out)
         note = "built here, symbolic dims"
@@ -73,7 +77,9 @@ def bench_decode(path: str, past: int, batch: int = 1, onnx: Optional[str] = Non
     cache_bytes = past_bytes(specs, feeds)
     step_bytes = weight_bytes + cache_bytes
 
-    got = model.run(feeds)
+    got = model.run(run_feeds)
+    if inplace:  # presents are the whole buffers: ONNX Runtime's are their filled prefix
+        got = exported_outputs(kv, got, past + 1)
     sess = ref = None
     if onnx_path is not None and importlib.util.find_spec("onnxruntime") is not None:
         sess = ort_session(onnx_path, threads, spin=spinning["thread_spinning"])
@@ -82,7 +88,7 @@ def bench_decode(path: str, past: int, batch: int = 1, onnx: Optional[str] = Non
         ref = sess.run(None, ort_feeds)
     rows = [Row(OURS, max_abs_diff=max_abs_diff([got[n] for n in model.output_names], ref) if ref else None,
                 note=note)]
-    rows[0].timing = time_block(OURS, model.bind(feeds), repeat=repeat)
+    rows[0].timing = time_block(OURS, model.bind(run_feeds), repeat=repeat)
     if "ort" in against:
         if sess is None:
             why = "no ONNX file (pass --onnx FILE)" if onnx_path is None else "onnxruntime not installed"
@@ -103,7 +109,7 @@ def bench_decode(path: str, past: int, batch: int = 1, onnx: Optional[str] = Non
     out(f"host read bandwidth ({host['method']} over {_mb(host['bytes'])}, same run): {host['gb_per_s']:.1f} GB/s"
         f" -> limit {limit_ms:.3f} ms per step")
     out(format_decode(rows, limit_ms))
-    profile = kernel_profile(model, feeds, repeat, out) if kernels else None
+    profile = kernel_profile(model, run_feeds, repeat, out) if kernels else None
     return {
         "mode": "decode",
         "model": label,
@@ -112,7 +118,8 @@ def bench_decode(path: str, past: int, batch: int = 1, onnx: Optional[str] = Non
         "threads": threads,
         "batch": batch,
         "past": past,
-        "input_shapes": {k: list(v.shape) for k, v in feeds.items()},
+        "input_shapes": {k: list(v.shape) for k, v in run_feeds.items()},
+        "kv_cache": dict(kv) if kv else {"mode": "concat"},
         "setup_seconds": setup_s,
         "weight_bytes": weight_bytes,
         "weight_breakdown": weights,
@@ -181,6 +188,10 @@ def _load_artifact(path: str, onnx: Optional[str], out):
         out(f"ONNX Runtime not run: {onnx_note}")
     specs = {name: ([d if isinstance(d, int) else str(d) for d in shape], dtype)
              for name, (shape, dtype) in model.input_specs.items()}
+    if is_inplace(model.kv_cache):  # the step is made as for the exported model, then put into the buffers
+        out(f"in-place KV cache: buffers of {model.kv_cache['capacity']} positions, written at "
+            f"{model.kv_cache['length_input']}")
+        specs = {n: (list(shape), dtype) for n, (shape, dtype) in exported_specs(model.kv_cache, specs).items()}
     return model, onnx_path, specs, "artifact"
 
 
