@@ -73,9 +73,9 @@ def test_built_with_nvcc_for_sm_80(tmp_path, monkeypatch):
     campaign = tmp_path / "campaign"
     assert main(["build", str(campaign), "--arch", "sm_80", "--parts", "norms,attention,decode", "--quick"]) == 0
     cases = json.loads((campaign / "norms" / "cases.json").read_text())["cases"]
-    assert len(cases) == 2 and all((campaign / "norms" / c["library"]).stat().st_size > 0 for c in cases)
-    assert (campaign / "attention" / "attention_f16_S128_D64_H2_causal.so").is_file()
-    assert (campaign / "decode" / "decode_attention_f16_P128_B1_H4_KV2_D64.so").is_file()
+    assert len(cases) == 2 and all((campaign / "norms" / f"{c['library']}.gz").stat().st_size > 0 for c in cases)
+    assert (campaign / "attention" / "attention_f16_S128_D64_H2_causal.so.gz").is_file()  # libraries travel gzipped
+    assert (campaign / "decode" / "decode_attention_f16_P128_B1_H4_KV2_D64.so.gz").is_file()
     size = sum(f.stat().st_size for f in campaign.rglob("*") if f.is_file())
     assert size < 8 * 2**20  # small libraries: the whole campaign and the 23 MB runtime fit the 64 MiB carried
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import e2e, pool, speed
+from . import carry, e2e, pool, speed
 
 PARTS = ("numerics", "dense", "attention", "norms", "decode", "e2e", "pool")
 #: seconds a part is expected to take on an H100/H200 (numerics: ~40 small libraries, each loaded and checked)
@@ -50,6 +50,7 @@ def build(out_dir: Path, arch: str, parts, quick: bool) -> float:
             pool.build(out_dir / part, target, quick)
         else:
             speed.build(out_dir / part, part, target, quick)
+        carry.pack(out_dir / part)
         manifest["parts"][part] = {"expected_s": EXPECTED_S[part], "built_s": round(time.time() - start, 1)}
         (out_dir / "campaign.json").write_text(json.dumps(manifest, indent=1))
     text, carried = summary(out_dir, arch, [p for p in PARTS if p in manifest["parts"]])
@@ -117,6 +118,8 @@ def run(in_dir: Path, parts, json_out: Path) -> int:
     import tvm
 
     results = {"device": name, "arch": manifest["arch"], "tvm": tvm.__version__, "parts": {}}
+    took = sum(carry.unpack(in_dir / p) for p in parts)
+    print(f"libraries unpacked in {took:.1f} s", flush=True)
     failed = 0
     for part in parts:
         start = time.time()
