@@ -6,9 +6,9 @@ with tensor cores and SIMT, the int8 dense (u8 × s8 tensor cores, int32 accumul
 bias + residual + LayerNorm, attention fp32 / fp16 / bf16, each 16-bit attention also through the opt-in
 tensor-core template, the split-K decode attention (one query row, GQA / MQA, padded pasts), and a symbolic
 attention whose one-row requests branch to it; a symbolic-shape chain of dense → causal attention → LayerNorm
-through the Relax VM; the packed varlen attention) with ``export_library`` into ``DIR``, with each case's inputs and the
-reference it must match (numpy in float64 on the values the GPU sees, or the CPU build for the VM chain) and a
-``cases.json`` index. ``arch="llvm"`` builds the float32 cases for this CPU instead, so that the run side is
+through the Relax VM; the packed varlen attention) with ``export_library`` into ``DIR``, with the reference each
+case must match (numpy in float64 on the values the GPU sees, or the CPU build for the VM chain), its inputs (the
+dense cases' are drawn there from their seed instead: only their CRC-32s travel) and a ``cases.json`` index. ``arch="llvm"`` builds the float32 cases for this CPU instead, so that the run side is
 exercised here by a runtime-only process before a GPU ever sees it. ``run`` needs only ``tvm.runtime``, numpy and
 torch: it loads each library, feeds the inputs (cast by torch, so bf16 needs no ml_dtypes), compares with the
 reference at the test's tolerance, times the single-kernel cases with TVM's ``time_evaluator`` against torch's
