@@ -73,9 +73,9 @@ def test_built_with_nvcc_for_sm_80(tmp_path, monkeypatch):
     campaign = tmp_path / "campaign"
     assert main(["build", str(campaign), "--arch", "sm_80", "--parts", "norms,attention,decode", "--quick"]) == 0
     cases = json.loads((campaign / "norms" / "cases.json").read_text())["cases"]
-    assert len(cases) == 2 and all((campaign / "norms" / c["library"]).stat().st_size > 0 for c in cases)
-    assert (campaign / "attention" / "attention_f16_S128_D64_H2_causal.so").is_file()
-    assert (campaign / "decode" / "decode_attention_f16_P128_B1_H4_KV2_D64.so").is_file()
+    assert len(cases) == 2 and all((campaign / "norms" / f"{c['library']}.gz").stat().st_size > 0 for c in cases)
+    assert (campaign / "attention" / "attention_f16_S128_D64_H2_causal.so.gz").is_file()  # libraries travel gzipped
+    assert (campaign / "decode" / "decode_attention_f16_P128_B1_H4_KV2_D64.so.gz").is_file()
     size = sum(f.stat().st_size for f in campaign.rglob("*") if f.is_file())
     assert size < 8 * 2**20  # small libraries: the whole campaign and the 23 MB runtime fit the 64 MiB carried
 
@@ -191,3 +191,48 @@ def test_decode_numerics_references_agree_with_the_package_reference():
         values = [inputs[n][0].astype(dtype).astype("float64") for n in ("q", "k", "v", "mask")]
         np.testing.assert_allclose(want, decode_attention_reference(*values, params["scale"]), atol=1e-6,
                                    err_msg=name)
+
+
+def test_summary_counts_the_carried_total_and_a_campaign_too_large_is_refused(tmp_path, monkeypatch, capsys):
+    """The summary adds the runtime bundle and the checkout to the campaign's files; a campaign whose carried total
+    is over 64 MiB ends the build in one line with a non-zero status (the parts stay built, to carry apart)."""
+    from tvm_fusion_ext.tools.gpu_campaign import __main__ as campaign
+
+    monkeypatch.setattr(campaign, "_checkout_mib", lambda: 8.0)
+    (tmp_path / "norms").mkdir()
+    with open(tmp_path / "norms" / "lib.so", "wb") as f:
+        f.truncate(30 * 2**20)  # sparse: its size, not its blocks, is what is carried
+    text, carried = campaign.summary(tmp_path, "sm_90", ["norms"])
+    assert abs(carried - (30 + campaign.RUNTIME_BUNDLE_MIB + 8)) < 0.01
+    assert "norms" in text and "30.0" in text and "TOO LARGE" not in text
+    assert campaign.too_large(tmp_path, carried) is None
+    with open(tmp_path / "norms" / "lib.so", "r+b") as f:
+        f.truncate(40 * 2**20)
+    text, carried = campaign.summary(tmp_path, "sm_90", ["norms"])
+    assert carried > campaign.CARRY_LIMIT_MIB and "TOO LARGE" in text
+    assert "over the 64 MiB" in campaign.too_large(tmp_path, carried)
+
+    monkeypatch.setattr(campaign, "build", lambda *a: 70.0)
+    assert main(["build", str(tmp_path), "--arch", "llvm", "--parts", "norms"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "70.0 MiB carried" in err and "--parts" in err
+
+
+def test_numerics_dense_inputs_are_drawn_there_and_checked(tmp_path):
+    """The dense cases carry only their reference and the CRC-32s of their inputs; the run side draws the inputs
+    from the seed, and a draw that differs (another numpy stream) is refused in one line, not compared."""
+    import numpy as np
+
+    from tvm_fusion_ext.tools.gpu_campaign import numerics
+
+    cases = {c[0]: c for c in numerics._prim_cases() + numerics.int8_dense_cases()}
+    drawn = [n for n in cases if n.startswith("dense")]
+    assert drawn and all(n in numerics.DRAWN for n in drawn)
+    assert not any(n.startswith(("attention", "layernorm")) for n in numerics.DRAWN)
+    for name in drawn:
+        recipe = dict(numerics.DRAWN[name], crc32=[numerics._crc(v) for v, _ in cases[name][3].values()])
+        again = numerics.drawn_inputs(recipe)
+        assert all(np.array_equal(a, v) for a, (v, _) in zip(again, cases[name][3].values())), name
+    recipe["crc32"] = [0] * len(recipe["crc32"])
+    with pytest.raises(RuntimeError, match="differ from the build's"):
+        numerics.drawn_inputs(recipe)

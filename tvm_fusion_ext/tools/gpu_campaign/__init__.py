@@ -19,10 +19,12 @@ Parts (each runnable alone; ``run`` prints the expected time of each before it s
                turns the times into pool files for ``tuning_lab replay`` and records for ``--warm-start``
 
 ``build`` adds parts to a campaign directory already built for the same arch and prints, per part, files, MiB and
-expected time there, and the total carried with the runtime bundle against the 64 MiB limit.
+expected time there, and the total carried with the runtime bundle and the checkout against the 64 MiB limit (over
+it, one line and exit status 1).
 
 ``build --arch llvm`` makes the same campaign for this CPU (float32 numerics, small speed cases with ``--quick``):
 the run side then executes here under a runtime-only TVM, so the first GPU run is not the first run.
 The run side imports only ``tvm.runtime``, numpy and torch (:mod:`.device`, :mod:`.numerics`'s run, :mod:`.speed`'s
-run). Inputs, and the e2e part's weights, are generated there from seeds; libraries are small (no weights).
+run). Inputs, and the e2e part's weights, are generated there from seeds (the numerics part's small ones are
+carried); libraries are small (no weights) and travel gzipped (:mod:`.carry`), unpacked by ``run``.
 """

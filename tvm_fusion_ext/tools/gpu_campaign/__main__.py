@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import e2e, pool, speed
+from . import carry, e2e, pool, speed
 
 PARTS = ("numerics", "dense", "attention", "norms", "decode", "e2e", "pool")
 #: seconds a part is expected to take on an H100/H200 (numerics: ~40 small libraries, each loaded and checked)
@@ -24,7 +24,8 @@ def _parts(text: str):
     return parts
 
 
-def build(out_dir: Path, arch: str, parts, quick: bool) -> None:
+def build(out_dir: Path, arch: str, parts, quick: bool) -> float:
+    """Build ``parts`` into ``out_dir``, print the summary; the MiB carried (campaign + bundle + checkout)."""
     from .target import campaign_target
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -49,9 +50,12 @@ def build(out_dir: Path, arch: str, parts, quick: bool) -> None:
             pool.build(out_dir / part, target, quick)
         else:
             speed.build(out_dir / part, part, target, quick)
+        carry.pack(out_dir / part)
         manifest["parts"][part] = {"expected_s": EXPECTED_S[part], "built_s": round(time.time() - start, 1)}
         (out_dir / "campaign.json").write_text(json.dumps(manifest, indent=1))
-    print(summary(out_dir, arch, [p for p in PARTS if p in manifest["parts"]]))
+    text, carried = summary(out_dir, arch, [p for p in PARTS if p in manifest["parts"]])
+    print(text)
+    return carried
 
 
 #: what the GPU machine can be sent at once, and the runtime-only TVM bundle's share of it
@@ -59,8 +63,9 @@ CARRY_LIMIT_MIB = 64
 RUNTIME_BUNDLE_MIB = 23 / 1.048576
 
 
-def summary(out_dir: Path, arch: str, parts) -> str:
-    """Per part: files, MiB and expected seconds there; then the carried total against the 64 MiB limit."""
+def summary(out_dir: Path, arch: str, parts):
+    """Per part: files, MiB and expected seconds there; then the carried total against the 64 MiB limit.
+    Returns the text and the MiB carried (the campaign, the runtime bundle and the checkout's tracked files)."""
     lines = [f"campaign in {out_dir} for {arch}", f"{'part':<10} {'files':>6} {'MiB':>7} {'expected s':>11}"]
     total_files, total = 0, 0
     for part in parts:
@@ -73,10 +78,18 @@ def summary(out_dir: Path, arch: str, parts) -> str:
     lines.append(f"{'total':<10} {total_files:>6} {total / 2**20:>7.1f} {sum(EXPECTED_S[p] for p in parts):>11}")
     with_checkout = f" and the checkout's tracked files ({checkout:.1f} MiB)" if checkout else ""
     lines.append(f"carried with the runtime bundle (~{RUNTIME_BUNDLE_MIB:.0f} MiB){with_checkout}: {carried:.1f} of "
-                 f"{CARRY_LIMIT_MIB} MiB" + ("  TOO LARGE to carry at once" if carried >= CARRY_LIMIT_MIB else
+                 f"{CARRY_LIMIT_MIB} MiB" + ("  TOO LARGE to carry at once" if carried > CARRY_LIMIT_MIB else
                                              "  (close to the limit: the largest part can go in a campaign of its "
                                              "own)" if carried > 0.9 * CARRY_LIMIT_MIB else ""))
-    return "\n".join(lines)
+    return "\n".join(lines), carried
+
+
+def too_large(out_dir: Path, carried: float):
+    """One line when ``carried`` MiB exceed what one carry holds, else None."""
+    if carried <= CARRY_LIMIT_MIB:
+        return None
+    return (f"{out_dir}: {carried:.1f} MiB carried with the runtime bundle and the checkout, over the "
+            f"{CARRY_LIMIT_MIB} MiB one carry holds: build its parts into two campaigns (--parts) and carry each alone")
 
 
 def _checkout_mib():
@@ -105,6 +118,8 @@ def run(in_dir: Path, parts, json_out: Path) -> int:
     import tvm
 
     results = {"device": name, "arch": manifest["arch"], "tvm": tvm.__version__, "parts": {}}
+    took = sum(carry.unpack(in_dir / p) for p in parts)
+    print(f"libraries unpacked in {took:.1f} s", flush=True)
     failed = 0
     for part in parts:
         start = time.time()
@@ -190,7 +205,11 @@ def main(argv=None) -> int:
             raise SystemExit(str(e)) from None
         return 0
     if args.mode == "build":
-        build(Path(args.dir), args.arch, _parts(args.parts), args.quick)
+        carried = build(Path(args.dir), args.arch, _parts(args.parts), args.quick)
+        message = too_large(Path(args.dir), carried)
+        if message:
+            print(message, file=sys.stderr)
+            return 1
         return 0
     in_dir = Path(args.dir)
     if not (in_dir / "campaign.json").is_file():

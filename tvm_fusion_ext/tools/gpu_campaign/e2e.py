@@ -228,7 +228,7 @@ def _compile_variant(mod, name: str, variant: str, target, drawn, out_dir: Path)
     recipes, carried = derive_recipes(compiled.weights, drawn)
     constants = f"{name}-{variant}.constants.npz"
     if carried:
-        np.savez(out_dir / constants, **carried)
+        np.savez_compressed(out_dir / constants, **carried)  # masks and tables: they compress
     return {"model": name, "variant": variant, "library": library, "inputs": inputs, "weights": recipes,
             "carried": sorted(carried), "constants": constants, **_cuda_kernels(compiled.executable)}
 

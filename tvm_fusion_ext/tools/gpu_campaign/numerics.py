@@ -6,9 +6,9 @@ with tensor cores and SIMT, the int8 dense (u8 × s8 tensor cores, int32 accumul
 bias + residual + LayerNorm, attention fp32 / fp16 / bf16, each 16-bit attention also through the opt-in
 tensor-core template, the split-K decode attention (one query row, GQA / MQA, padded pasts), and a symbolic
 attention whose one-row requests branch to it; a symbolic-shape chain of dense → causal attention → LayerNorm
-through the Relax VM; the packed varlen attention) with ``export_library`` into ``DIR``, with each case's inputs and the
-reference it must match (numpy in float64 on the values the GPU sees, or the CPU build for the VM chain) and a
-``cases.json`` index. ``arch="llvm"`` builds the float32 cases for this CPU instead, so that the run side is
+through the Relax VM; the packed varlen attention) with ``export_library`` into ``DIR``, with the reference each
+case must match (numpy in float64 on the values the GPU sees, or the CPU build for the VM chain), its inputs (the
+dense cases' are drawn there from their seed instead: only their CRC-32s travel) and a ``cases.json`` index. ``arch="llvm"`` builds the float32 cases for this CPU instead, so that the run side is
 exercised here by a runtime-only process before a GPU ever sees it. ``run`` needs only ``tvm.runtime``, numpy and
 torch: it loads each library, feeds the inputs (cast by torch, so bf16 needs no ml_dtypes), compares with the
 reference at the test's tolerance, times the single-kernel cases with TVM's ``time_evaluator`` against torch's
@@ -56,6 +56,60 @@ def _attention_ref(q, k, v, mask, scale, causal=False):
     return (p @ vh).transpose(0, 2, 1, 3)
 
 
+# -- inputs drawn on both sides -----------------------------------------------------------------------------------
+# The dense cases' weights are most of what the numerics part would carry: their inputs are drawn there from the same
+# seed by the functions below (numpy's ``default_rng`` gives the same numbers on both sides), and only the reference
+# and a CRC-32 of each drawn input travel, so that a numpy whose stream differs fails the case in one line instead of
+# comparing against a reference of other inputs. The other cases' inputs are small and carried, 16-bit ones in 16 bits.
+def dense_inputs(M, K, N, tb, seed=0):
+    """x [1, M, K], w [N, K] (``tb``) or [K, N] scaled by 1/sqrt(K), bias [N], all float32."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, M, K)).astype("float32")
+    w = (rng.standard_normal((N, K) if tb else (K, N)) / math.sqrt(K)).astype("float32")
+    b = rng.standard_normal(N).astype("float32")
+    return x, w, b
+
+
+def int8_dense_inputs(M, K, N):
+    """x (u8), x_scale, x_zero, w (s8, [N, K]), w_scale, w_sum, bias: the quantised dense's operands."""
+    rng = np.random.default_rng(M + K + N)
+    x = rng.integers(0, 256, (1, M, K)).astype("uint8")
+    x_zero = rng.integers(0, 256, (1, M, 1)).astype("int32")
+    x_scale = rng.uniform(0.01, 0.05, (1, M, 1)).astype("float32")
+    w = rng.integers(-127, 128, (N, K)).astype("int8")
+    w_scale = rng.uniform(0.5, 2.0, N).astype("float32") / np.float32(127 * math.sqrt(K))
+    w_sum = w.astype("int32").sum(axis=1).astype("int32")
+    b = rng.standard_normal(N).astype("float32")
+    return x, x_scale, x_zero, w, w_scale, w_sum, b
+
+
+#: draw name → the function that draws a case's inputs (both sides)
+DRAWS = {"dense": dense_inputs, "int8_dense": int8_dense_inputs}
+#: case name → ``{"draw", "args"}``, filled by the case lists: the cases whose inputs are drawn there
+DRAWN = {}
+
+
+def _crc(a) -> int:
+    import zlib
+
+    return zlib.crc32(np.ascontiguousarray(a).tobytes())
+
+
+def _carried(a, dtype):
+    """``a`` as carried: float16 cases' float32 values in float16 (exact: the values are rounded to it there anyway)."""
+    return a.astype("float16") if dtype == "float16" and a.dtype == np.float32 else a
+
+
+def drawn_inputs(recipe):
+    """The inputs of a case drawn here, checked against the build's CRC-32s."""
+    arrays = DRAWS[recipe["draw"]](*recipe["args"])
+    got = [_crc(a) for a in arrays]
+    if got != recipe["crc32"]:
+        raise RuntimeError(f"inputs drawn by numpy {np.__version__} differ from the build's "
+                           f"(draw {recipe['draw']}{tuple(recipe['args'])}): the reference does not apply")
+    return list(arrays)
+
+
 def _prim_cases():
     """``(name, op, rule, inputs {name: (float32 array, dtype)}, params, out shape, out dtype, reference, tol,
     torch op)``: the single-kernel cases of tests/gpu/test_cuda_numerics.py."""
@@ -65,14 +119,13 @@ def _prim_cases():
                                     ("float16", 128, 384, 1536, True, "relu"), ("float16", 12, 40, 24, False, "none"),
                                     ("bfloat16", 128, 384, 768, False, "gelu"),
                                     ("bfloat16", 64, 256, 128, True, "none")]:
-        rng = np.random.default_rng(0)
-        x = rng.standard_normal((1, M, K)).astype("float32")
-        w = (rng.standard_normal((N, K) if tb else (K, N)) / math.sqrt(K)).astype("float32")
-        b = rng.standard_normal(N).astype("float32")
+        x, w, b = dense_inputs(M, K, N, tb)
         z = _cast(x, dtype) @ (_cast(w, dtype).T if tb else _cast(w, dtype)) + _cast(b, dtype)
         want = {"none": z, "relu": np.maximum(z, 0), "gelu": _gelu(z)}[act]
         tol = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 8e-2}[dtype]
-        cases.append((f"dense_{dtype}_{M}x{K}x{N}_{'tb_' if tb else ''}{act}", "fused_dense", "tfx.dense",
+        name = f"dense_{dtype}_{M}x{K}x{N}_{'tb_' if tb else ''}{act}"
+        DRAWN[name] = {"draw": "dense", "args": [M, K, N, tb]}
+        cases.append((name, "fused_dense", "tfx.dense",
                       {"x": (x, dtype), "w": (w, dtype), "bias": (b, dtype)}, {"act": act, "transpose_b": tb},
                       (1, M, N), dtype, want, tol, {"op": "dense", "act": act, "transpose_b": tb}))
     for dtype, N in [("float32", 384), ("float32", 30), ("float16", 768)]:
@@ -117,19 +170,13 @@ def int8_dense_cases():
     cases = []
     for M, K, N, act in [(128, 384, 1152, "none"), (128, 384, 1536, "gelu"), (16, 2048, 1024, "none"),
                          (20, 64, 48, "relu")]:
-        rng = np.random.default_rng(M + K + N)
-        x = rng.integers(0, 256, (1, M, K)).astype("uint8")
-        x_zero = rng.integers(0, 256, (1, M, 1)).astype("int32")
-        x_scale = rng.uniform(0.01, 0.05, (1, M, 1)).astype("float32")
-        w = rng.integers(-127, 128, (N, K)).astype("int8")
-        w_scale = rng.uniform(0.5, 2.0, N).astype("float32") / np.float32(127 * math.sqrt(K))
-        w_sum = w.astype("int32").sum(axis=1).astype("int32")
-        b = rng.standard_normal(N).astype("float32")
+        x, x_scale, x_zero, w, w_scale, w_sum, b = int8_dense_inputs(M, K, N)
         acc = x[0].astype(np.int64) @ w.T.astype(np.int64) - x_zero[0].astype(np.int64) * w_sum.astype(np.int64)
         z = (acc * (x_scale[0].astype("float64") * w_scale.astype("float64")) + b)[None]
         want = {"none": z, "relu": np.maximum(z, 0), "gelu": _gelu(z)}[act]
         inputs = {"x": (x, "uint8"), "x_scale": (x_scale, "float32"), "x_zero": (x_zero, "int32"), "w": (w, "int8"),
                   "w_scale": (w_scale, "float32"), "w_sum": (w_sum, "int32"), "bias": (b, "float32")}
+        DRAWN[f"dense_int8_{M}x{K}x{N}_{act}"] = {"draw": "int8_dense", "args": [M, K, N]}
         cases.append((f"dense_int8_{M}x{K}x{N}_{act}", "fused_dense_int8", "tfx.dense", inputs,
                       {"act": act, "transpose_b": True}, (1, M, N), "float32", want, 1e-4,
                       {"op": "dense_int8", "act": act}))
@@ -195,7 +242,7 @@ def _decode_dispatch(target, out_dir):
         feeds = helpers._inputs(batch, rows, past, seed=past + rows, pad=pad)
         want = helpers._reference(*feeds, 0.125)
         name = f"decode_dispatch_b{batch}_rows{rows}_past{past}"
-        np.savez(out_dir / f"{name}.npz", want=np.asarray(want, "float32"),
+        np.savez_compressed(out_dir / f"{name}.npz", want=np.asarray(want, "float32"),
                  **{f"in{i}": a for i, a in enumerate(feeds)})
         entries.append({"name": name, "kind": "vm", "library": "decode_dispatch.so", "tol": 1e-4})
     return entries
@@ -226,10 +273,16 @@ def _build_prim(case, target, out_dir):
     with target:
         lib = tvm.compile(sch.mod, target)
     lib.export_library(str(out_dir / f"{name}.so"))
-    arrays = {f"in{i}": v for i, (v, _) in enumerate(inputs.values())}
-    np.savez(out_dir / f"{name}.npz", want=want.astype("float32"), **arrays)
-    return {"name": name, "kind": "prim", "dtypes": [d for _, d in inputs.values()], "out_shape": list(out_shape),
-            "out_dtype": out_dtype, "tol": tol, "torch": torch_op}
+    entry = {"name": name, "kind": "prim", "dtypes": [d for _, d in inputs.values()], "out_shape": list(out_shape),
+             "out_dtype": out_dtype, "tol": tol, "torch": torch_op}
+    recipe = DRAWN.get(name.removesuffix("_mma"))
+    if recipe:  # drawn there: only the reference travels
+        entry["draw"] = dict(recipe, crc32=[_crc(v) for v, _ in inputs.values()])
+        arrays = {}
+    else:
+        arrays = {f"in{i}": _carried(v, d) for i, (v, d) in enumerate(inputs.values())}
+    np.savez_compressed(out_dir / f"{name}.npz", want=want.astype("float32"), **arrays)
+    return entry
 
 
 def _symbolic_chain(target, out_dir):
@@ -253,7 +306,7 @@ def _symbolic_chain(target, out_dir):
                  for n, sh in shapes.items()]
         want = on_cpu["main"](*[tvm.runtime.tensor(a) for a in feeds]).numpy()
         name = f"symbolic_chain_b{batch}_s{seq}"
-        np.savez(out_dir / f"{name}.npz", want=want, **{f"in{i}": a for i, a in enumerate(feeds)})
+        np.savez_compressed(out_dir / f"{name}.npz", want=want, **{f"in{i}": a for i, a in enumerate(feeds)})
         entries.append({"name": name, "kind": "vm", "library": "symbolic_chain.so", "tol": 1e-4})
     return entries
 
@@ -281,7 +334,7 @@ def _varlen(target, out_dir, dtypes=("float32", "float16")):
             want = reference(*[a.astype("float32") if a.dtype.kind == "f" else a for a in arrays[:4]],
                              arrays[5].astype("float32"), 0.125, causal)
             name = f"{lib[:-3]}_{'-'.join(map(str, lengths))}"
-            np.savez(out_dir / f"{name}.npz", want=np.asarray(want, "float32"),
+            np.savez_compressed(out_dir / f"{name}.npz", want=np.asarray(want, "float32"),
                      **{f"in{i}": a for i, a in enumerate(arrays)})
             entries.append({"name": name, "kind": "vm", "library": lib, "tol": tol})
     return entries
@@ -393,7 +446,8 @@ def run(in_dir: Path, json_out: Path, save_outputs: bool = False) -> int:
         row = {"name": case["name"]}
         try:
             data = np.load(in_dir / f"{case['name']}.npz")
-            inputs = [data[f"in{i}"] for i in range(len([k for k in data.files if k.startswith("in")]))]
+            inputs = (drawn_inputs(case["draw"]) if "draw" in case else
+                      [data[f"in{i}"] for i in range(len([k for k in data.files if k.startswith("in")]))])
             want = data["want"]
             if case["kind"] == "prim":
                 lib = tvm.runtime.load_module(str(in_dir / f"{case['name']}.so"))
