@@ -6,7 +6,8 @@ rewritten, and why:
 
 * **files**: every ONNX file a page names is a stand-in made once per session: MiniLM and BERT files are a
   one-layer all-MiniLM-L6-v2 (real weights, dynamic batch and sequence; ``*_s128.onnx`` static at 128 tokens),
-  decoders (``llama*.onnx``) a one-layer random-weight LLaMA with 4 K/V heads of 64, any other model a two-layer
+  decoders (``llama*.onnx``) a one-layer random-weight LLaMA with 4 K/V heads of 64 (``llama_big.onnx``, the
+  prefill benchmark's file, a tiny LLaMA without a cache), any other model a two-layer
   random-weight DistilBERT (``input_ids`` and ``attention_mask`` only, as the pages' Python examples feed it); an
   artifact a command reads but the page never built is the MiniLM stand-in's, compiled once.
 * **effort**: tuning trials, repeats, seeds, replay budgets and batch lengths are cut to a few; results that
@@ -68,6 +69,8 @@ def make_stand_ins(where: pathlib.Path) -> None:
         export_hf_model("minilm", where / "encoder.onnx", num_layers=1, dynamic=True)
     if not (where / "generic.onnx").is_file():
         export_hf_model("distilbert", where / "generic.onnx", dynamic=True)
+    if not (where / "prefill.onnx").is_file():
+        export_hf_model("llama", where / "prefill.onnx", dynamic=True)
     if not (where / "encoder_s128.onnx").is_file():
         export_hf_model("minilm", where / "encoder_s128.onnx", num_layers=1, seq=128)
     if not (where / "decoder.onnx").is_file():
@@ -93,7 +96,8 @@ def _provide(arg: str) -> None:
     stand_ins = _stand_in_dir()
     if arg.endswith(".onnx"):
         name = path.name.lower()
-        source = "decoder.onnx" if "llama" in name else "encoder_s128.onnx" if "s128" in name else \
+        source = "prefill.onnx" if "llama_big" in name else "decoder.onnx" if "llama" in name else \
+            "encoder_s128.onnx" if "s128" in name else \
             "encoder.onnx" if re.search("minilm|bert", name) else "generic.onnx"
     elif arg.endswith(".npz") and not re.search(r"out|^y\.", path.name):
         source = "x.npz" if path.name == "x.npz" else "generic.npz"   # the pages' x.npz is MiniLM's
