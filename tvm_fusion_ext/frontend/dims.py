@@ -91,6 +91,7 @@ def input_dims(graph_inputs, shapes: Optional[Mapping[str, Sequence[int]]], labe
     for name in shapes:
         if name not in known:
             raise InputError(f"{label}: shapes names unknown input {name!r}; model inputs are: {', '.join(known)}")
+    pinned = _pinned_dim_names(graph_inputs, shapes, label)
     out: Dict[str, list] = {}
     dim_vars: Dict[str, tirx.Var] = {}
     for vi in graph_inputs:
@@ -116,10 +117,37 @@ def input_dims(graph_inputs, shapes: Optional[Mapping[str, Sequence[int]]], labe
             if isinstance(d, int):
                 dims.append(d)
                 continue
+            if d in pinned:   # a dim another input's pinned shape gives (the model names both alike)
+                dims.append(pinned[d])
+                continue
             dim_name = _identifier(d if d != "?" else f"{name}_dim{k}")
             dims.append(dim_vars.setdefault(dim_name, tirx.Var(dim_name, "int64")))
         out[name] = dims
     return out, dim_vars
+
+
+def _pinned_dim_names(graph_inputs, shapes: Mapping[str, Sequence[int]], label: str) -> Dict[str, int]:
+    """``{dim name: size}`` for the named dynamic dims that ``shapes`` pins: the model says by the name that other
+    inputs have the same size there (``input_ids`` pinned to 1 × 128 pins ``attention_mask``'s ``batch, seq``
+    too; left symbolic, the two would disagree inside the graph). Two pins of one name must agree."""
+    pinned: Dict[str, int] = {}
+    source: Dict[str, str] = {}
+    for vi in graph_inputs:
+        if vi.name not in shapes or _rank_unknown(vi, label):
+            continue
+        declared = declared_dims(vi, label)
+        if len(declared) != len(shapes[vi.name]):
+            continue   # refused with the rank in input_dims
+        for d, g in zip(declared, shapes[vi.name]):
+            if isinstance(d, int) or d == "?":
+                continue
+            g = int(g)
+            if d in pinned and pinned[d] != g:
+                raise InputError(f"{label}: inputs {source[d]!r} and {vi.name!r} share the dim {d!r}, but shapes "
+                                 f"gives {pinned[d]} and {g}")
+            pinned.setdefault(d, g)
+            source.setdefault(d, vi.name)
+    return pinned
 
 
 def _rank_unknown(vi, label: str) -> bool:
