@@ -222,9 +222,12 @@ def page_scripts(page: pathlib.Path):
 PYTHON_PREAMBLE = """\
 import numpy as np
 import tvm_fusion_ext as tfx
+import dataclasses as _dataclasses
 import tvm_fusion_ext.tune as _tune_module
+from tvm_fusion_ext.tune.driver import TuneOptions as _TuneOptions
 _tune = _tune_module.tune
-_tune_module.tune = lambda *a, **k: _tune(*a, **{**k, "trials": 2})
+_tune_module.tune = lambda *a, options=None, **k: _tune(
+    *a, options=_dataclasses.replace(options or _TuneOptions(), trials=2), **k)
 ids = np.array([[1, 5, 9, 2], [0, 1, 7, 2]], dtype=np.int64)   # the second row left-padded
 mask = (ids != 0).astype(np.int64)
 types = np.zeros_like(ids)

@@ -186,9 +186,13 @@ def select(logs: str, mod, target, precision: str = "fp32") -> Tuple[Optional[st
     candidates = sorted(os.path.join(logs, d) for d in os.listdir(logs) if is_record_dir(os.path.join(logs, d)))
     found = [d for d in candidates if matches(read_manifest(d), mhash, target)]
     if not found:
+        from .frontend.dims import dynamic_inputs, pinning_example
+
+        dynamic = dynamic_inputs(mod)
+        pin = f" --shape {pinning_example(dynamic)}" if dynamic else ""
         return None, (f"no tuning records in {logs} match this model ({mhash}) on {label} "
                       f"({len(candidates)} directories checked{covered_note(candidates)}); building untuned; "
-                      f"to tune this model for this host: `tvm-fusion tune MODEL.onnx --target "
+                      f"to tune this model for this host: `tvm-fusion tune MODEL.onnx{pin} --target "
                       f"{target_argument(target)} --logs {logs}`")
     best = max(found, key=lambda d: (read_manifest(d) or {}).get("trials", 0))
     return best, f"using tuning records in {best} (manifest matches model {mhash} on {label})"

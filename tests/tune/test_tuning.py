@@ -454,7 +454,11 @@ def test_dynamic_inputs_are_refused_with_how_to_pin_them(tmp_path):
         bb.emit_func_output(out)
     mod = bb.get()
     mod["main"] = mod["main"].with_attr("onnx_input_names", ["x.in"])
-    with pytest.raises(FusionExtError, match=r"dynamic input dims \(x\.in\[n,16\]\).*--shape") as err:
+    with pytest.raises(FusionExtError, match=r"dynamic input dims \(x\.in\[n,16\]\).*--shape x\.in:1x16") as err:
         tune(mod, "llvm", logs=str(tmp_path), workload="dyn", options=TuneOptions(trials=1))
     assert len(str(err.value).splitlines()) == 1
     assert not any(tmp_path.iterdir())
+    from tvm_fusion_ext.tune.check_candidates import check_candidates
+
+    with pytest.raises(FusionExtError, match=r"dynamic input dims .*--shape x\.in:1x16"):
+        check_candidates(mod, "llvm", per_task=1)   # --build-only

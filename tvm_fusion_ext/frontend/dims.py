@@ -615,3 +615,29 @@ def _scalar_int(e, bindings: dict):
         return None  # not one element: read no large constant
     v = e.value.numpy()
     return int(v.reshape(-1)[0]) if v.dtype.kind in "iu" else None
+
+
+def dynamic_inputs(mod) -> Dict[str, list]:
+    """``{ONNX input name: dims}`` of the module's inputs that have a dim known only at run time (ints and
+    ``tirx`` expressions); empty for a static module or one without a Relax ``main``."""
+    import tvm
+
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    main = mod["main"] if "main" in names else None
+    if main is None or not isinstance(main, tvm.relax.Function):
+        return {}
+    onnx_names = [str(n) for n in (main.attrs or {}).get("onnx_input_names", [])]
+    names = onnx_names or [p.name_hint for p in main.params]
+    out = {}
+    for name, param in zip(names, main.params):
+        values = list(getattr(getattr(param.ty, "shape", None), "values", None) or [])
+        if any(not isinstance(v, tvm.tirx.IntImm) for v in values):
+            out[name] = [int(v) if isinstance(v, tvm.tirx.IntImm) else v for v in values]
+    return out
+
+
+def pinning_example(dynamic: Dict[str, list]) -> str:
+    """A ``--shape`` value pinning every dynamic dim of ``dynamic`` (:func:`dynamic_inputs`): one row for a leading
+    run-time dim, 128 for any other."""
+    return ",".join(f"{name}:" + "x".join(str(d) if isinstance(d, int) else "1" if k == 0 else "128"
+                                         for k, d in enumerate(dims)) for name, dims in dynamic.items())

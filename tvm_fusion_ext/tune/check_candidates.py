@@ -29,6 +29,9 @@ def check_candidates(mod: tvm.IRModule, target, per_task: int = 8, space: str = 
     from ..compile import prepare
     from ..targets import TargetInfo, resolve_target
 
+    from .driver import require_static_inputs
+
+    require_static_inputs(mod, "the model")
     say = say or (lambda _m: None)
     target = resolve_target(target)
     info = TargetInfo.of(target)

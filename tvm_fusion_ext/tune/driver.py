@@ -97,7 +97,7 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
     from ..compile.precision import check_precision
 
     precision = check_precision(precision)
-    _require_static_inputs(mod, workload)
+    require_static_inputs(mod, workload)
     if precision != "fp32":
         workload = f"{workload}-{precision}"
     opts = options or TuneOptions()
@@ -130,24 +130,17 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
         return _tune(lowered, target, out, workload, mhash, previous, opts, fast, say, warm_dirs, auto)
 
 
-def _require_static_inputs(mod: tvm.IRModule, workload: str) -> None:
+def require_static_inputs(mod: tvm.IRModule, workload: str) -> None:
     """Tuning times every candidate at one size, so a model whose inputs have dynamic dims is refused with the
     way to pin them (MetaSchedule's search would stop at the first symbolic loop with an internal error)."""
-    main = mod["main"] if "main" in [gv.name_hint for gv in mod.get_global_vars()] else None
-    if main is None or not isinstance(main, tvm.relax.Function):
-        return
-    names = [str(n) for n in (main.attrs or {}).get("onnx_input_names", [])] or [p.name_hint for p in main.params]
-    dynamic = []
-    for name, param in zip(names, main.params):
-        shape = getattr(param.ty, "shape", None)
-        values = getattr(shape, "values", None) or []
-        if any(not isinstance(v, tvm.tirx.IntImm) for v in values):
-            dims = ",".join(str(int(v)) if isinstance(v, tvm.tirx.IntImm) else str(v) for v in values)
-            dynamic.append(f"{name}[{dims}]")
+    from ..frontend.dims import dynamic_inputs, pinning_example
+
+    dynamic = dynamic_inputs(mod)
     if dynamic:
-        raise FusionExtError(f"'{workload}' has dynamic input dims ({', '.join(dynamic[:4])}): tuning times kernels "
-                             f"at one size, so pin them with --shape (e.g. --shape input_ids:1x128,"
-                             f"attention_mask:1x128; shapes= in load_onnx); the records serve the dynamic build too")
+        listed = ", ".join(f"{n}[{','.join(str(d) for d in dims)}]" for n, dims in list(dynamic.items())[:4])
+        raise FusionExtError(f"'{workload}' has dynamic input dims ({listed}): tuning times kernels at one size, "
+                             f"so pin them with --shape (shapes= in load_onnx), e.g. --shape "
+                             f"{pinning_example(dynamic)}; the records serve the dynamic build too")
 
 
 def _tune(lowered, target, out, workload, mhash, previous, opts: TuneOptions, fast: bool, say,
