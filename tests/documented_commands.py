@@ -139,6 +139,8 @@ def rewrite_tvm_fusion(argv):
         if a == "--warm-start" and not pathlib.Path(argv[i + 1]).exists():   # another model's records
             shutil.copytree(ROOT / "tuning_logs", argv[i + 1])
     argv = _cap(argv, "--trials", 2)
+    if command == "tune" and "--trials" not in argv and "--build-only" not in argv:
+        argv += ["--trials", "2"]   # the default budget is 64
     argv = _cap(argv, "--repeat", 2)
     argv = _cap(argv, "--build-only", 2)
     argv = _cap(argv, "--batch", 4)
