@@ -97,7 +97,7 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
     from ..compile.precision import check_precision
 
     precision = check_precision(precision)
-    require_static_inputs(mod, workload)
+    require_static_inputs(mod, f"'{workload}'")
     if precision != "fp32":
         workload = f"{workload}-{precision}"
     opts = options or TuneOptions()
@@ -130,7 +130,7 @@ def tune(mod: tvm.IRModule, target=None, logs: str = "tuning_logs", workload: st
         return _tune(lowered, target, out, workload, mhash, previous, opts, fast, say, warm_dirs, auto)
 
 
-def require_static_inputs(mod: tvm.IRModule, workload: str) -> None:
+def require_static_inputs(mod: tvm.IRModule, label: str) -> None:
     """Tuning times every candidate at one size, so a model whose inputs have dynamic dims is refused with the
     way to pin them (MetaSchedule's search would stop at the first symbolic loop with an internal error)."""
     from ..frontend.dims import dynamic_inputs, pinning_example
@@ -138,7 +138,7 @@ def require_static_inputs(mod: tvm.IRModule, workload: str) -> None:
     dynamic = dynamic_inputs(mod)
     if dynamic:
         listed = ", ".join(f"{n}[{','.join(str(d) for d in dims)}]" for n, dims in list(dynamic.items())[:4])
-        raise FusionExtError(f"'{workload}' has dynamic input dims ({listed}): tuning times kernels at one size, "
+        raise FusionExtError(f"{label} has dynamic input dims ({listed}): tuning times kernels at one size, "
                              f"so pin them with --shape (shapes= in load_onnx), e.g. --shape "
                              f"{pinning_example(dynamic)}; the records serve the dynamic build too")
 
