@@ -627,7 +627,7 @@ def dynamic_inputs(mod) -> Dict[str, list]:
     if main is None or not isinstance(main, tvm.relax.Function):
         return {}
     onnx_names = [str(n) for n in (main.attrs or {}).get("onnx_input_names", [])]
-    names = onnx_names or [p.name_hint for p in main.params]
+    names = onnx_names or [str(p.name) for p in main.params]
     out = {}
     for name, param in zip(names, main.params):
         values = list(getattr(getattr(param.ty, "shape", None), "values", None) or [])
