@@ -46,7 +46,7 @@ from tvm.script import tirx as T
 from tvm.tirx import Cast
 
 from ...targets import TargetInfo
-from ..common import flatten_block_rows, flatten_write_rows, inline_consumers, largest_divisor
+from ..common import flatten_block_rows, flatten_write_rows, inline_consumers, largest_divisor, op_params
 
 WARP = 32
 TILE = 16  # m = n = k = 16 per tensorized tile (two m16n8k16 instructions)
@@ -310,7 +310,7 @@ def smem_bytes(bm: int, bn: int, kc: int, in_bytes: int = 2) -> int:
     return (bm * (kc + pad) + kc * (bn + pad)) * in_bytes + bm * bn * 4
 
 
-def mma_defaults(M: int, N: int, K: int, lim: dict, tile_k: int = TILE, in_bytes: int = 2) -> dict:
+def mma_defaults(M: int, N: int, K: int, lim: dict, tile_k: int = TILE, in_bytes: int = 2, act: str = "none") -> dict:
     """2×2 warps; per warp 1×2 tiles of 16×16 (a 32×64 block tile) where the shape allows, kc = 32.
 
     At M=128 this gives 4 row tiles × N/64 column tiles: 24-48 blocks of 128 threads for BERT/MiniLM widths,
@@ -329,13 +329,14 @@ def mma_defaults(M: int, N: int, K: int, lim: dict, tile_k: int = TILE, in_bytes
             ki = largest_divisor(kt, ki - 1)
         else:
             fn = largest_divisor(nt // wn, fn - 1)
-    # The unroll that keeps every fragment in registers. fp16/bf16: 64 steps. At 16, TVM leaves the K loop rolled
-    # and nvcc unrolls a short one (12 steps at K = 384) itself: on sm_80 ptxas then keeps an 8-byte stack frame
-    # with 16 bytes of spills in MiniLM's projections without activation (``#pragma unroll 1`` on that loop
-    # removes them too). At 64, TVM unrolls it and no MiniLM, BERT-base or LLaMA-7B shape spills on sm_80 or
-    # sm_90 (tests/cuda/test_cuda_resources.py). int8: none. At 16 steps ptxas keeps the same stack frame in
-    # MiniLM's QKV projection on sm_90; with none, no shape spills (tests/cuda/test_cuda_precision.py).
-    unroll = 0 if in_bytes == 1 else 2
+    # The unroll that keeps every fragment in registers. fp16/bf16 without an activation: 64 steps. At 16, TVM
+    # leaves the K loop rolled and nvcc unrolls a short one (12 steps at K = 384) itself: on sm_80 ptxas then kept an
+    # 8-byte stack frame with 16 bytes of spills in MiniLM's projections (``#pragma unroll 1`` on that loop removes
+    # them too). With an activation: 16, since at 64 the GELU epilogue at K = N = 384 spills 72 bytes on sm_90.
+    # So no MiniLM, BERT-base or LLaMA-7B shape spills on sm_80 or sm_90 (tests/cuda/test_cuda_resources.py,
+    # test_cuda_compile.py). int8: none. At 16 steps ptxas keeps the same stack frame in MiniLM's QKV projection
+    # on sm_90; with none, no shape spills (tests/cuda/test_cuda_precision.py).
+    unroll = 0 if in_bytes == 1 else 2 if act == "none" else 1
     return {"i": [mt // (wm * fm), wm, fm], "j": [nt // (wn * fn), wn, fn], "k": [kt // ki, ki], "unroll": unroll}
 
 
@@ -359,7 +360,7 @@ def dense_mma(sch: s_tir.Schedule, block, target: tvm.target.Target, knobs: Opti
     flatten_write_rows(sch, block)
     i, j, k = flatten_block_rows(sch, block, extra=2)
     M, N, K = (int(sch.get(lp).extent) for lp in (i, j, k))
-    d = mma_defaults(M, N, K, lim, tiles.tile_k, tiles.in_bytes)
+    d = mma_defaults(M, N, K, lim, tiles.tile_k, tiles.in_bytes, op_params(sch).get("act", "none"))
 
     i0, i_tc = sch.split(i, [None, TILE])
     j0, j_tc = sch.split(j, [None, TILE])
