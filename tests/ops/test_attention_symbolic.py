@@ -146,11 +146,14 @@ def test_cuda_pipeline_keeps_the_whole_key_loop():
     touched, symbolic causal attention and packed attention, which matched numpy without it: the CUDA pipeline
     schedules the template's kernel and leaves its key loop whole (the pass would bound it)."""
     from tvm_fusion_ext.compile import ApplyTemplates
+    from tvm_fusion_ext.compile.variants.decode import DispatchDecode
 
     cuda = resolve_target("cuda:sm_90")
     lowered = prepare(_module({"scale": 0.125, "causal": True}, mask=False), cuda, fuse_graph=False)[0]
     templated = ApplyTemplates(cuda)(lowered)
-    assert tvm_ffi.structural_equal(_attention_kernel(schedule(lowered, cuda)), _attention_kernel(templated))
+    # the pipeline = the template's kernel behind the one-row decode branch, nothing else
+    expected = DispatchDecode(cuda, ApplyTemplates(cuda, fallback=False))(templated)
+    assert tvm_ffi.structural_equal(_attention_kernel(schedule(lowered, cuda)), _attention_kernel(expected))
     assert not tvm_ffi.structural_equal(_attention_kernel(SkipMaskedKeyBlocks()(templated)),
                                         _attention_kernel(templated))
 
