@@ -19,7 +19,7 @@ from tvm import s_tir
 from ...targets import TargetInfo
 from ..common import row_loop
 from ..rule import root_blocks
-from .rowwise import RowwiseCPU, annotate_unroll, rfactor_lanes, split_vector, vectorise_rf
+from .rowwise import RowwiseCPU, annotate_unroll, rfactor_lanes, split_vector, vectorise_row_loops
 
 def layernorm_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
                   knobs: Optional[dict] = None) -> None:
@@ -42,12 +42,7 @@ def layernorm_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: t
     for producer in reversed(producers):
         sch.compute_at(producer, row, preserve_unit_loops=True)
 
-    vec = split_vector(sch, sch.get_loops(row_input)[-1], lanes)
-    if vec is not None:
-        sch.vectorize(vec[1])
-    for rf in rfs:
-        if rf is not None:
-            vectorise_rf(sch, rf)
+    vectorise_row_loops(sch, (row_input,), rfs, lanes)
 
     annotate_unroll(sch, row, knobs)
 

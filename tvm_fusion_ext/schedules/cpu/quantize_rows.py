@@ -19,7 +19,7 @@ from tvm import s_tir
 
 from ...targets import TargetInfo
 from ..rule import root_blocks
-from .rowwise import RowwiseCPU, annotate_unroll, rfactor_lanes, split_vector, vectorise_rf
+from .rowwise import RowwiseCPU, annotate_unroll, rfactor_lanes, vectorise_row_loops
 
 
 def quantize_rows_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.target.Target,
@@ -42,13 +42,7 @@ def quantize_rows_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, targe
         sch.reverse_compute_at(consumer, row, preserve_unit_loops=True)
     sch.parallel(row)
 
-    for b in (block, q):
-        vec = split_vector(sch, sch.get_loops(b)[-1], lanes)
-        if vec is not None:
-            sch.vectorize(vec[1])
-    for rf in rfs:
-        if rf is not None:
-            vectorise_rf(sch, rf)
+    vectorise_row_loops(sch, (block, q), rfs, lanes)
 
     annotate_unroll(sch, row, knobs)
 

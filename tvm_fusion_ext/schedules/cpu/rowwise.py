@@ -50,6 +50,18 @@ def vectorise_rf(sch: s_tir.Schedule, rf) -> None:
     sch.decompose_reduction(rf, outer)
 
 
+def vectorise_row_loops(sch: s_tir.Schedule, blocks, rfs, lanes: int) -> None:
+    """Each of ``blocks``' innermost loop in ``lanes``-wide vectors where its extent allows, and every rf block's
+    partial results (:func:`vectorise_rf`)."""
+    for block in blocks:
+        vec = split_vector(sch, sch.get_loops(block)[-1], lanes)
+        if vec is not None:
+            sch.vectorize(vec[1])
+    for rf in rfs:
+        if rf is not None:
+            vectorise_rf(sch, rf)
+
+
 def annotate_unroll(sch: s_tir.Schedule, row, knobs: dict) -> None:
     u = sch.sample_categorical(list(UNROLL_STEPS), [1.0 / len(UNROLL_STEPS)] * len(UNROLL_STEPS),
                                decision=knobs.get("unroll", 1))
