@@ -47,6 +47,12 @@ def test_speed_parts_built_for_the_cpu_run_with_the_runtime_only(tmp_path):
     assert decode[0]["gbytes_per_s"] > 0 and decode[0]["torch_gbytes_per_s"] > 0, decode
     assert all(r["ours_s"] > 0 and r["torch_s"] > 0 and r["max_abs_vs_torch"] < 0.05 for r in rows), rows
     assert "ours/torch" in done.stdout and "expected" in done.stdout  # the table and the expected times
+    # a part that no longer fits the run's time budget is skipped whole and named for a second call
+    done = _run_runtime_only(campaign, tmp_path / "short.json", "--parts", "dense,norms", "--budget", "1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    short = json.loads((tmp_path / "short.json").read_text())
+    assert set(short["skipped"]) == {"dense", "norms"} and short["parts"] == {}, short
+    assert "--parts dense,norms" in done.stdout
 
 
 def test_run_of_a_part_not_built_or_of_no_campaign_is_refused(tmp_path):

@@ -14,6 +14,9 @@ from . import carry, e2e, pool, speed
 PARTS = ("numerics", "dense", "attention", "norms", "decode", "e2e", "pool")
 #: seconds a part is expected to take on an H100/H200 (numerics: ~40 small libraries, each loaded and checked)
 EXPECTED_S = {"numerics": 60, **speed.EXPECTED_S, "e2e": e2e.EXPECTED_S, "pool": pool.EXPECTED_S}
+#: seconds ``run`` gives its parts by default: a device call is cut at 600 s, and a part started past the budget
+#: could be cut before it writes its rows and the table; what does not fit is left for a second call
+RUN_BUDGET_S = 560
 
 
 def _parts(text: str):
@@ -105,7 +108,7 @@ def _checkout_mib():
     return sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file()) / 2**20
 
 
-def run(in_dir: Path, parts, json_out: Path) -> int:
+def run(in_dir: Path, parts, json_out: Path, budget_s: float = RUN_BUDGET_S) -> int:
     from .device import run_device
     from .numerics import TORCH_DEVICE, torch_time
 
@@ -117,12 +120,20 @@ def run(in_dir: Path, parts, json_out: Path) -> int:
     TORCH_DEVICE[0] = torch_device
     import tvm
 
-    results = {"device": name, "arch": manifest["arch"], "tvm": tvm.__version__, "parts": {}}
+    results = {"device": name, "arch": manifest["arch"], "tvm": tvm.__version__, "parts": {}, "skipped": {}}
+    began = time.time()
     took = sum(carry.unpack(in_dir / p) for p in parts)
     print(f"libraries unpacked in {took:.1f} s", flush=True)
     failed = 0
     for part in parts:
         start = time.time()
+        expected = manifest["parts"][part]["expected_s"]
+        if start - began + expected > budget_s:  # skipped whole: a part cut halfway leaves no rows
+            results["skipped"][part] = {"expected_s": expected, "left_s": round(budget_s - (start - began), 1)}
+            print(f"part {part}: skipped, expected {expected} s with {budget_s - (start - began):.0f} s of the "
+                  f"{budget_s:.0f} s budget left", flush=True)
+            json_out.write_text(json.dumps(results, indent=1))
+            continue
         if part == "numerics":
             from . import numerics
 
@@ -161,6 +172,10 @@ def table(results: dict) -> str:
             ratio = f"{row['ours_over_torch']:10.2f}" if "ours_over_torch" in row else f"{'':>10}"
             lines.append(f"{part:<10} {row['name'][:44]:<44} {check:<6} {ms('ours_s')} {ms('torch_s')} {ratio}")
         lines.append(f"{part:<10} took {data.get('took_s', 0)} s")
+    skipped = results.get("skipped") or {}
+    if skipped:
+        lines.append(f"skipped for the time budget: {', '.join(skipped)}; run them in a second call: "
+                     f"... run DIR --parts {','.join(skipped)}")
     return "\n".join(lines)
 
 
@@ -189,6 +204,9 @@ def main(argv=None) -> int:
     r.add_argument("dir")
     r.add_argument("--parts", default="", help="a subset of the built parts (default: all)")
     r.add_argument("--json", default="campaign.json.out", help="where to write the results")
+    r.add_argument("--budget", type=float, default=RUN_BUDGET_S,
+                   help=f"seconds for all parts (default {RUN_BUDGET_S}: a device call ends at 600); a part whose "
+                        "expected time no longer fits is skipped and named for a second call")
     k = sub.add_parser("pool-pack", help="here, after a run: the pool part's times as pool files "
                                          "(tuning_lab replay --pools OUT) and record directories (--warm-start)")
     k.add_argument("dir", help="the campaign directory the run used")
@@ -214,7 +232,7 @@ def main(argv=None) -> int:
     in_dir = Path(args.dir)
     if not (in_dir / "campaign.json").is_file():
         raise SystemExit(f"{in_dir}: no campaign.json (build it first: ... build {in_dir} --arch sm_90)")
-    return run(in_dir, _parts(args.parts) if args.parts else None, Path(args.json))
+    return run(in_dir, _parts(args.parts) if args.parts else None, Path(args.json), args.budget)
 
 
 if __name__ == "__main__":
