@@ -181,9 +181,11 @@ class _LowerPrecision(relax.PyExprMutator):
             new = self._bf16(op, inputs, params, w)
         elif op == "fused_dense":
             new = self._int8(inputs, params, w)
-        else:
+        elif self.for_cuda:
             new = None
-            self.report.kept.append(f"{op}: no int8 kernel for the gated projection pair; kept fp32")
+            self.report.kept.append(f"{op}: no CUDA int8 kernel for the gated projection pair; kept fp32")
+        else:
+            new = self._int8_gated(inputs, params, w)
         if new is None:
             return call
         self.changed += 1
@@ -214,6 +216,27 @@ class _LowerPrecision(relax.PyExprMutator):
             x = self.builder_.emit_te(round_to_bf16, inputs["x"], primfunc_name_hint="round_to_bf16")
         given = dict(inputs, x=x, w=relax.const(w.astype(ml_dtypes.bfloat16)))
         return call_op(self.builder_, op, given, params)
+
+    def _int8_gated(self, inputs, params, w):
+        """The gated pair as one int8 dense over the gate's and the up projection's columns side by side (K, 2N)
+        (one activation quantisation, one smoothing vector: they share x), then ``act(gate) * up``, an elementwise
+        kernel on its (rows, 2N) output (ops/gated_dense.py :func:`gate_product`)."""
+        from ..ops.gated_dense import gate_product, side_by_side
+
+        bias = inputs.get("bias")
+        if bias is not None:
+            value = bound_constant(self, bias)
+            # (N, 2) → the gate's N biases, then the up projection's
+            if value is not None:
+                bias = relax.const(side_by_side(value))
+            else:
+                bias = self.builder_.emit(relax.op.reshape(self.builder_.emit(relax.op.permute_dims(bias, [1, 0])),
+                                                           [-1]))
+        pair = {k: v for k, v in params.items() if k in ("row_block", "row_clamp")}
+        dense = self.builder_.emit(self._int8(dict(inputs, bias=bias), pair, side_by_side(w)))
+        out_dtype = params.get("out_dtype") or "float32"
+        return self.builder_.call_te(gate_product, dense, params.get("act", "silu"), out_dtype,
+                                     primfunc_name_hint="gate_product")
 
     def _int8(self, inputs, params, w):
         from ..ops.dense_int8 import quantize_weight
