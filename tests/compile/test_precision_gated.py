@@ -113,6 +113,20 @@ def test_gated_pair_is_one_int8_dense_and_a_gate_product():
     assert any(gv.name_hint.startswith("gate_product") for gv in lowered.get_global_vars())
 
 
+@pytest.mark.parametrize("mcpu,instruction,register", [("x86-64-v3", "vpmaddwd", "%ymm"),
+                                                      ("znver4", "vpdpbusd", "%zmm")])
+def test_the_gated_pair_multiplies_with_the_dot_product_instruction(mcpu, instruction, register):
+    """Compiled for each CPU class (run nowhere): the pair's micro-kernel is the int8 dense's instruction."""
+    from tvm_fusion_ext.targets import resolve_target
+
+    mod, _, _, _ = _gated_module((2, SEQ), 100, 44, "silu")
+    compiled = compile_model(mod, resolve_target(f"llvm:{mcpu}"), fuse_graph=False, precision="int8")
+    assert compiled.precision.converted == {"fused_gated_dense": 1}
+    asm = compiled.executable.mod.imports[0].inspect_source("asm")
+    lines = [line for line in asm.splitlines() if instruction in line.split()]
+    assert lines and all(register in line for line in lines), lines[:4]
+
+
 def test_run_time_gated_bias_is_laid_out_like_the_weight():
     mod, wg, wu, _ = _gated_module((6,), 20, 24, "silu", runtime_bias=True)
     compiled = compile_model(mod, TARGET, fuse_graph=False, precision="int8")
