@@ -219,3 +219,44 @@ def test_tiny_llama_int8_converts_its_gated_mlps_and_keeps_the_contract(tiny_cau
         got = int8.run(feeds)["logits"]
         np.testing.assert_allclose(fp32.run(feeds)["logits"], want, rtol=1e-4, atol=1e-4)
         assert row_cosines(got, want).min() > 0.99, row_cosines(got, want).min()
+
+
+# -- bf16 where the target has AVX512_BF16: the same side-by-side form, the dense on vdpbf16ps
+
+
+def _bf16(a):
+    import ml_dtypes
+
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+@pytest.mark.parametrize("mcpu", ["znver4", "sapphirerapids"])
+def test_bf16_gated_pair_multiplies_with_vdpbf16ps_where_the_target_has_it(mcpu):
+    """Compiled for AVX512_BF16 CPUs (run nowhere here)."""
+    from tvm_fusion_ext.targets import resolve_target
+
+    mod, _, _, _ = _gated_module((2, SEQ), 101, 44, "gelu")  # K odd, 2N not a panel multiple
+    compiled = compile_model(mod, resolve_target(f"llvm:{mcpu}"), fuse_graph=False, precision="bf16")
+    assert compiled.precision.converted == {"fused_gated_dense": 1}
+    asm = compiled.executable.mod.imports[0].inspect_source("asm")
+    lines = [line for line in asm.splitlines() if "vdpbf16ps" in line.split()]
+    assert lines and all("%zmm" in line for line in lines), lines[:4]
+    assert "avx512bf16" in compiled.precision.features
+
+
+@pytest.mark.parametrize("rows,K,N,run_rows", [((13,), 37, 40, (13,)), ((SEQ,), 45, 33, (3,))])
+def test_bf16_gated_pair_for_a_vdpbf16ps_target_computes_the_bf16_gated_dense(rows, K, N, run_rows):
+    """The module the bf16 lowering hands an AVX512_BF16 target (bit patterns, the side-by-side weight), built for
+    this host, where the dense widens the same bf16 values: the numerics of the form, not of the instruction
+    (which rounds each pair's sum, see schedules/cpu/dot_intrin.py)."""
+    from tvm_fusion_ext.targets import resolve_target
+
+    mod, wg, wu, b = _gated_module(rows, K, N, "silu")
+    lowered = LowerPrecision("bf16", target=resolve_target("llvm:znver4"))(mod)
+    calls = fused_calls(lowered)
+    assert calls.get("fused_dense") == 1 and "fused_gated_dense" not in calls
+    compiled = compile_model(lowered, TARGET, fuse_graph=False)
+    x = np.random.default_rng(3).standard_normal((*run_rows, K)).astype("float32")
+    xb = _bf16(x)
+    want = numpy_activation(xb @ _bf16(wg) + b[:, 0], "silu") * (xb @ _bf16(wu) + b[:, 1])
+    np.testing.assert_allclose(_run(compiled, x), want, rtol=2e-5, atol=2e-5)

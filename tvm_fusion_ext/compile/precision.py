@@ -10,10 +10,11 @@ outputs stay fp32.
 is rounded to bfloat16 (:func:`round_to_bf16`, an elementwise kernel in front of the call; FuseOps joins it to an
 elementwise producer, not to a fused layer norm or dense: MiniLM at 8 × 128 spends ~6 % of its call in them). Where
 the target has AVX512_BF16 (Zen 4, Cooper Lake, Sapphire Rapids and later) the dense (the fused QKV projection
-included) multiplies with ``vdpbf16ps``: the activation is stored as bfloat16 bit patterns
+included; the gated dense as one dense over its gate's and up projection's columns side by side, then
+``act(gate) * up``, as int8 below) multiplies with ``vdpbf16ps``: the activation is stored as bfloat16 bit patterns
 (:func:`round_to_bf16_bits`, uint16: a pair of k is one 32-bit broadcast), the weight packed at compile time in
 k-pairs × 16 columns (``dot_panels``, ops/dense.py), and each instruction adds 16 columns' pair products into fp32
-accumulators (schedules/cpu/dot_intrin.py). Elsewhere, and for the gated dense everywhere, the kernel widens each
+accumulators (schedules/cpu/dot_intrin.py). Elsewhere the kernels (the gated dense's own included) widen each
 weight vector in registers (bf16 → fp32 is a 16-bit shift: ``vpmovzxwd`` + ``vpslld`` on AVX2) and accumulates with
 fp32 FMAs. The product of two bfloat16 values is exact in fp32 in both, and both round each addition to the
 accumulator to nearest even; they differ in order and denormals: ``vdpbf16ps`` adds a pair's odd k before its even
@@ -55,6 +56,7 @@ import tvm
 from tvm import relax
 
 from ..errors import InputError
+from ..ops.gated_dense import side_by_side
 from ..ops.registry import call_op, params_of
 from .lowering.operator_calls import bound_constant, operator_call
 
@@ -207,6 +209,15 @@ class _LowerPrecision(relax.PyExprMutator):
             # and output as on the CPU
             x = self.builder_.emit(relax.op.astype(inputs["x"], "bfloat16"))
             params = dict(params, out_dtype="float32")
+        elif self.bf16_dot and op == "fused_gated_dense":
+            # the pair as one vdpbf16ps dense over the gate's and up projection's columns side by side, then
+            # act(gate) * up (as int8 does it, see _int8_gated)
+            x = self.builder_.emit_te(round_to_bf16_bits, inputs["x"], primfunc_name_hint="round_to_bf16_bits")
+            bits = relax.const(side_by_side(w).astype(ml_dtypes.bfloat16).view(np.uint16))
+            dense = self.builder_.emit(call_op(self.builder_, "fused_dense",
+                                               {"x": x, "w": bits, "bias": self._side_by_side_bias(inputs)},
+                                               {k: v for k, v in params.items() if k in ("row_block", "row_clamp")}))
+            return self._gate_product(dense, params)
         elif self.bf16_dot and op == "fused_dense":
             # the operands of vdpbf16ps: bfloat16 bit patterns (uint16), the weight (K, N); the CPU template packs
             # it in k-pairs (schedules/cpu/dense.py)
@@ -225,22 +236,27 @@ class _LowerPrecision(relax.PyExprMutator):
         """The gated pair as one int8 dense over the gate's and the up projection's columns side by side (K, 2N)
         (one activation quantisation, one smoothing vector: they share x), then ``act(gate) * up``, an elementwise
         kernel on its (rows, 2N) output (ops/gated_dense.py :func:`gate_product`)."""
-        from ..ops.gated_dense import gate_product, side_by_side
-
-        bias = inputs.get("bias")
-        if bias is not None:
-            value = bound_constant(self, bias)
-            # (N, 2) → the gate's N biases, then the up projection's
-            if value is not None:
-                bias = relax.const(side_by_side(value))
-            else:
-                bias = self.builder_.emit(relax.op.reshape(self.builder_.emit(relax.op.permute_dims(bias, [1, 0])),
-                                                           [-1]))
         pair = {k: v for k, v in params.items() if k in ("row_block", "row_clamp")}
-        dense = self.builder_.emit(self._int8(dict(inputs, bias=bias), pair, side_by_side(w)))
-        out_dtype = params.get("out_dtype") or "float32"
-        return self.builder_.call_te(gate_product, dense, params.get("act", "silu"), out_dtype,
-                                     primfunc_name_hint="gate_product")
+        dense = self.builder_.emit(self._int8(dict(inputs, bias=self._side_by_side_bias(inputs)), pair,
+                                              side_by_side(w)))
+        return self._gate_product(dense, params)
+
+    def _side_by_side_bias(self, inputs):
+        """The gated dense's (N, 2) bias as the (2N,) bias of its side-by-side dense: the gate's, then the up's."""
+        bias = inputs.get("bias")
+        if bias is None:
+            return None
+        value = bound_constant(self, bias)
+        if value is not None:
+            return relax.const(side_by_side(value))
+        return self.builder_.emit(relax.op.reshape(self.builder_.emit(relax.op.permute_dims(bias, [1, 0])), [-1]))
+
+    def _gate_product(self, dense, params):
+        """``act(gate) * up`` on the side-by-side dense's (rows, 2N) output."""
+        from ..ops.gated_dense import gate_product
+
+        return self.builder_.call_te(gate_product, dense, params.get("act", "silu"),
+                                     params.get("out_dtype") or "float32", primfunc_name_hint="gate_product")
 
     def _int8(self, inputs, params, w):
         from ..ops.dense_int8 import quantize_weight
