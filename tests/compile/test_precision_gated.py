@@ -127,6 +127,20 @@ def test_the_gated_pair_multiplies_with_the_dot_product_instruction(mcpu, instru
     assert lines and all(register in line for line in lines), lines[:4]
 
 
+def test_the_tuner_sees_the_pair_as_an_int8_dense_task():
+    """``tune --precision int8`` tunes the pair on the dense template, as every int8 dense; the gate product is a
+    light elementwise kernel it leaves to the default schedule."""
+    from tvm_fusion_ext.compile.pipeline import prepare
+    from tvm_fusion_ext.targets import resolve_target
+    from tvm_fusion_ext.tune.tasks import extract_tasks
+
+    target = resolve_target("llvm")
+    mod, _, _, _ = _gated_module((8,), 256, 320, "silu")
+    tasks, skipped = extract_tasks(prepare(mod, target, fuse_graph=False, precision="int8")[0], target)
+    assert [(t.name.startswith("fused_dense_int8"), t.rule) for t in tasks] == [(True, "tfx.dense")]
+    assert any(name.startswith("gate_product") for name, _ in skipped), skipped
+
+
 def test_run_time_gated_bias_is_laid_out_like_the_weight():
     mod, wg, wu, _ = _gated_module((6,), 20, 24, "silu", runtime_bias=True)
     compiled = compile_model(mod, TARGET, fuse_graph=False, precision="int8")
