@@ -32,9 +32,10 @@ multiply folded into its read; on CUDA, stock kernels), int32 accumulation, the 
 bias and activation in the dense kernel's epilogue. The gated dense (SwiGLU, GeGLU) is the same int8 dense over its
 gate's and up projection's columns side by side (K, 2N; they share x, so one quantisation and one smoothing
 vector), followed by ``act(gate) * up``, an elementwise kernel on its (rows, 2N) output
-(:func:`..ops.gated_dense.gate_product`): at decode's few rows that output is a few tens of KB, and the kernel
-took about 1 % of the pair's time on LLaMA-1024 (docs/precision.md). The micro-kernel multiplies with the target's dot-product instruction (schedules/cpu/dot_intrin.py), on weights
-packed k-grouped at compile time: ``vpdpbusd`` (u8 × s8 quads) with AVX512-VNNI or AVX-VNNI, ``vpmaddwd`` (int16
+(:func:`..ops.gated_dense.gate_product`): at decode's few rows that output is a few tens of KB, and the kernel is
+about 1 % of a LLaMA-1024 decode step (docs/precision.md), so the product is not in the dense's epilogue. The
+micro-kernel multiplies with the target's dot-product instruction (schedules/cpu/dot_intrin.py), on weights packed
+k-grouped at compile time: ``vpdpbusd`` (u8 × s8 quads) with AVX512-VNNI or AVX-VNNI, ``vpmaddwd`` (int16
 pairs; the activations are stored as int16 for it) on AVX2. Every form is exact in int32, so the results are
 those of the scalar loop bit for bit; without AVX2 the scalar loop runs.
 
