@@ -159,16 +159,6 @@ def test_bf16_gated_dense(rows):
     np.testing.assert_allclose(_run(compiled, x), want, rtol=2e-5, atol=2e-5)
 
 
-def test_int8_keeps_gated_dense_in_fp32_and_says_so():
-    mod, wg, wu = _gated_module((5,), 24, 40)
-    compiled = compile_model(mod, TARGET, fuse_graph=False, precision="int8")
-    assert compiled.precision.converted == {}
-    assert any("fused_gated_dense" in k for k in compiled.precision.kept)
-    x = np.random.default_rng(3).standard_normal((5, 24)).astype("float32")
-    want = numpy_activation(x @ wg.astype(np.float64), "silu") * (x @ wu.astype(np.float64))
-    np.testing.assert_allclose(_run(compiled, x), want, rtol=1e-4, atol=1e-4)
-
-
 def test_fp32_is_the_default_and_unchanged():
     mod, w, b = _dense_module((6,), 16, 24, "gelu")
     compiled = compile_model(mod, TARGET, fuse_graph=False)

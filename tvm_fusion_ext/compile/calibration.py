@@ -35,10 +35,11 @@ def weight_key(w: np.ndarray) -> str:
 
 
 def smoothable(mod: tvm.IRModule, mutator: relax.PyExprMutator, call: relax.Call):
-    """``(x, fp32 weight)`` of a ``fused_dense`` call int8 would quantise (constant fp32 weight, plain layout, fp32
-    input), else None."""
+    """``(x, fp32 (K, N) weight)`` of a ``fused_dense`` or ``fused_gated_dense`` call int8 would quantise (constant
+    fp32 weight, plain layout, fp32 input), else None. The gated pair's weight is its (K, 2N) int8 form (the gate's
+    columns, then the up projection's): the two share x, so one smoothing vector."""
     found = operator_call(mod, call)
-    if found is None or found[0] != "fused_dense":
+    if found is None or found[0] not in ("fused_dense", "fused_gated_dense"):
         return None
     _, func, inputs = found
     from ..ops.registry import params_of
@@ -48,6 +49,10 @@ def smoothable(mod: tvm.IRModule, mutator: relax.PyExprMutator, call: relax.Call
     w = bound_constant(mutator, inputs["w"])
     if w is None or w.dtype != np.float32 or str(inputs["x"].ty.dtype) != "float32":
         return None
+    if found[0] == "fused_gated_dense":
+        from ..ops.gated_dense import side_by_side
+
+        return inputs["x"], side_by_side(w)
     return inputs["x"], (w.T if params_of(func).get("transpose_b", False) else w)
 
 

@@ -10,10 +10,11 @@ outputs stay fp32.
 is rounded to bfloat16 (:func:`round_to_bf16`, an elementwise kernel in front of the call; FuseOps joins it to an
 elementwise producer, not to a fused layer norm or dense: MiniLM at 8 × 128 spends ~6 % of its call in them). Where
 the target has AVX512_BF16 (Zen 4, Cooper Lake, Sapphire Rapids and later) the dense (the fused QKV projection
-included) multiplies with ``vdpbf16ps``: the activation is stored as bfloat16 bit patterns
+included; the gated dense as one dense over its gate's and up projection's columns side by side, then
+``act(gate) * up``, as int8 below) multiplies with ``vdpbf16ps``: the activation is stored as bfloat16 bit patterns
 (:func:`round_to_bf16_bits`, uint16: a pair of k is one 32-bit broadcast), the weight packed at compile time in
 k-pairs × 16 columns (``dot_panels``, ops/dense.py), and each instruction adds 16 columns' pair products into fp32
-accumulators (schedules/cpu/dot_intrin.py). Elsewhere, and for the gated dense everywhere, the kernel widens each
+accumulators (schedules/cpu/dot_intrin.py). Elsewhere the kernels (the gated dense's own included) widen each
 weight vector in registers (bf16 → fp32 is a 16-bit shift: ``vpmovzxwd`` + ``vpslld`` on AVX2) and accumulates with
 fp32 FMAs. The product of two bfloat16 values is exact in fp32 in both, and both round each addition to the
 accumulator to nearest even; they differ in order and denormals: ``vdpbf16ps`` adds a pair's odd k before its even
@@ -28,8 +29,13 @@ uint8 asymmetric per row (token) (the ONNX Runtime ``quantize_dynamic`` scheme, 
 quantised per tensor: per row is finer), quantised at run time by one fused kernel in front of the dense
 (:mod:`..ops.quantize_rows`: one pass for the row's range, one to quantise; activation smoothing's per-channel
 multiply folded into its read; on CUDA, stock kernels), int32 accumulation, the zero-point correction, scales,
-bias and activation in the dense kernel's epilogue. The micro-kernel multiplies with the target's dot-product instruction (schedules/cpu/dot_intrin.py), on weights
-packed k-grouped at compile time: ``vpdpbusd`` (u8 × s8 quads) with AVX512-VNNI or AVX-VNNI, ``vpmaddwd`` (int16
+bias and activation in the dense kernel's epilogue. The gated dense (SwiGLU, GeGLU) is the same int8 dense over its
+gate's and up projection's columns side by side (K, 2N; they share x, so one quantisation and one smoothing
+vector), followed by ``act(gate) * up``, an elementwise kernel on its (rows, 2N) output
+(:func:`..ops.gated_dense.gate_product`): at decode's few rows that output is a few tens of KB, and the kernel is
+about 1 % of a LLaMA-1024 decode step (docs/precision.md), so the product is not in the dense's epilogue. The
+micro-kernel multiplies with the target's dot-product instruction (schedules/cpu/dot_intrin.py), on weights packed
+k-grouped at compile time: ``vpdpbusd`` (u8 × s8 quads) with AVX512-VNNI or AVX-VNNI, ``vpmaddwd`` (int16
 pairs; the activations are stored as int16 for it) on AVX2. Every form is exact in int32, so the results are
 those of the scalar loop bit for bit; without AVX2 the scalar loop runs.
 
@@ -38,7 +44,7 @@ path (:mod:`..schedules.cuda.tensorcore_int8`: mma.sync m16n8k32 u8 × s8 → s3
 and K of 32; the SIMT dense otherwise), and the quantisation kernels in front of it are stock reductions and
 elementwise kernels that dlight binds to threads. ``bf16``: the activation is cast to a bfloat16 tensor (the same
 round-to-nearest-even) and the dense is the fp16/bf16 tensor-core one (m16n8k16, fp32 accumulation) with an fp32
-output; the gated dense keeps fp32 there.
+output. On CUDA the gated dense keeps fp32 in both (reported under ``kept``).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ import tvm
 from tvm import relax
 
 from ..errors import InputError
+from ..ops.gated_dense import side_by_side
 from ..ops.registry import call_op, params_of
 from .lowering.operator_calls import bound_constant, operator_call
 
@@ -181,9 +188,11 @@ class _LowerPrecision(relax.PyExprMutator):
             new = self._bf16(op, inputs, params, w)
         elif op == "fused_dense":
             new = self._int8(inputs, params, w)
-        else:
+        elif self.for_cuda:
             new = None
-            self.report.kept.append(f"{op}: no int8 kernel for the gated projection pair; kept fp32")
+            self.report.kept.append(f"{op}: no CUDA int8 kernel for the gated projection pair; kept fp32")
+        else:
+            new = self._int8_gated(inputs, params, w)
         if new is None:
             return call
         self.changed += 1
@@ -201,6 +210,15 @@ class _LowerPrecision(relax.PyExprMutator):
             # and output as on the CPU
             x = self.builder_.emit(relax.op.astype(inputs["x"], "bfloat16"))
             params = dict(params, out_dtype="float32")
+        elif self.bf16_dot and op == "fused_gated_dense":
+            # the pair as one vdpbf16ps dense over the gate's and up projection's columns side by side, then
+            # act(gate) * up (as int8 does it, see _int8_gated)
+            x = self.builder_.emit_te(round_to_bf16_bits, inputs["x"], primfunc_name_hint="round_to_bf16_bits")
+            bits = relax.const(side_by_side(w).astype(ml_dtypes.bfloat16).view(np.uint16))
+            dense = self.builder_.emit(call_op(self.builder_, "fused_dense",
+                                               {"x": x, "w": bits, "bias": self._side_by_side_bias(inputs)},
+                                               {k: v for k, v in params.items() if k in ("row_block", "row_clamp")}))
+            return self._gate_product(dense, params)
         elif self.bf16_dot and op == "fused_dense":
             # the operands of vdpbf16ps: bfloat16 bit patterns (uint16), the weight (K, N); the CPU template packs
             # it in k-pairs (schedules/cpu/dense.py)
@@ -214,6 +232,32 @@ class _LowerPrecision(relax.PyExprMutator):
             x = self.builder_.emit_te(round_to_bf16, inputs["x"], primfunc_name_hint="round_to_bf16")
         given = dict(inputs, x=x, w=relax.const(w.astype(ml_dtypes.bfloat16)))
         return call_op(self.builder_, op, given, params)
+
+    def _int8_gated(self, inputs, params, w):
+        """The gated pair as one int8 dense over the gate's and the up projection's columns side by side (K, 2N)
+        (one activation quantisation, one smoothing vector: they share x), then ``act(gate) * up``, an elementwise
+        kernel on its (rows, 2N) output (ops/gated_dense.py :func:`gate_product`)."""
+        pair = {k: v for k, v in params.items() if k in ("row_block", "row_clamp")}
+        dense = self.builder_.emit(self._int8(dict(inputs, bias=self._side_by_side_bias(inputs)), pair,
+                                              side_by_side(w)))
+        return self._gate_product(dense, params)
+
+    def _side_by_side_bias(self, inputs):
+        """The gated dense's (N, 2) bias as the (2N,) bias of its side-by-side dense: the gate's, then the up's."""
+        bias = inputs.get("bias")
+        if bias is None:
+            return None
+        value = bound_constant(self, bias)
+        if value is not None:
+            return relax.const(side_by_side(value))
+        return self.builder_.emit(relax.op.reshape(self.builder_.emit(relax.op.permute_dims(bias, [1, 0])), [-1]))
+
+    def _gate_product(self, dense, params):
+        """``act(gate) * up`` on the side-by-side dense's (rows, 2N) output."""
+        from ..ops.gated_dense import gate_product
+
+        return self.builder_.call_te(gate_product, dense, params.get("act", "silu"),
+                                     params.get("out_dtype") or "float32", primfunc_name_hint="gate_product")
 
     def _int8(self, inputs, params, w):
         from ..ops.dense_int8 import quantize_weight

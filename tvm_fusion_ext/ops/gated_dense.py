@@ -32,6 +32,30 @@ def interleave_weights(w_gate: np.ndarray, w_up: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.stack([w_gate, w_up], axis=-1))
 
 
+def side_by_side(w: np.ndarray) -> np.ndarray:
+    """(K, N, 2) weight (or (N, 2) bias) -> the gate's N columns, then the up projection's: (K, 2N) (or (2N,)).
+    The layout int8 computes the pair in (one ``fused_dense_int8``, then :func:`gate_product`)."""
+    return np.ascontiguousarray(np.concatenate([w[..., 0], w[..., 1]], axis=-1))
+
+
+def gate_product(y, act: str, out_dtype: str = "float32"):
+    """TE: ``act(y[..., :N]) * y[..., N:]`` for y (..., 2N), the gate's columns then the up projection's (the
+    output of the int8 pair, :func:`side_by_side`). Elementwise, so the generic CPU schedule vectorises it; at
+    decode's few rows the 2N-wide input is a few tens of KB, read from L2."""
+    if act not in GATE_ACTIVATIONS:
+        raise ValueError(f"gate_product: unknown gate activation '{act}' (known: {', '.join(GATE_ACTIVATIONS)})")
+    *batch, two_n = y.shape
+    index_type = str(two_n.ty) if hasattr(two_n, "ty") else "int64"
+    N = tirx.IntImm(index_type, int(two_n) // 2)
+
+    def product(*idx):
+        row, j = idx[:-1], idx[-1]
+        gate, up = y[(*row, j)], y[(*row, j + N)]
+        return (activation(gate.astype("float32"), act) * up.astype("float32")).astype(out_dtype)
+
+    return te.compute((*batch, N), product, name="gate_product")
+
+
 def pack_gated_weight(w: np.ndarray, nr: int) -> np.ndarray:
     """(K, N, 2) weight -> (ceil(N / nr), K, nr, 2) panels, zero-padded past N."""
     K, N, _ = w.shape
