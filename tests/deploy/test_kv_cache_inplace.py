@@ -97,6 +97,47 @@ def test_a_step_past_the_capacity_is_refused(inplace_artifact):
         generate(inplace_artifact, np.ones((1, CAPACITY - 2), np.int64), max_new_tokens=5)
 
 
+def test_generation_fills_the_capacity_exactly_and_one_more_is_refused_before_it_starts(inplace_artifact):
+    """A prompt of P and N new tokens fill P + N - 1 positions (the last token is never fed): exactly the capacity
+    runs; one past it is refused before the first step, naming what fits."""
+    from tvm_fusion_ext.deploy.generate import generate
+
+    ids = np.full((1, CAPACITY - 5), 7, np.int64)
+    assert generate(inplace_artifact, ids, max_new_tokens=6).shape == (1, CAPACITY + 1)
+    steps = []
+
+    class Counting:  # the artifact, counting the VMs generate makes (one per generation, at its first step)
+        def __getattr__(self, name):
+            return getattr(inplace_artifact, name)
+
+        def new_vm(self):
+            steps.append(1)
+            return inplace_artifact.new_vm()
+
+    with pytest.raises(InputError, match=f"reach {CAPACITY + 1} positions at the last step, past the KV cache's "
+                                         f"capacity of {CAPACITY}; at most 6 new tokens fit"):
+        generate(Counting(), ids, max_new_tokens=7)
+    with pytest.raises(InputError, match="the prompt alone does not fit"):
+        generate(Counting(), np.ones((1, CAPACITY + 1), np.int64), max_new_tokens=1)
+    assert not steps
+    np.testing.assert_array_equal(generate(inplace_artifact, np.ones((1, CAPACITY + 1), np.int64), 0),
+                                  np.ones((1, CAPACITY + 1)))  # nothing to run, nothing refused
+
+
+def test_sampled_generation_over_the_artifact_equals_transformers_and_repeats_with_its_seed(inplace_artifact):
+    from _generation_reference import transformers_generate
+
+    from tvm_fusion_ext.deploy.generate import generate
+
+    ids = np.array([[11, 57, 300, 42, 7], [0, 0, 99, 512, 3]], np.int64)
+    mask = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], np.int64)
+    settings = {"do_sample": True, "temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 17}
+    got, stats = generate(inplace_artifact, ids, 10, mask, return_stats=True, **settings)
+    np.testing.assert_array_equal(got, transformers_generate(ids, mask, 10, **settings))
+    np.testing.assert_array_equal(generate(inplace_artifact, ids, 10, mask, **settings), got)
+    assert stats.time_to_first_token_s > 0 and stats.step_s > 0 and stats.tokens_per_s > 0
+
+
 def test_a_raw_call_past_the_capacity_stays_in_its_buffers(inplace_artifact):
     """The VM called directly (no run-time checks): the write drops positions past the capacity and attention
     clamps its key reads into the buffers, so the call completes with finite logits and the rows before
