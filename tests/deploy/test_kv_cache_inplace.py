@@ -4,6 +4,9 @@ its presents) over a prefill from an empty past, decode steps and a chunk; gener
 greedy tokens; the manifest records the cache; what the rewrite cannot handle, and a step past the capacity, are
 refused in one line."""
 
+import json
+import os
+
 import numpy as np
 import pytest
 import tvm
@@ -136,6 +139,50 @@ def test_sampled_generation_over_the_artifact_equals_transformers_and_repeats_wi
     np.testing.assert_array_equal(got, transformers_generate(ids, mask, 10, **settings))
     np.testing.assert_array_equal(generate(inplace_artifact, ids, 10, mask, **settings), got)
     assert stats.time_to_first_token_s > 0 and stats.step_s > 0 and stats.tokens_per_s > 0
+
+
+def test_generate_command_prints_the_tokens_and_timings(inplace_artifact, capsys):
+    from tvm_fusion_ext.cli import main
+    from tvm_fusion_ext.deploy.generate import generate
+
+    ids = np.array([[0, 0, 99, 512, 3], [11, 57, 300, 42, 7]], np.int64)
+    mask = (np.arange(5) >= np.array([[2], [0]])).astype(np.int64)
+    flags = ["--max-new-tokens", "6", "--sample", "--temperature", "0.8", "--top-k", "20", "--seed", "3"]
+    assert main(["generate", inplace_artifact.path, "--prompt-ids", "99,512,3", "--prompt-ids", "11,57,300,42,7",
+                 *flags, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    want = generate(inplace_artifact, ids, 6, mask, do_sample=True, temperature=0.8, top_k=20, seed=3)
+    assert out["new_tokens"] == want[:, 5:].tolist() and out["prompts"] == [[99, 512, 3], [11, 57, 300, 42, 7]]
+    assert out["stats"]["time_to_first_token_s"] > 0 and out["stats"]["tokens_per_s"] > 0
+    assert main(["generate", inplace_artifact.path, "--prompt-ids", "99,512,3", *flags]) == 0
+    text = capsys.readouterr().out
+    alone = generate(inplace_artifact, ids[:1, 2:], 6, do_sample=True, temperature=0.8, top_k=20, seed=3)
+    assert text.startswith(f"0: 99,512,3 -> {','.join(map(str, alone[0, 3:]))}\n") and "time to first token" in text
+    assert main(["generate", inplace_artifact.path, "--prompt-ids", "1,x"]) == 2
+    assert "--prompt-ids '1,x': expected token ids" in capsys.readouterr().err
+    assert main(["generate", inplace_artifact.path, "--prompt-ids", "1", "--max-new-tokens", str(CAPACITY + 1)]) == 2
+    assert f"at most {CAPACITY} new tokens fit" in capsys.readouterr().err
+
+
+def test_sampled_generation_runs_runtime_only_without_torch(inplace_artifact):
+    """Where TVM is runtime-only and torch is absent: sampling is numpy alone (the command and the function)."""
+    import subprocess
+    import sys
+
+    script = ("import sys, numpy as np\nsys.modules['torch'] = None\n"  # importing torch would now fail
+              "from tvm_fusion_ext.deploy import generate, load\n"
+              f"t = generate(load({inplace_artifact.path!r}), np.array([[5, 6, 7]]), 4, do_sample=True, seed=0, "
+              "top_p=0.9, repetition_penalty=1.1)\n"
+              "print(t.shape, 'tvm.relax' in sys.modules)\n")
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "(1, 7) False"
+    res = subprocess.run([sys.executable, "-m", "tvm_fusion_ext.cli", "generate", inplace_artifact.path,
+                          "--prompt-ids", "5,6,7", "--sample", "--seed", "0"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("0: 5,6,7 -> ") and "tokens/s" in res.stdout
 
 
 def test_a_raw_call_past_the_capacity_stays_in_its_buffers(inplace_artifact):

@@ -80,7 +80,8 @@ class DecoderIO:
             return
         fit = limit[0] - prompt + 1
         advice = (f"at most {fit} new tokens fit" if fit > 0 else "the prompt alone does not fit")
-        raise InputError(f"generate: {label}: a prompt of {prompt} positions and max_new_tokens={new_tokens} reach "
+        positions = f"{prompt} position{'s' * (prompt != 1)}"
+        raise InputError(f"generate: {label}: a prompt of {positions} and max_new_tokens={new_tokens} reach "
                          f"{need} positions at the last step, past {limit[1]}; {advice}, or compile with a larger "
                          f"--max-shape")
 

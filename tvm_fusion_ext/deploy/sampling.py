@@ -35,7 +35,7 @@ class Sampling:
     def __post_init__(self):
         if not _number(self.temperature) or not self.temperature > 0:
             raise InputError(f"generate: temperature must be a number > 0, got {self.temperature!r} "
-                             f"(for greedy decoding leave do_sample=False)")
+                             f"(greedy decoding is the default: do not sample)")
         if not isinstance(self.top_k, Integral) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise InputError(f"generate: top_k must be an integer >= 0 (0: no top-k filter), got {self.top_k!r}")
         if not _number(self.top_p) or not 0 <= self.top_p <= 1:
