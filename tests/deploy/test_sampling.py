@@ -139,3 +139,21 @@ def test_seed_and_rng_are_checked():
     with pytest.raises(InputError, match="seed must be an integer >= 0"):
         make_rng(-1, None)
     assert make_rng(None, None) is None
+
+
+@pytest.mark.parametrize("do_sample,temperature,top_k,top_p,penalty", SETTINGS)
+@pytest.mark.parametrize("spread", [0.5, 4.0])   # a flat distribution (a wide nucleus) and a peaked one
+def test_chooser_takes_the_tokens_of_the_full_vocabulary_definition(do_sample, temperature, top_k, top_p, penalty,
+                                                                    spread):
+    """The chooser samples among candidates only; its tokens are those of a draw from the softmax of every
+    processed score (the definition the tests above check against transformers), for the same uniforms."""
+    rng = np.random.default_rng(3)
+    scores = (rng.standard_normal((64, 32000)) * spread).astype(np.float32)
+    tokens = rng.integers(0, 32000, (64, 40)).astype(np.int64)
+    sampling = Sampling(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                        repetition_penalty=penalty)
+    got = TokenChooser(sampling, np.random.default_rng(9))(scores, tokens)
+    processed = sampling.process(scores, tokens)
+    want = (draw(softmax(processed.astype(np.float64)), np.random.default_rng(9).random(64)) if do_sample
+            else processed.argmax(-1))
+    np.testing.assert_array_equal(got, want)

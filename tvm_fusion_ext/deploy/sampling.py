@@ -65,14 +65,15 @@ class Sampling:
 
 def repetition_penalty(scores: np.ndarray, tokens: np.ndarray, penalty: float) -> np.ndarray:
     """transformers' ``RepetitionPenaltyLogitsProcessor``: the score of each token that occurs in the row's
-    ``tokens`` is divided by ``penalty`` where positive, multiplied where negative."""
-    vocab = scores.shape[-1]
-    seen = np.zeros((scores.shape[0], vocab + 1), bool)
+    ``tokens`` is divided by ``penalty`` where positive, multiplied where negative (its gather and scatter)."""
+    batch, vocab = scores.shape
     # ids past the logits' vocabulary (an embedding larger than the head) land in a column dropped after
-    np.put_along_axis(seen, np.minimum(np.asarray(tokens, np.int64), vocab), True, axis=-1)
-    seen = seen[:, :vocab]
-    penalised = np.where(scores < 0, scores * np.float32(penalty), scores / np.float32(penalty))
-    return np.where(seen, penalised, scores).astype(np.float32)
+    padded = np.concatenate([scores, np.zeros((batch, 1), np.float32)], axis=-1)
+    ids = np.minimum(np.asarray(tokens, np.int64), vocab)
+    seen = np.take_along_axis(padded, ids, axis=-1)
+    np.put_along_axis(padded, ids, np.where(seen < 0, seen * np.float32(penalty), seen / np.float32(penalty)),
+                      axis=-1)
+    return padded[:, :vocab]
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
@@ -114,7 +115,12 @@ def draw(probs: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
 
 
 class TokenChooser:
-    """A generation's next tokens from each step's last logits, drawing from ``rng`` when sampling."""
+    """A generation's next tokens from each step's last logits, drawing from ``rng`` when sampling.
+
+    It takes the tokens :func:`draw` would take from the softmax of :meth:`Sampling.process`'s scores, without
+    sorting or exponentiating the whole vocabulary per row: after top-k only the k kept tokens (and ties) are
+    candidates; with top-p alone, the fewest most likely tokens whose probability leaves less than ``1 - top_p``
+    outside (every token outside is one the filter drops)."""
 
     def __init__(self, sampling: Sampling, rng: Optional[np.random.Generator] = None):
         self.sampling = sampling
@@ -125,11 +131,53 @@ class TokenChooser:
         s = self.sampling
         if not s.do_sample and s.repetition_penalty == 1.0:
             return logits.argmax(axis=-1).astype(np.int64)  # plain greedy: the raw logits' argmax
-        scores = s.process(logits, tokens)
+        scores = np.asarray(logits, np.float32)
+        if s.repetition_penalty != 1.0:
+            scores = repetition_penalty(scores, tokens, s.repetition_penalty)
         if not s.do_sample:
             return scores.argmax(axis=-1).astype(np.int64)
+        if s.temperature != 1.0:
+            scores = scores / np.float32(s.temperature)
         uniforms = self.rng.random(scores.shape[0])  # one per row and step, finished rows included
-        return draw(softmax(scores.astype(np.float64)), uniforms)
+        return np.array([_sample_row(row, s.top_k, s.top_p, u) for row, u in zip(scores, uniforms)], np.int64)
+
+
+def _sample_row(scores: np.ndarray, k: int, p: float, u: float) -> int:
+    """One row's token: top-k, then top-p over the candidates, then the inverse-CDF draw in vocabulary order."""
+    vocab = scores.size
+    top = scores.max()
+    outside = 0.0  # probability of the tokens left out of the candidates (before top-p)
+    if k:
+        kth = np.partition(scores, vocab - min(k, vocab))[vocab - min(k, vocab)]
+        candidates = np.flatnonzero(scores >= kth)  # in vocabulary order; ties with the k-th stay
+        weights = np.exp(scores[candidates] - top)
+        total = weights.sum(dtype=np.float32)
+    else:
+        every = np.exp(scores - top)
+        total = every.sum(dtype=np.float32)
+        candidates, outside = _nucleus(scores, every, total, p) if p < 1.0 else (np.arange(vocab), 0.0)
+        weights = every[candidates]
+    if p < 1.0:  # the warper's test, over the candidates sorted ascending, with the mass outside below them
+        order = np.argsort(scores[candidates], kind="stable")
+        cumulative = np.float32(outside) + np.cumsum(weights[order] / total, dtype=np.float32)
+        drop = cumulative <= np.float32(1 - p)
+        drop[-1] = False
+        weights = weights.copy()
+        weights[order[drop]] = 0.0
+    return int(candidates[draw(weights[None], np.array([u]))[0]])
+
+
+def _nucleus(scores: np.ndarray, every: np.ndarray, total: float, p: float):
+    """``(candidates in vocabulary order, probability outside them)``: the m most likely tokens, m growing
+    fourfold from 64, once what lies outside is below ``1 - p`` by a margin past float32 rounding."""
+    vocab, m = scores.size, 64
+    while m < vocab:
+        inside = np.argpartition(scores, vocab - m)[vocab - m:]
+        outside = 1.0 - float(every[inside].sum(dtype=np.float64)) / float(total)
+        if outside < (1.0 - p) - 1e-5:
+            return np.sort(inside), outside
+        m *= 4
+    return np.arange(vocab), 0.0
 
 
 def make_rng(seed, rng) -> Optional[np.random.Generator]:
