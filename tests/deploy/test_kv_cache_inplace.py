@@ -4,6 +4,9 @@ its presents) over a prefill from an empty past, decode steps and a chunk; gener
 greedy tokens; the manifest records the cache; what the rewrite cannot handle, and a step past the capacity, are
 refused in one line."""
 
+import json
+import os
+
 import numpy as np
 import pytest
 import tvm
@@ -95,6 +98,91 @@ def test_a_step_past_the_capacity_is_refused(inplace_artifact):
         inplace_artifact.run(feeds)
     with pytest.raises(InputError, match="capacity"):  # generation that outgrows the buffers stops in one line
         generate(inplace_artifact, np.ones((1, CAPACITY - 2), np.int64), max_new_tokens=5)
+
+
+def test_generation_fills_the_capacity_exactly_and_one_more_is_refused_before_it_starts(inplace_artifact):
+    """A prompt of P and N new tokens fill P + N - 1 positions (the last token is never fed): exactly the capacity
+    runs; one past it is refused before the first step, naming what fits."""
+    from tvm_fusion_ext.deploy.generate import generate
+
+    ids = np.full((1, CAPACITY - 5), 7, np.int64)
+    assert generate(inplace_artifact, ids, max_new_tokens=6).shape == (1, CAPACITY + 1)
+    steps = []
+
+    class Counting:  # the artifact, counting the VMs generate makes (one per generation, at its first step)
+        def __getattr__(self, name):
+            return getattr(inplace_artifact, name)
+
+        def new_vm(self):
+            steps.append(1)
+            return inplace_artifact.new_vm()
+
+    with pytest.raises(InputError, match=f"reach {CAPACITY + 1} positions at the last step, past the KV cache's "
+                                         f"capacity of {CAPACITY}; at most 6 new tokens fit"):
+        generate(Counting(), ids, max_new_tokens=7)
+    with pytest.raises(InputError, match="the prompt alone does not fit"):
+        generate(Counting(), np.ones((1, CAPACITY + 1), np.int64), max_new_tokens=1)
+    assert not steps
+    np.testing.assert_array_equal(generate(inplace_artifact, np.ones((1, CAPACITY + 1), np.int64), 0),
+                                  np.ones((1, CAPACITY + 1)))  # nothing to run, nothing refused
+
+
+def test_sampled_generation_over_the_artifact_equals_transformers_and_repeats_with_its_seed(inplace_artifact):
+    from _generation_reference import transformers_generate
+
+    from tvm_fusion_ext.deploy.generate import generate
+
+    ids = np.array([[11, 57, 300, 42, 7], [0, 0, 99, 512, 3]], np.int64)
+    mask = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], np.int64)
+    settings = {"do_sample": True, "temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 17}
+    got, stats = generate(inplace_artifact, ids, 10, mask, return_stats=True, **settings)
+    np.testing.assert_array_equal(got, transformers_generate(ids, mask, 10, **settings))
+    np.testing.assert_array_equal(generate(inplace_artifact, ids, 10, mask, **settings), got)
+    assert stats.time_to_first_token_s > 0 and stats.step_s > 0 and stats.tokens_per_s > 0
+
+
+def test_generate_command_prints_the_tokens_and_timings(inplace_artifact, capsys):
+    from tvm_fusion_ext.cli import main
+    from tvm_fusion_ext.deploy.generate import generate
+
+    ids = np.array([[0, 0, 99, 512, 3], [11, 57, 300, 42, 7]], np.int64)
+    mask = (np.arange(5) >= np.array([[2], [0]])).astype(np.int64)
+    flags = ["--max-new-tokens", "6", "--sample", "--temperature", "0.8", "--top-k", "20", "--seed", "3"]
+    assert main(["generate", inplace_artifact.path, "--prompt-ids", "99,512,3", "--prompt-ids", "11,57,300,42,7",
+                 *flags, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    want = generate(inplace_artifact, ids, 6, mask, do_sample=True, temperature=0.8, top_k=20, seed=3)
+    assert out["new_tokens"] == want[:, 5:].tolist() and out["prompts"] == [[99, 512, 3], [11, 57, 300, 42, 7]]
+    assert out["stats"]["time_to_first_token_s"] > 0 and out["stats"]["tokens_per_s"] > 0
+    assert main(["generate", inplace_artifact.path, "--prompt-ids", "99,512,3", *flags]) == 0
+    text = capsys.readouterr().out
+    alone = generate(inplace_artifact, ids[:1, 2:], 6, do_sample=True, temperature=0.8, top_k=20, seed=3)
+    assert text.startswith(f"0: 99,512,3 -> {','.join(map(str, alone[0, 3:]))}\n") and "time to first token" in text
+    assert main(["generate", inplace_artifact.path, "--prompt-ids", "1,x"]) == 2
+    assert "--prompt-ids '1,x': expected token ids" in capsys.readouterr().err
+    assert main(["generate", inplace_artifact.path, "--prompt-ids", "1", "--max-new-tokens", str(CAPACITY + 1)]) == 2
+    assert f"at most {CAPACITY} new tokens fit" in capsys.readouterr().err
+
+
+def test_sampled_generation_runs_runtime_only_without_torch(inplace_artifact):
+    """Where TVM is runtime-only and torch is absent: sampling is numpy alone (the command and the function)."""
+    import subprocess
+    import sys
+
+    script = ("import sys, numpy as np\nsys.modules['torch'] = None\n"  # importing torch would now fail
+              "from tvm_fusion_ext.deploy import generate, load\n"
+              f"t = generate(load({inplace_artifact.path!r}), np.array([[5, 6, 7]]), 4, do_sample=True, seed=0, "
+              "top_p=0.9, repetition_penalty=1.1)\n"
+              "print(t.shape, 'tvm.relax' in sys.modules)\n")
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "(1, 7) False"
+    res = subprocess.run([sys.executable, "-m", "tvm_fusion_ext.cli", "generate", inplace_artifact.path,
+                          "--prompt-ids", "5,6,7", "--sample", "--seed", "0"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("0: 5,6,7 -> ") and "tokens/s" in res.stdout
 
 
 def test_a_raw_call_past_the_capacity_stays_in_its_buffers(inplace_artifact):

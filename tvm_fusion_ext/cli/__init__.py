@@ -16,7 +16,7 @@ EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 
 #: subcommand modules, in ``--help`` order; each has ``add_parser(subparsers)``
-_COMMANDS = ("fuse", "compile", "info", "run", "demo", "bench", "tune", "inspect_cuda")
+_COMMANDS = ("fuse", "compile", "info", "run", "generate", "demo", "bench", "tune", "inspect_cuda")
 
 
 def tvm_can_compile() -> bool:
@@ -29,8 +29,9 @@ def tvm_can_compile() -> bool:
 
 
 def needs_compiler(args) -> bool:
-    """Whether the parsed command compiles: everything but ``info`` and ``run``/``bench`` on an artifact."""
-    if args.command == "info":
+    """Whether the parsed command compiles: everything but ``info``, ``generate`` and ``run``/``bench`` on an
+    artifact."""
+    if args.command in ("info", "generate"):
         return False
     if args.command in ("run", "bench"):
         from ..deploy.manifest import is_artifact
