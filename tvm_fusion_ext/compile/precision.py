@@ -44,7 +44,10 @@ path (:mod:`..schedules.cuda.tensorcore_int8`: mma.sync m16n8k32 u8 × s8 → s3
 and K of 32; the SIMT dense otherwise), and the quantisation kernels in front of it are stock reductions and
 elementwise kernels that dlight binds to threads. ``bf16``: the activation is cast to a bfloat16 tensor (the same
 round-to-nearest-even) and the dense is the fp16/bf16 tensor-core one (m16n8k16, fp32 accumulation) with an fp32
-output. On CUDA the gated dense keeps fp32 in both (reported under ``kept``).
+output. The gated dense is, in both, the CPU's form: one such dense over its gate's and up projection's columns
+side by side (int8: the (2N, K) transposed weight; bf16: (K, 2N)), on tensor cores where its rows and 2N tile, then
+``act(gate) * up``, an elementwise kernel dlight binds to threads (in a bf16 model FuseOps joins it to the cast in
+front of the down projection).
 """
 
 from __future__ import annotations
