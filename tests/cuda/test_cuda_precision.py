@@ -198,6 +198,7 @@ def test_gated_pair_is_one_tensor_core_dense_and_a_gate_product(precision, arch,
     assert not [r for r in rows_ if "gated_dense" in r["name"]], rows_  # no fp32 gated kernel left
     (dense,) = [r for r in rows_ if r["name"].startswith("fused_dense")]
     assert dense["tensor_core"] and MMA[precision] in src, dense
+    assert dense["registers"] <= 64, dense  # as the plain dense: 16 accumulators and two fragments a thread
     assert dense["name"].startswith("fused_dense_int8") == (precision == "int8")
     (gate,) = [r for r in rows_ if "gate_product" in r["name"]]
     assert gate["threads_per_block"] > 0 and not gate["tensor_core"], gate  # bound to threads (dlight)
