@@ -151,14 +151,41 @@ def test_run_time_gated_bias_is_laid_out_like_the_weight():
     np.testing.assert_allclose(_run(compiled, x, b), _twin(x, wg, wu, b, "silu"), rtol=1e-5, atol=1e-4)
 
 
-def test_cuda_keeps_the_gated_pair_in_fp32_and_says_so():
-    mod, _, _, _ = _gated_module((5,), 24, 40, "silu")
+@pytest.mark.parametrize("precision,dense,weight", [("int8", "fused_dense_int8", ((80, 24), "int8")),
+                                                     ("bf16", "fused_dense", ((24, 80), "bfloat16"))])
+def test_cuda_lowers_the_gated_pair_to_one_dense_and_a_gate_product(precision, dense, weight):
+    """The CUDA form: int8's weight (2N, K) for the tensor cores (``transpose_b``) and its row quantisation in stock
+    kernels; bf16's a (K, 2N) bf16 weight and a bf16 activation. Either way no fp32 gated kernel is left."""
     from tvm_fusion_ext.compile.precision import PrecisionReport
 
-    report = PrecisionReport("int8")
-    lowered = LowerPrecision("int8", report, for_cuda=True)(mod)
-    assert fused_calls(lowered).get("fused_gated_dense") == 1
-    assert report.converted == {} and any("gated projection pair" in k for k in report.kept)
+    mod, _, _, _ = _gated_module((5,), 24, 40, "silu")
+    report = PrecisionReport(precision)
+    lowered = LowerPrecision(precision, report, for_cuda=True)(mod)
+    calls = fused_calls(lowered)
+    assert calls.get(dense) == 1 and "fused_gated_dense" not in calls and "fused_quantize_rows" not in calls
+    assert report.converted == {"fused_gated_dense": 1} and not report.kept
+    weights = [(c.value.numpy().shape, str(c.ty.dtype)) for c in _constants(lowered) if len(c.ty.shape) == 2]
+    assert weights == [weight]  # the gate's 40 columns, then the up projection's
+    assert any(gv.name_hint.startswith("gate_product") for gv in lowered.get_global_vars())
+
+
+@pytest.mark.parametrize("rows,K,N,run_rows", [((13,), 37, 40, (13,)), ((SEQ,), 45, 33, (3,))])
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_cuda_form_of_the_gated_pair_computes_the_same_on_the_cpu(precision, rows, K, N, run_rows):
+    """The CUDA form's layouts (int8's transposed side-by-side weight and stock quantisation, bf16's bf16 tensors)
+    built for this CPU: the quantised (or bf16-rounded) gated dense of the numpy twins."""
+    import ml_dtypes
+
+    mod, wg, wu, b = _gated_module(rows, K, N, "silu")
+    compiled = compile_model(LowerPrecision(precision, for_cuda=True)(mod), TARGET, fuse_graph=False)
+    x = (np.random.default_rng(2).standard_normal((*run_rows, K)) + 0.3).astype("float32")
+    got = _run(compiled, x)
+    if precision == "int8":
+        want = _twin(x, wg, wu, b, "silu")
+    else:
+        r = lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float64)  # noqa: E731
+        want = _fp32(r(x), r(wg), r(wu), b, "silu")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
 def _constants(mod):

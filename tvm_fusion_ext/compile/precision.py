@@ -44,7 +44,10 @@ path (:mod:`..schedules.cuda.tensorcore_int8`: mma.sync m16n8k32 u8 × s8 → s3
 and K of 32; the SIMT dense otherwise), and the quantisation kernels in front of it are stock reductions and
 elementwise kernels that dlight binds to threads. ``bf16``: the activation is cast to a bfloat16 tensor (the same
 round-to-nearest-even) and the dense is the fp16/bf16 tensor-core one (m16n8k16, fp32 accumulation) with an fp32
-output. On CUDA the gated dense keeps fp32 in both (reported under ``kept``).
+output. The gated dense is, in both, the CPU's form: one such dense over its gate's and up projection's columns
+side by side (int8: the (2N, K) transposed weight; bf16: (K, 2N)), on tensor cores where its rows and 2N tile, then
+``act(gate) * up``, an elementwise kernel dlight binds to threads (in a bf16 model FuseOps joins it to the cast in
+front of the down projection).
 """
 
 from __future__ import annotations
@@ -188,9 +191,6 @@ class _LowerPrecision(relax.PyExprMutator):
             new = self._bf16(op, inputs, params, w)
         elif op == "fused_dense":
             new = self._int8(inputs, params, w)
-        elif self.for_cuda:
-            new = None
-            self.report.kept.append(f"{op}: no CUDA int8 kernel for the gated projection pair; kept fp32")
         else:
             new = self._int8_gated(inputs, params, w)
         if new is None:
@@ -202,10 +202,17 @@ class _LowerPrecision(relax.PyExprMutator):
     def _bf16(self, op, inputs, params, w):
         import ml_dtypes
 
-        if self.for_cuda:
-            if op != "fused_dense":
-                self.report.kept.append(f"{op}: no CUDA bf16 kernel for the gated projection pair; kept fp32")
-                return None
+        if self.for_cuda and op == "fused_gated_dense":
+            # the pair as one bf16 tensor-core dense over the gate's and up projection's columns side by side
+            # (K, 2N), then act(gate) * up (as int8 does it, see _int8_gated)
+            x = self.builder_.emit(relax.op.astype(inputs["x"], "bfloat16"))
+            dense = self.builder_.emit(call_op(
+                self.builder_, "fused_dense",
+                {"x": x, "w": relax.const(side_by_side(w).astype(ml_dtypes.bfloat16)),
+                 "bias": self._side_by_side_bias(inputs)},
+                {**{k: v for k, v in params.items() if k in ("row_block", "row_clamp")}, "out_dtype": "float32"}))
+            return self._gate_product(dense, params)
+        elif self.for_cuda:
             # a bf16 tensor (the same round-to-nearest-even): the tensor-core dense's input; fp32 accumulation
             # and output as on the CPU
             x = self.builder_.emit(relax.op.astype(inputs["x"], "bfloat16"))

@@ -209,11 +209,14 @@ def _cast_floats(mod, dtype: str):
     return relax.transform.Normalize()(out)
 
 
-def inspect_cuda(model_path: str, arch: str = "sm_90", dtype: str = "float32", precision: str = "fp32") -> List[dict]:
+def inspect_cuda(model_path: str, arch: str = "sm_90", dtype: str = "float32", precision: str = "fp32",
+                 shapes=None) -> List[dict]:
     """Per-kernel CUDA resources of ``model_path`` built for ``arch`` in ``dtype`` (no GPU needed).
 
     One row per distinct kernel (layers of the same shape share their kernels). ``precision``: the dense kernels'
-    (:mod:`~tvm_fusion_ext.compile.precision`; ``int8`` quantises fp32 weights, so it takes ``dtype`` float32)."""
+    (:mod:`~tvm_fusion_ext.compile.precision`; ``int8`` quantises fp32 weights, so it takes ``dtype`` float32).
+    ``shapes``: dynamic dims pinned by ONNX input name, as :func:`~tvm_fusion_ext.frontend.load_onnx` takes them
+    (the tensor-core paths need static rows: a dynamic export's denses are SIMT without them)."""
     from ..compile import build
     from ..frontend import load_onnx
     from ..targets import cuda_target
@@ -229,7 +232,7 @@ def inspect_cuda(model_path: str, arch: str = "sm_90", dtype: str = "float32", p
                              f"float32, not {dtype}")
     if not nvcc_available():
         raise CudaToolchainError("nvcc is not on PATH (needed to compile CUDA kernels)")
-    mod = load_onnx(model_path)
+    mod = load_onnx(model_path, shapes=shapes)
     mod = convert_dtype(mod, dtype)
     # nvrtc (TVM's default) needs the cuda-python bindings; nvcc is what we compile with anyway
     mode = os.environ.get("TVM_CUDA_COMPILE_MODE")

@@ -212,10 +212,12 @@ class OpenCLFunction:
         import pyopencl as cl
 
         ctx = _device()[0]
-        total = nbytes + 2 * GUARD_BYTES
-        guard = np.full(total // 4, _NAN_WORD, np.uint32)
+        # the data region rounded up to whole 4-byte words (the NaN fill's unit); the guard after it starts at
+        # the buffer's last byte, whatever its size (a uint8 tensor of odd length)
+        words = max(1, -(-nbytes // 4))
+        guard = np.full(words + 2 * GUARD_BYTES // 4, _NAN_WORD, np.uint32)
         mem = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=guard)
-        return _Buffer(mem, mem.get_sub_region(GUARD_BYTES, max(nbytes, 4)), nbytes)
+        return _Buffer(mem, mem.get_sub_region(GUARD_BYTES, 4 * words), nbytes)
 
     def _upload(self, array: np.ndarray, dtype: str) -> _Buffer:
         import pyopencl as cl
@@ -227,13 +229,16 @@ class OpenCLFunction:
         return buf
 
     def _check_guards(self, buf: _Buffer, name: str) -> None:
+        """Every byte outside the buffer's ``nbytes`` still holds the NaN fill (byte-exact: the bytes that round a
+        buffer up to whole words count as after it)."""
         import pyopencl as cl
 
-        for offset in (0, GUARD_BYTES + max(buf.nbytes, 4) // 4 * 4):
-            span = np.empty(GUARD_BYTES // 4, np.uint32)
-            cl.enqueue_copy(self.queue, span, buf.mem, src_offset=offset)
-            if not (span == _NAN_WORD).all():
-                where = "before" if offset == 0 else "after"
+        total = 4 * (max(1, -(-buf.nbytes // 4)) + 2 * GUARD_BYTES // 4)
+        fill = np.full(total // 4, _NAN_WORD, np.uint32).view(np.uint8)
+        for where, start, stop in (("before", 0, GUARD_BYTES), ("after", GUARD_BYTES + buf.nbytes, total)):
+            span = np.empty(stop - start, np.uint8)
+            cl.enqueue_copy(self.queue, span, buf.mem, src_offset=start)
+            if not (span == fill[start:stop]).all():
                 raise AssertionError(f"a kernel wrote {where} the bounds of buffer '{name}'")
 
     def __call__(self, *arrays: np.ndarray, **scalars):

@@ -6,7 +6,9 @@ with tensor cores and SIMT, the int8 dense (u8 × s8 tensor cores, int32 accumul
 bias + residual + LayerNorm, attention fp32 / fp16 / bf16, each 16-bit attention also through the opt-in
 tensor-core template, the split-K decode attention (one query row, GQA / MQA, padded pasts), and a symbolic
 attention whose one-row requests branch to it; a symbolic-shape chain of dense → causal attention → LayerNorm
-through the Relax VM; the packed varlen attention) with ``export_library`` into ``DIR``, with the reference each
+through the Relax VM; the packed varlen attention; the gated MLP's pair in ``precision`` int8 and bf16, as the
+compile path builds it (row quantisation, one dense over the gate's and up projection's columns side by side,
+the gate product), through the VM) with ``export_library`` into ``DIR``, with the reference each
 case must match (numpy in float64 on the values the GPU sees, or the CPU build for the VM chain), its inputs (the
 dense cases' are drawn there from their seed instead: only their CRC-32s travel) and a ``cases.json`` index. ``arch="llvm"`` builds the float32 cases for this CPU instead, so that the run side is
 exercised here by a runtime-only process before a GPU ever sees it. ``run`` needs only ``tvm.runtime``, numpy and
@@ -340,6 +342,43 @@ def _varlen(target, out_dir, dtypes=("float32", "float16")):
     return entries
 
 
+#: the gated pairs in low precision: (rows, K, N, act); the first takes the tensor cores, the second the SIMT dense
+#: (nothing a multiple of a tile), the third (rows symbolic, run at 1 and 17) the fallback schedule's int8 dense
+GATED_PAIRS = [((32,), 256, 352, "silu"), ((13,), 37, 40, "gelu"), (("seq",), 64, 48, "silu")]
+
+
+def _gated_pairs(target, out_dir, precisions=("int8", "bf16")):
+    """tests/gpu/test_cuda_precision_numerics.py's gated pairs, as VM libraries, against the numpy twins of the
+    quantised (int8) or bf16-rounded computation. int8's tolerance leaves room for a value on a rounding boundary
+    of ``x / scale`` landing one step apart (fast-math division)."""
+    import tvm
+
+    sys.path.insert(0, str(ROOT / "tests" / "compile"))
+    from test_precision_gated import _fp32, _gated_module, _twin
+
+    from tvm_fusion_ext.compile.pipeline import compile_model
+
+    entries = []
+    for precision in precisions:
+        for n, (rows, K, N, act) in enumerate(GATED_PAIRS):
+            shape = tuple(tvm.tirx.Var(r, "int64") if isinstance(r, str) else r for r in rows)
+            mod, wg, wu, b = _gated_module(shape, K, N, act, seed=n)
+            lib = f"gated_{precision}_{'x'.join(map(str, rows))}x{K}x{N}_{act}.so"
+            compile_model(mod, target, fuse_graph=False, precision=precision).executable.export_library(
+                str(out_dir / lib))
+            for run_rows in ((1,), (17,)) if isinstance(rows[0], str) else (rows,):
+                x = (np.random.default_rng(K + run_rows[0]).standard_normal((*run_rows, K)) + 0.3).astype("float32")
+                if precision == "int8":
+                    want = _twin(x, wg, wu, b, act)
+                else:
+                    want = _fp32(_cast(x, "bfloat16"), _cast(wg, "bfloat16"), _cast(wu, "bfloat16"), b, act)
+                name = f"{lib[:-3]}_rows{run_rows[0]}"
+                np.savez_compressed(out_dir / f"{name}.npz", want=np.asarray(want, "float32"), in0=x)
+                entries.append({"name": name, "kind": "vm", "library": lib,
+                                "tol": 5e-3 if precision == "int8" else 1e-3})
+    return entries
+
+
 def build(out_dir: Path, arch: str) -> None:
     from .target import campaign_target
 
@@ -364,6 +403,7 @@ def build(out_dir: Path, arch: str) -> None:
     cases += _symbolic_chain(target, out_dir)
     cases += _decode_dispatch(target, out_dir)
     cases += _varlen(target, out_dir, dtypes=("float32",) if on_cpu else ("float32", "float16"))
+    cases += _gated_pairs(target, out_dir)
     (out_dir / "cases.json").write_text(json.dumps({"arch": arch, "cases": cases}, indent=1))
     print(f"{len(cases)} cases in {out_dir}")
 
