@@ -101,3 +101,69 @@ def test_trial_sizes_keep_symbolic_dims_apart_and_above_one():
         assert dims[0] != dims[3] and min(dims[0], dims[2], dims[3]) >= 2, dims
     assert at_size([[length]], 0) != at_size([[length]], 1)
     assert at_size([[length // 1000]], 0) == [None]  # a dim that comes out below 2 decides nothing
+
+
+def _two_chain_model(shape, steps):
+    """Two branches x -> Relu -> the same layout steps -> Relu, added: the same chain at the same sizes twice, as
+    every layer of a model repeats its own."""
+    nodes, inits = [], []
+    for branch in ("a", "b"):
+        nodes.append(helper.make_node("Relu" if branch == "a" else "Sigmoid", ["x"], [f"{branch}0"]))
+        prev = f"{branch}0"
+        for i, (op, arg) in enumerate(steps):
+            out = f"{branch}s{i}"
+            if op == "Transpose":
+                nodes.append(helper.make_node("Transpose", [prev], [out], perm=list(arg)))
+            else:
+                inits.append(numpy_helper.from_array(np.array(arg, "int64"), f"{branch}shape{i}"))
+                nodes.append(helper.make_node("Reshape", [prev, f"{branch}shape{i}"], [out]))
+            prev = out
+        nodes.append(helper.make_node("Relu", [prev], [f"{branch}y"]))
+    nodes.append(helper.make_node("Add", ["ay", "by"], ["y"]))
+    graph = helper.make_graph(nodes, "chains", [helper.make_tensor_value_info("x", F32, list(shape))],
+                              [helper.make_tensor_value_info("y", F32, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_repeated_chain_is_decided_once():
+    # the check runs the chain on an arange of the source's size (ten million elements for a decoder's hidden
+    # states at the trial sizes): the same chain at the same sizes in every layer is decided once
+    from tvm_fusion_ext.transform.canonical.layout_chain import _plan_of_shapes
+
+    shape, steps = (2, 3, 4, 5), [("Transpose", (0, 3, 1, 2)), ("Transpose", (0, 2, 3, 1))]
+    model = _two_chain_model(shape, steps)
+    _plan_of_shapes.cache_clear()
+    _, report = fuse(load_onnx(model))
+    assert report.canonicalized.get("LayoutChainAsReshape") == 2, report.summary()
+    info = _plan_of_shapes.cache_info()
+    assert info.misses == 1 and info.hits >= 1, info
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    got = CompiledModel.from_module(load_onnx(model)).run({"x": x})["y"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("source,ops,shapes,plan", [
+    ((2, 3, 4, 5), (("permute", (0, 3, 1, 2)), ("permute", (0, 2, 3, 1))), ((2, 5, 3, 4), (2, 3, 4, 5)),
+     ("reshape", (2, 3, 4, 5))),
+    ((2, 3, 4, 5), (("permute", (0, 2, 1, 3)), ("permute", (0, 1, 3, 2))), ((2, 4, 3, 5), (2, 4, 5, 3)),
+     ("permute", (0, 2, 3, 1))),
+    ((2, 6, 4), (("reshape",), ("permute", (0, 2, 1, 3))), ((2, 2, 3, 4), (2, 3, 2, 4)), None),
+    ((2, 3), (("permute", None),), ((3, 2),), ("permute", (1, 0))),
+    ((2, 3), (("reshape",),), ((4, 2),), None),  # sizes that do not hold
+])
+def test_plan_of_shapes_against_numpy(source, ops, shapes, plan):
+    # what each plan claims, checked on numpy with an arange the plan never saw
+    from tvm_fusion_ext.transform.canonical.layout_chain import _plan_of_shapes
+
+    got = _plan_of_shapes(source, ops, shapes)
+    assert got == plan
+    if plan is None:
+        return
+    a = np.arange(int(np.prod(source)), dtype=np.float64).reshape(source) * 1.5
+    ref = a
+    for op, shape in zip(ops, shapes):
+        ref = ref.transpose(list(range(ref.ndim))[::-1] if op[1] is None else list(op[1])) if op[0] == "permute" \
+            else ref.reshape(shape)
+    out = a.reshape(plan[1]) if plan[0] == "reshape" else a.transpose(plan[1])
+    np.testing.assert_array_equal(out, ref)

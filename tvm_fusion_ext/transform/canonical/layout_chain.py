@@ -19,6 +19,7 @@ Rewrite
 
 from __future__ import annotations
 
+import functools
 from typing import List, Optional
 
 import numpy as np
@@ -76,15 +77,36 @@ def _single_permutation(source: np.ndarray, result: np.ndarray) -> Optional[List
 def _static_plan(source_shape, chain, shapes):
     if source_shape is None or any(sh is None for sh in shapes) or int(np.prod(source_shape)) > MAX_ELEMENTS:
         return None
-    source = np.arange(int(np.prod(source_shape)), dtype=np.int64).reshape(source_shape)
+    ops = tuple(("permute", _axes_attr(call)) if op_name(call) == "relax.permute_dims" else ("reshape",)
+                for call in chain)
+    plan = _plan_of_shapes(tuple(int(d) for d in source_shape), ops, tuple(tuple(int(d) for d in sh)
+                                                                           for sh in shapes))
+    return None if plan is None else (plan[0], list(plan[1]))
+
+
+def _axes_attr(call: relax.Call):
+    axes = call.attrs.axes
+    return None if axes is None else tuple(int(a) for a in axes)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_of_shapes(source_shape, ops, shapes):
+    """:func:`_static_plan` on its shapes alone (a chain's effect depends on nothing else): every layer of a model
+    repeats the same chains at the same sizes, and each check runs on an arange of up to :data:`MAX_ELEMENTS`
+    elements (a decoder's [batch, length, hidden] at the trial sizes is ten million), so each is decided once."""
+    # int32 holds every index below MAX_ELEMENTS: half the memory traffic of int64, the same comparisons
+    source = np.arange(int(np.prod(source_shape)), dtype=np.int32).reshape(source_shape)
+    a = source
     try:
-        result = apply_layout_chain(chain, source, shapes)
+        for op, shape in zip(ops, shapes):
+            a = a.transpose(list(range(a.ndim))[::-1] if op[1] is None else list(op[1])) if op[0] == "permute" \
+                else a.reshape(shape)
     except ValueError:  # sizes that do not hold at these trial sizes (an export with a traced length baked in)
         return None
-    if np.array_equal(result.reshape(-1), source.reshape(-1)):
-        return ("reshape", list(result.shape))
-    axes = _single_permutation(source, result)
-    return None if axes is None else ("permute", axes)
+    if np.array_equal(a.reshape(-1), source.reshape(-1)):
+        return ("reshape", tuple(a.shape))
+    axes = _single_permutation(source, a)
+    return None if axes is None else ("permute", tuple(axes))
 
 
 #: the trials a chain with symbolic dims is decided at (each gives every variable a size of its own, see at_size)
