@@ -377,7 +377,13 @@ def _importer_class():
                 raise NodeImportError(f"{self._label}: TVM cannot import node {node} (op {self._op_label(op_name)}): "
                                        f"{_one_line(err)}") from None
             lost = _shape_loss(sym, inputs, node, self._op_label(op_name)) if isinstance(sym, of.relax.Expr) else None
-            if lost is not None:
+            if lost is not None and op_name in _ELEMENTWISE_BINARY and not self._node_contrib:
+                tied = _tie_broadcast_dims(self.bb, inputs)
+                if tied is not None:
+                    sym = self._cmap[op_name].get_converter(opset)(self.bb, tied, attrs, [self._nodes, self._params])
+                    sym = self.bb.normalize(sym)
+                    lost = _shape_loss(sym, tied, node, self._op_label(op_name))
+            if lost is not None and op_name in _SHAPE_RELATING and not self._node_contrib:
                 # a tensor of unknown shape cannot be built (TVM's legalization asserts on it: "emit_te now only
                 # supports Tensor that has ShapeExpr shape"), and the next Shape of it is refused with TVM's
                 # "Check failed" text: refuse here, at the node that lost it
@@ -457,6 +463,60 @@ def _float_sizes_as_tensors(bb, inputs):
     if not any(is_float_size(x) for x in inputs):
         return inputs
     return of.onnx_input(scalar_tensor(bb, x) if is_float_size(x) else x for x in inputs)  # reads None past its end
+
+
+#: ops whose output is the broadcast of their two inputs' shapes
+_ELEMENTWISE_BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Less", "LessOrEqual",
+                                 "Greater", "GreaterOrEqual", "And", "Or", "Xor"})
+
+#: ops whose output shape follows from their inputs' (so a shape TVM cannot infer means dims it cannot show
+#: compatible), unlike a Slice or Reshape whose output shape may be computed at run time (which TVM can build)
+_SHAPE_RELATING = _ELEMENTWISE_BINARY | {"Where", "Concat", "MatMul", "Gemm", "Sum", "Mean", "Mod", "BitShift",
+                                         "BitwiseAnd", "BitwiseOr", "BitwiseXor", "PRelu"}
+
+
+def _tie_broadcast_dims(bb, inputs):
+    """``inputs`` (two tensors) with the second's dims that TVM cannot show equal to the first's, or 1, match-cast to
+    the first's (the first's, where only the second's dim is a number): a run-time check that they are equal, after
+    which the sum has a known shape. A KV-cache export's mask is ``[.., total]`` beside scores ``[.., past + new]``
+    (BLOOM), or the scores are ``[.., min(past, 7) + new]`` beside a mask ``[.., past + new]`` (a sliding-window
+    cache: equal while the past fits the window; past it, ONNX Runtime fails on the file as well). A size that is 1
+    at run time where the other is not (ONNX broadcasting) then fails that check, in one line naming the inputs.
+    None where nothing can be tied (ranks differ, two different numbers)."""
+    from tvm import relax, sym
+
+    from .converters.common import is_static
+
+    if len(inputs) != 2 or not all(isinstance(getattr(x, "ty", None), relax.TensorType) and x.ty.shape is not None
+                                   for x in inputs):
+        return None
+    a, b = inputs
+    da, db = list(a.ty.shape.values), list(b.ty.shape.values)
+    if len(da) != len(db):
+        return None
+    analyzer = sym.Analyzer()
+    new_a, new_b, changed = list(da), list(db), False
+    for i, (x, y) in enumerate(zip(da, db)):
+        if (is_static(x) and int(x) == 1) or (is_static(y) and int(y) == 1):
+            continue
+        if is_static(x) and is_static(y):
+            if int(x) != int(y):
+                return None
+            continue
+        if analyzer.can_prove_equal(x, y):
+            continue
+        if is_static(y):
+            new_a[i] = y
+        else:
+            new_b[i] = x
+        changed = True
+    if not changed:
+        return None
+    cast = [x if new == old else bb.match_cast(x, relax.TensorType(new, str(x.ty.dtype)))
+            for x, new, old in ((a, new_a, da), (b, new_b, db))]
+    from tvm.relax.frontend.onnx import onnx_frontend as of
+
+    return of.onnx_input(cast)
 
 
 def _shape_loss(sym, inputs, node: str, op: str):
