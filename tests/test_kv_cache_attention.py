@@ -142,3 +142,14 @@ def test_other_vm_errors_are_not_rewritten_as_shape_errors():
     err = shape_check_error(RuntimeError(vm_text), specs, {"x": np.zeros((2, 4))}, label="m.onnx")
     assert str(err) == ("m.onnx: the inputs' shapes do not fit together: a tensor of shape (n, 4) the model computes "
                         "has 7 at dim 0, where the inputs give 8 (n = 2 from 'x' dim 0)")
+
+
+def test_shape_error_prints_dims_as_a_user_reads_them():
+    # a sliding-window cache's length, as TVM prints it: T.min / T.max and INT64_MAX's digits, T.int64(7)
+    specs = {"past": (("b", 2, "past", 16), "float32")}
+    vm_text = ("Check failed: (10 vs. 8) : ErrorContext(match_cast, ty=R.Tensor((b, 1, T.min(9223372036854775807, "
+               "past) - T.min(T.max(past - T.int64(7), 0), past) + 1), dtype=\"float32\"))  match_cast error,  "
+               "shape[2] mismatch to a previous populated value.")
+    err = shape_check_error(RuntimeError(vm_text), specs, {"past": np.zeros((1, 2, 9, 16))}, label="m.onnx")
+    assert "(b, 1, min(INT64_MAX, past) - min(max(past - 7, 0), past) + 1)" in str(err), err
+    assert "T." not in str(err) and "past = 9 from 'past' dim 2" in str(err), err

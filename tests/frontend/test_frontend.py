@@ -934,3 +934,77 @@ def test_scatter_nd_of_no_updates_passes_the_data_through(run_llvm, run_ort, red
     feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "lang": np.zeros((2, 3), np.int64)}
     (got,), (ref,) = run_llvm(load_onnx(m), feeds), run_ort(m, feeds)
     np.testing.assert_array_equal(got, ref)
+
+
+
+def _two_input_model(op, dims_a, dims_c, **attrs):
+    # y = op(a, c) then a dim of y read with Shape -> Gather, as a Reshape target or mask builder would
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "i0")]
+    nodes = [helper.make_node(op, ["a", "c"], ["z"], name="combine", **attrs), helper.make_node("Shape", ["z"], ["zs"]),
+             helper.make_node("Gather", ["zs", "i0"], ["d0"], axis=0),
+             helper.make_node("Cast", ["d0"], ["d0f"], to=TP.FLOAT), helper.make_node("Mul", ["z", "d0f"], ["y"])]
+    return _model(nodes, [_vi("a", TP.FLOAT, dims_a), _vi("c", TP.FLOAT, dims_c)], [_vi("y", TP.FLOAT, None)], inits)
+
+
+def test_concat_whose_output_shape_is_unknown_is_refused_there():
+    # TVM cannot show b and e equal, so the Concat's shape is unknown: before, TVM's "Check failed: ... shape_of
+    # expects a tensor input" at the next Gather, or an internal error ("emit_te now only supports Tensor that has
+    # ShapeExpr shape") at build time
+    msg = _load_error(_two_input_model("Concat", ["b", 4], ["e", 4], axis=1),
+                      ["node 'combine'", "(op Concat)", "[b, 4] and [e, 4]", "cannot be shown compatible", "--shape"])
+    assert "Check failed" not in msg and "shape_of" not in msg
+
+
+def test_broadcast_of_dims_not_shown_equal_is_checked_at_run_time(run_ort):
+    # scores [.., past + new] plus a mask [.., total] (BLOOM's legacy KV-cache export), or a cache cropped to a
+    # sliding window beside a full-length mask: TVM cannot show the dims equal and the sum's shape was unknown
+    # (refused at the next Shape with TVM's "Check failed" text). The second operand is match-cast to the
+    # first's dims: equal sizes run; unequal ones are one line naming the inputs (ONNX Runtime fails on them too)
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    m = _two_input_model("Add", ["b", "s"], ["b", "t"])
+    model = CompiledModel.from_module(load_onnx(m), fuse=False)
+    rng = np.random.default_rng(0)
+    for shape in ((3, 4), (1, 7)):
+        feeds = {k: rng.standard_normal(shape).astype(np.float32) for k in "ac"}
+        np.testing.assert_allclose(model.run(feeds)["y"], run_ort(m, feeds)[0], rtol=1e-6)
+    feeds = {"a": np.ones((3, 4), np.float32), "c": np.ones((3, 5), np.float32)}
+    with pytest.raises(InputError) as info:
+        model.run(feeds)
+    assert "\n" not in str(info.value) and "do not fit together" in str(info.value), info.value
+
+
+def test_same_graph_with_one_dim_name_builds_and_matches(run_ort):
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    m = _two_input_model("Add", ["b", "s"], ["b", "s"])
+    rng = np.random.default_rng(0)
+    feeds = {k: rng.standard_normal((3, 4)).astype(np.float32) for k in "ac"}
+    np.testing.assert_allclose(CompiledModel.from_module(load_onnx(m), fuse=False).run(feeds)["y"],
+                               run_ort(m, feeds)[0], rtol=1e-6)
+    # pinning the dims (--shape) builds the Concat that is refused with them symbolic
+    m = _two_input_model("Concat", ["b", 4], ["e", 4], axis=1)
+    got = CompiledModel.from_module(load_onnx(m, shapes={"a": [3, 4], "c": [3, 4]}), fuse=False).run(feeds)["y"]
+    np.testing.assert_allclose(got, run_ort(m, feeds)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("then", ["Div", "Sqrt"])
+def test_size_cast_to_float_divides_a_tensor(run_ort, then):
+    # a mean over a dynamic dim written by hand, x.sum(1) / x.shape[1] (or a scale 1/sqrt(size)), exports as
+    # Shape -> Gather -> Cast(float) -> Div: TVM failed with "Check failed: ... the value in ShapeType can only have
+    # dtype of int64" when the float size met a tensor
+    from tvm_fusion_ext.runtime import CompiledModel
+
+    inits = [numpy_helper.from_array(np.array(1, np.int64), "i1"), numpy_helper.from_array(np.array([1], np.int64), "ax")]
+    nodes = [helper.make_node("Shape", ["x"], ["xs"]), helper.make_node("Gather", ["xs", "i1"], ["n"], axis=0),
+             helper.make_node("Cast", ["n"], ["nf"], to=TP.FLOAT),
+             helper.make_node("ReduceSum", ["x", "ax"], ["total"], keepdims=0)]
+    if then == "Sqrt":
+        nodes += [helper.make_node("Sqrt", ["nf"], ["root"]), helper.make_node("Div", ["total", "root"], ["y"])]
+    else:
+        nodes += [helper.make_node("Div", ["total", "nf"], ["y"])]
+    m = _model(nodes, [_vi("x", TP.FLOAT, ["batch", "seq", 8])], [_vi("y", TP.FLOAT, None)], inits)
+    model = CompiledModel.from_module(load_onnx(m), fuse=False)
+    for shape in ((1, 3, 8), (2, 7, 8)):
+        feeds = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+        np.testing.assert_allclose(model.run(feeds)["y"], run_ort(m, feeds)[0], rtol=1e-5, atol=1e-6)

@@ -78,3 +78,12 @@ def test_a_real_clamp_stays():
 def test_clamp_over_a_mask_that_may_hold_minus_inf_stays():
     # a float mask input may be -inf: max(-inf, finfo.min) = finfo.min changes a fully masked row
     assert_refused(xglm_attention(float_mask=True), DropLowestClamp(), reason="may hold -inf")
+
+
+def test_integer_clamp_is_an_expected_refusal_not_a_near_miss():
+    # dynamo KV-cache exports (Mistral, Gemma2/3) clamp int64 cache positions with max(x, 0): not this rule's
+    # pattern, and nothing a user would fix, so it is listed apart from the near misses
+    x = relax.Var("x", relax.TensorType((2, 3), "int64"))
+    mod = build_module([x], lambda bb: bb.emit(relax.op.maximum(x, relax.const(0, "int64"))))
+    _, report = fuse(mod, DropLowestClamp())
+    assert not report.near_misses and len(report.expected_refusals) == 1, report.summary()

@@ -199,8 +199,16 @@ def shape_check_error(err: BaseException, specs: Dict[str, tuple], inputs: Mappi
                     and name in inputs and np.ndim(inputs[name]) > i:
                 where[d] = f"{d} = {np.shape(inputs[name])[i]} from '{name}' dim {i}"
     given = f" ({', '.join(where.values())})" if where else ""
+    shape = _readable_dims(shape)
     return InputError(f"{label}: the inputs' shapes do not fit together: a tensor of shape ({shape}) the model "
                       f"computes has {got} at dim {axis}, where the inputs give {expected}{given}")
+
+
+def _readable_dims(text: str) -> str:
+    """TVM's printing of a shape as a user reads it: ``min(past, 7)``, not ``T.min(past, 7)``; ``INT64_MAX`` (an
+    exporter's "to the end" slice bound), not its 19 digits; ``2``, not ``T.int64(2)``."""
+    text = re.sub(r"\bT\.u?int(?:8|16|32|64)\((-?\d+)\)", r"\1", text)
+    return re.sub(r"\bT\.(min|max)\(", r"\1(", text).replace(str(2**63 - 1), "INT64_MAX")
 
 
 def call_checked(call, specs: Dict[str, tuple], inputs: Mapping[str, np.ndarray], label: str = "model"):

@@ -34,7 +34,7 @@ import numpy as np
 from .checks import check_ops, iter_nodes, node_label
 from .converters import convert_map
 from .converters.attention import convert_onnx_attention
-from .converters.common import static_int_inputs
+from .converters.common import dim_text, scalar_tensor, static_int_inputs
 from .converters.control_flow import fold_static_ifs
 from .converters.pad import convert_pad_in_range
 from .converters.reshape import check_reshape_in_range
@@ -356,6 +356,7 @@ def _importer_class():
                     # TVM's map keys converters by name alone; its "Attention" is com.microsoft's
                     sym = convert_onnx_attention(self.bb, inputs, attrs)
                 else:
+                    inputs = _float_sizes_as_tensors(self.bb, inputs)
                     sym = self._slice_in_range(inputs, node) if op_name == "Slice" and opset >= 10 else None
                     if op_name == "Pad" and opset >= 11:
                         sym = convert_pad_in_range(self.bb, list(inputs), attrs, self._ranges, node)
@@ -375,6 +376,18 @@ def _importer_class():
             except Exception as err:
                 raise NodeImportError(f"{self._label}: TVM cannot import node {node} (op {self._op_label(op_name)}): "
                                        f"{_one_line(err)}") from None
+            lost = _shape_loss(sym, inputs, node, self._op_label(op_name)) if isinstance(sym, of.relax.Expr) else None
+            if lost is not None and op_name in _ELEMENTWISE_BINARY and not self._node_contrib:
+                tied = _tie_broadcast_dims(self.bb, inputs)
+                if tied is not None:
+                    sym = self._cmap[op_name].get_converter(opset)(self.bb, tied, attrs, [self._nodes, self._params])
+                    sym = self.bb.normalize(sym)
+                    lost = _shape_loss(sym, tied, node, self._op_label(op_name))
+            if lost is not None and op_name in _SHAPE_RELATING and not self._node_contrib:
+                # a tensor of unknown shape cannot be built (TVM's legalization asserts on it: "emit_te now only
+                # supports Tensor that has ShapeExpr shape"), and the next Shape of it is refused with TVM's
+                # "Check failed" text: refuse here, at the node that lost it
+                raise NodeImportError(f"{self._label}: {lost}; give such dims one name, or pin them with --shape")
             return sym
 
         def _op_label(self, op_name):
@@ -435,6 +448,95 @@ def _onnx_type_error(proto) -> str | None:
 #: TVM prints an operator as its whole registration (``ir.Op(span=None, ..., name="relax.nn.layer_norm", ...,
 #: support_level=10)``), which would fill a one-line error before the reason that follows it
 _OP_REPR = re.compile(r'ir\.Op\(.*?name="(?P<name>[^"]+)".*?support_level=\d+\)')
+
+
+def _float_sizes_as_tensors(bb, inputs):
+    """A size cast to float (``Shape -> Gather -> Cast(float)``) stays a TIR scalar in TVM's importer, which only its
+    binary converters take: ``Sqrt`` of it (a scale ``1 / sqrt(dim)``) was refused with "requires argument 0 (x) to be
+    a tensor". A float scalar is never a size, so every op gets it as a 0-d tensor."""
+    import tvm
+    from tvm.relax.frontend.onnx import onnx_frontend as of
+
+    def is_float_size(x):
+        return tvm.ir.is_prim_expr(x) and str(x.ty).startswith(("float", "bfloat"))
+
+    if not any(is_float_size(x) for x in inputs):
+        return inputs
+    return of.onnx_input(scalar_tensor(bb, x) if is_float_size(x) else x for x in inputs)  # reads None past its end
+
+
+#: ops whose output is the broadcast of their two inputs' shapes
+_ELEMENTWISE_BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Less", "LessOrEqual",
+                                 "Greater", "GreaterOrEqual", "And", "Or", "Xor"})
+
+#: ops whose output shape follows from their inputs' (so a shape TVM cannot infer means dims it cannot show
+#: compatible), unlike a Slice or Reshape whose output shape may be computed at run time (which TVM can build)
+_SHAPE_RELATING = _ELEMENTWISE_BINARY | {"Where", "Concat", "MatMul", "Gemm", "Sum", "Mean", "Mod", "BitShift",
+                                         "BitwiseAnd", "BitwiseOr", "BitwiseXor", "PRelu"}
+
+
+def _tie_broadcast_dims(bb, inputs):
+    """``inputs`` (two tensors) with the second's dims that TVM cannot show equal to the first's, or 1, match-cast to
+    the first's (the first's, where only the second's dim is a number): a run-time check that they are equal, after
+    which the sum has a known shape. A KV-cache export's mask is ``[.., total]`` beside scores ``[.., past + new]``
+    (BLOOM), or the scores are ``[.., min(past, 7) + new]`` beside a mask ``[.., past + new]`` (a sliding-window
+    cache: equal while the past fits the window; past it, ONNX Runtime fails on the file as well). A size that is 1
+    at run time where the other is not (ONNX broadcasting) then fails that check, in one line naming the inputs.
+    None where nothing can be tied (ranks differ, two different numbers)."""
+    from tvm import relax, sym
+
+    from .converters.common import is_static
+
+    if len(inputs) != 2 or not all(isinstance(getattr(x, "ty", None), relax.TensorType) and x.ty.shape is not None
+                                   for x in inputs):
+        return None
+    a, b = inputs
+    da, db = list(a.ty.shape.values), list(b.ty.shape.values)
+    if len(da) != len(db):
+        return None
+    analyzer = sym.Analyzer()
+    new_a, new_b, changed = list(da), list(db), False
+    for i, (x, y) in enumerate(zip(da, db)):
+        if (is_static(x) and int(x) == 1) or (is_static(y) and int(y) == 1):
+            continue
+        if is_static(x) and is_static(y):
+            if int(x) != int(y):
+                return None
+            continue
+        if analyzer.can_prove_equal(x, y):
+            continue
+        if is_static(y):
+            new_a[i] = y
+        else:
+            new_b[i] = x
+        changed = True
+    if not changed:
+        return None
+    cast = [x if new == old else bb.match_cast(x, relax.TensorType(new, str(x.ty.dtype)))
+            for x, new, old in ((a, new_a, da), (b, new_b, db))]
+    from tvm.relax.frontend.onnx import onnx_frontend as of
+
+    return of.onnx_input(cast)
+
+
+def _shape_loss(sym, inputs, node: str, op: str):
+    """Why this node cannot be built, when its output is a tensor of unknown shape although every tensor input's shape
+    is known: TVM could not show its inputs' dims compatible (``[.., min(past, 7) + seq]`` added to ``[.., past +
+    seq]``: a KV cache cropped to a sliding window beside a mask of the full length; a Concat of rows counted by
+    two dims of different names). None otherwise."""
+    from tvm import relax
+
+    ty = getattr(sym, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is not None:
+        return None
+    shapes = [x.ty.shape for x in inputs if isinstance(getattr(x, "ty", None), relax.TensorType)]
+    if len(shapes) < 2 or any(sh is None for sh in shapes):
+        return None
+    text = " and ".join("[" + ", ".join(dim_text(d) for d in sh.values) + "]" for sh in shapes)
+    text = re.sub(r"\bT\.(min|max)\(", r"\1(", text).replace(str(2**63 - 1), "INT64_MAX")
+    text = text if len(text) <= 240 else text[:237] + "..."
+    return (f"node {node} (op {op}) combines shapes {text}, whose dims cannot be shown compatible for every input "
+            f"size (the export computes them differently), so its output's shape is unknown")
 
 
 def _one_line(err: BaseException, limit: int = 300) -> str:

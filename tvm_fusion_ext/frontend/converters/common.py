@@ -10,6 +10,8 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..errors import Unsupported
+
 
 class Fixed:
     """Routes every opset to :meth:`convert`, which gets the stock converter for that opset as ``stock``; a fixed
@@ -133,7 +135,13 @@ def scalar_tensor(bb, x):
 
     if isinstance(x, (tirx.IntImm, tirx.FloatImm)):
         return relax.const(x.value, str(x.ty))
-    one = bb.normalize(relax.op.shape_to_tensor(relax.ShapeExpr([x])))  # int64, [1]
+    # a shape holds int64 only: a size cast to float (``x / x.shape[1]`` in a legacy export: Shape -> Gather ->
+    # Cast(float) -> Div) goes in as the int it was cast from, and is cast back to its type below
+    size = x.value if isinstance(x, tirx.Cast) else x
+    if not str(size.ty).startswith(("int", "uint")):
+        raise Unsupported(f"a size computed in {x.ty} arithmetic ({dim_text(x)}) used as a tensor")
+    size = size if str(size.ty) == "int64" else tirx.Cast("int64", size)
+    one = bb.normalize(relax.op.shape_to_tensor(relax.ShapeExpr([size])))  # int64, [1]
     t = bb.normalize(relax.op.reshape(one, relax.ShapeExpr([])))
     return t if str(x.ty) == "int64" else bb.normalize(relax.op.astype(t, str(x.ty)))
 

@@ -25,6 +25,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
+from ..report import ExpectedRefusal
 from ..rule import FusionRule, Match, Variant
 from .softmax_nan_guard import may_be_nonfinite
 
@@ -45,7 +46,9 @@ class DropLowestClamp(FusionRule):
         ty = m["s"].ty
         dtype = str(getattr(ty, "dtype", ""))
         if not dtype.startswith("float"):
-            return f"the clamped tensor is {dtype or 'not a tensor'}, not floating point"
+            # an integer clamp (``max(position, 0)`` in a dynamo export's cache positions) is arithmetic, not the
+            # score clamp this rule is about: nothing a user would fix
+            return ExpectedRefusal(f"the clamped tensor is {dtype or 'not a tensor'}, not floating point")
         floor = m.scalar("c")
         if floor is None:
             return "the floor is not a scalar constant"
