@@ -90,3 +90,22 @@ def test_decode_bench_times_the_first_step_against_an_empty_cache(tiny_causal_lm
     assert r["cache_bytes"] == 0 and r["input_shapes"]["past_key_values.0.key"] == [1, 2, 0, 16]
     assert r["max_abs_diff_vs_ort"] < 1e-4
     assert r["host_read_bandwidth"]["gb_per_s"] >= r["host_read_bandwidth"]["median_gb_per_s"]
+
+
+@pytest.mark.slow  # an int8 build of the decoder (~60 s on 2 cores)
+def test_decode_bench_counts_the_bytes_an_int8_artifact_streams(tiny_causal_lm, tmp_path, capsys):
+    art, out_json = tmp_path / "art", tmp_path / "d.json"
+    assert main(["compile", tiny_causal_lm, "-o", str(art), "--precision", "int8"]) == 0
+    capsys.readouterr()
+    assert main(["bench", str(art), "--onnx", tiny_causal_lm, "--decode", "--past", "5", "--repeat", "2",
+                 "--json", str(out_json)]) == 0
+    assert "int8 artifact:" in capsys.readouterr().out
+    r = json.loads(out_json.read_text())
+    wb = r["weight_breakdown"]
+    # ONNX Runtime reads the file's fp32 weights; ours are the artifact's, its embedding table a row per token
+    assert r["precision"] == "int8" and r["step_bytes"] == r["weight_bytes"] + r["cache_bytes"]
+    assert r["ours_step_bytes"] == ((art / "weights.bin").stat().st_size - wb["tables"] + wb["table_rows_read"]
+                                    + r["cache_bytes"])
+    assert r["ours_step_bytes"] < r["step_bytes"]
+    ours, ort = r["runtimes"][0], r["runtimes"][1]
+    assert ours["gb_per_s"] * ours["median_ms"] < ort["gb_per_s"] * ort["median_ms"]

@@ -18,6 +18,7 @@ from ..errors import CorruptArtifactError
 from . import host
 from .kv_cache import check_cache_step
 from .io import InputBuffers, call_checked, check_inputs, flatten_outputs, input_tensors
+from .native_log import SCOPE_LOADED, dropping
 from .manifest import (LIBRARY_FILE, WEIGHTS_FILE, check_digest, check_file, check_runtime_versions, read_manifest,
                        sha256_of_buffer)
 from .threads import configure_cpu_threads
@@ -138,7 +139,8 @@ def load(path: str, num_threads: Optional[int] = None, device_id: int = 0, verif
     if not is_cuda:
         configure_cpu_threads(num_threads)
     try:
-        library = tvm.runtime.load_module(library_file)
+        with dropping([SCOPE_LOADED]):
+            library = tvm.runtime.load_module(library_file)
     except Exception as err:  # noqa: BLE001  (the checksum passed: a broken toolchain or missing system library)
         raise CorruptArtifactError(f"{path}: cannot load {LIBRARY_FILE}: {_first_line(err)}") from None
     return DeployedModel(path, manifest, library, weights, device, weight_pages=held)

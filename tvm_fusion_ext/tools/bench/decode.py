@@ -10,7 +10,9 @@ and is the reference of ``max_abs_diff``.
 Bytes per step are the weights (every initializer read whole, except a table only gathered from: a row per
 token; see :func:`.bandwidth.streamed_weight_bytes`) plus the cached keys and values read; achieved GB/s is
 that over the median step; ``of limit`` divides it by the host's read bandwidth measured in the same run
-(:func:`.bandwidth.read_bandwidth`).
+(:func:`.bandwidth.read_bandwidth`). A bf16 or int8 artifact streams fewer bytes than the file: our row's bytes
+(and the memory limit's) are the artifact's weights, its lookup tables counted by the rows read, plus the cache;
+ONNX Runtime's row keeps the file's.
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ def bench_decode(path: str, past: int, batch: int = 1, onnx: Optional[str] = Non
         weights, weight_bytes = None, _artifact_weight_bytes(path)
     cache_bytes = past_bytes(specs, feeds)
     step_bytes = weight_bytes + cache_bytes
+    # a bf16 or int8 artifact streams its own, fewer weight bytes: ONNX Runtime's step still reads the file's
+    precision = (getattr(model, "manifest", {}).get("precision") or {}).get("precision", "fp32") if artifact else "fp32"
+    ours_bytes = step_bytes
+    if precision != "fp32" and weights is not None:
+        ours_bytes = _artifact_weight_bytes(path) - weights["tables"] + weights["table_rows_read"] + cache_bytes
 
     got = model.run(run_feeds)
     if inplace:  # presents are the whole buffers: ONNX Runtime's are their filled prefix
@@ -97,15 +104,18 @@ def bench_decode(path: str, past: int, batch: int = 1, onnx: Optional[str] = Non
             rows.append(Row(ORT, time_block(ORT, lambda: sess.run(None, ort_feeds), repeat=repeat), 0.0,
                             note="reference", extra={"intra_op_threads": threads}))
     host = read_bandwidth()
-    limit_ms = step_bytes / (host["gb_per_s"] * 1e9) * 1e3
+    limit_ms = ours_bytes / (host["gb_per_s"] * 1e9) * 1e3
     for r in rows:
         if r.timing is not None:
-            gbs = step_bytes / (r.timing.median * 1e-3) / 1e9
+            # each runtime's share is of its own limit: the bytes it streams over the host's read bandwidth
+            gbs = (ours_bytes if r.name == OURS else step_bytes) / (r.timing.median * 1e-3) / 1e9
             r.extra.update(gb_per_s=gbs, share_of_limit=gbs / host["gb_per_s"])
     ort_row = next((r for r in rows if r.name == ORT and r.timing is not None), None)
     ort_median = ort_row.timing.median if ort_row is not None else None
     out(f"decode step: batch {batch}, past {past}, 1 new token per row; {_mb(weight_bytes)} weights + "
-        f"{_mb(cache_bytes)} cached K/V = {_mb(step_bytes)} per step")
+        f"{_mb(cache_bytes)} cached K/V = {_mb(step_bytes)} per step"
+        + (f" ({precision} artifact: {_mb(ours_bytes)} per step; the limit and our share are of those)"
+           if ours_bytes != step_bytes else ""))
     out(f"host read bandwidth ({host['method']} over {_mb(host['bytes'])}, same run): {host['gb_per_s']:.1f} GB/s"
         f" -> limit {limit_ms:.3f} ms per step")
     out(format_decode(rows, limit_ms))
@@ -125,6 +135,8 @@ def bench_decode(path: str, past: int, batch: int = 1, onnx: Optional[str] = Non
         "weight_breakdown": weights,
         "cache_bytes": cache_bytes,
         "step_bytes": step_bytes,
+        "precision": precision,
+        "ours_step_bytes": ours_bytes,
         "host_read_bandwidth": host,
         "limit_ms": limit_ms,
         "reference": ORT if ref is not None else None,

@@ -6,15 +6,14 @@ and the environment a result was measured in.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import sys
-import tempfile
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Optional
 
 import numpy as np
 
+from ...deploy.native_log import captured_stderr
 from ...errors import TargetError
 from ..timing import time_block
 
@@ -91,7 +90,7 @@ def stock_tvm(mod, like, out=None):
 
     from ...runtime import CompiledModel
 
-    with _captured_stderr() as captured:
+    with captured_stderr() as captured:
         ex = tvm.compile(mod, like.target, relax_pipeline=relax.get_default_pipeline(like.target))
     other = [line for line in captured if _FAST_GATHER_WARNING not in line]
     if other:
@@ -99,25 +98,6 @@ def stock_tvm(mod, like, out=None):
     if len(other) < len(captured) and out is not None:
         out(FAST_GATHER_NOTE)
     return CompiledModel(ex, like.target, like.input_specs, like.output_names, "stock")
-
-
-@contextlib.contextmanager
-def _captured_stderr():
-    """File descriptor 2 redirected to a temporary file (C++ loggers bypass ``sys.stderr``); yields the list the
-    captured lines are put in when the block ends."""
-    lines: List[str] = []
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield lines
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            lines.extend(tmp.read().decode(errors="replace").splitlines())
 
 
 def ort_session(path: str, threads: Optional[int], spin: bool = True, profile_prefix: Optional[str] = None):
