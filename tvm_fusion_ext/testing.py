@@ -205,3 +205,15 @@ def kernel_named(mod: tvm.IRModule, prefix: str):
     """The first PrimFunc of ``mod`` whose name starts with ``prefix`` (``"fused_attention"``)."""
     return next(f for gv, f in mod.functions_items()
                 if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint.startswith(prefix))
+
+
+def quantize_rows_reference(x: np.ndarray):
+    """numpy twin of int8's row quantization: per-row asymmetric uint8 (ONNX ``DynamicQuantizeLinear`` per row);
+    ``(q, scale as float64, zero point)``."""
+    lo = np.minimum(x.min(-1, keepdims=True), 0).astype(np.float32)
+    hi = np.maximum(x.max(-1, keepdims=True), 0).astype(np.float32)
+    scale = ((hi - lo) / np.float32(255)).astype(np.float32)
+    scale = np.where(scale == 0, np.float32(1), scale)
+    zero = np.clip(np.rint(-lo / scale), 0, 255)
+    q = np.clip(np.rint(x / scale) + zero, 0, 255)
+    return q, scale.astype(np.float64), zero

@@ -17,24 +17,13 @@ from tvm_fusion_ext.errors import InputError
 from tvm_fusion_ext.ops.dense_int8 import quantize_weight
 from tvm_fusion_ext.ops.gated_dense import interleave_weights
 from tvm_fusion_ext.ops.registry import call_op
-from tvm_fusion_ext.testing import fused_calls, numpy_activation
+from tvm_fusion_ext.testing import fused_calls, numpy_activation, quantize_rows_reference
 
 TARGET = "llvm"
 
 
 def _bf16(a):
     return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
-
-
-def _quantize_rows(x):
-    """numpy twin of quantize_rows: per-row asymmetric uint8 (ONNX DynamicQuantizeLinear per row)."""
-    lo = np.minimum(x.min(-1, keepdims=True), 0).astype(np.float32)
-    hi = np.maximum(x.max(-1, keepdims=True), 0).astype(np.float32)
-    scale = ((hi - lo) / np.float32(255)).astype(np.float32)
-    scale = np.where(scale == 0, np.float32(1), scale)
-    zero = np.clip(np.rint(-lo / scale), 0, 255)
-    q = np.clip(np.rint(x / scale) + zero, 0, 255)
-    return q, scale.astype(np.float64), zero
 
 
 def _dense_module(x_shape, K, N, act, transpose_b=False, bias=True, seed=0):
@@ -91,7 +80,7 @@ def test_int8_dense_matches_quantised_reference(rows, K, N, act):
     x = (np.random.default_rng(2).standard_normal((*run_rows, K)) + 0.3).astype("float32")
     got = _run(compiled, x)
     wq, w_scale, _ = quantize_weight(w)
-    xq, x_scale, x_zero = _quantize_rows(x)
+    xq, x_scale, x_zero = quantize_rows_reference(x)
     acc = (xq - x_zero) @ wq.astype(np.float64)  # the integer dot product, exactly
     want = numpy_activation(acc * x_scale * w_scale.astype(np.float64) + (b if b is not None else 0), act)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
@@ -306,7 +295,7 @@ def test_smoothed_int8_matches_its_numpy_twin_and_is_closer_to_fp32():
     x_range = np.max([np.abs(c["x"]).reshape(-1, SK).max(0) for c in calibration], axis=0)
     s = smoothing_factors(x_range, w, SMOOTHING_ALPHA)
     wq, w_scale, _ = quantize_weight(w * s[:, None])
-    xq, x_scale, x_zero = _quantize_rows(x * (np.float32(1) / s))
+    xq, x_scale, x_zero = quantize_rows_reference(x * (np.float32(1) / s))
     want = ((xq - x_zero) @ wq.astype(np.float64)) * x_scale * w_scale.astype(np.float64) + b
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 

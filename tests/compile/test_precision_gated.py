@@ -17,20 +17,9 @@ from tvm_fusion_ext.compile.precision import LowerPrecision
 from tvm_fusion_ext.ops.dense_int8 import quantize_weight
 from tvm_fusion_ext.ops.gated_dense import interleave_weights, side_by_side
 from tvm_fusion_ext.ops.registry import call_op
-from tvm_fusion_ext.testing import fused_calls, numpy_activation
+from tvm_fusion_ext.testing import fused_calls, numpy_activation, quantize_rows_reference
 
 TARGET = "llvm"
-
-
-def _quantize_rows(x):
-    """numpy twin of quantize_rows: per-row asymmetric uint8 (ONNX DynamicQuantizeLinear per row)."""
-    lo = np.minimum(x.min(-1, keepdims=True), 0).astype(np.float32)
-    hi = np.maximum(x.max(-1, keepdims=True), 0).astype(np.float32)
-    scale = ((hi - lo) / np.float32(255)).astype(np.float32)
-    scale = np.where(scale == 0, np.float32(1), scale)
-    zero = np.clip(np.rint(-lo / scale), 0, 255)
-    q = np.clip(np.rint(x / scale) + zero, 0, 255)
-    return q, scale.astype(np.float64), zero
 
 
 def _gated_module(rows, K, N, act, bias=True, runtime_bias=False, seed=0):
@@ -65,7 +54,7 @@ def _twin(x, wg, wu, b, act, smooth=None):
     if smooth is not None:
         w, x = w * smooth[:, None], x * (np.float32(1) / smooth)
     wq, w_scale, _ = quantize_weight(w)
-    xq, x_scale, x_zero = _quantize_rows(x)
+    xq, x_scale, x_zero = quantize_rows_reference(x)
     y = ((xq - x_zero) @ wq.astype(np.float64)) * x_scale * w_scale.astype(np.float64)
     if b is not None:
         y = y + side_by_side(b)

@@ -20,6 +20,7 @@ import pytest
 from tvm_fusion_ext.compile import fuse
 from tvm_fusion_ext.errors import InputError
 from tvm_fusion_ext.frontend import load_onnx
+from tvm_fusion_ext.models.causal_lm import _with_cache  # the wrapper the package exports decoders with
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -42,26 +43,12 @@ KV_HEADS = {"bloom": 4}
 def _export(kind, exporter, path):
     import torch
     import transformers
-    from transformers import DynamicCache
 
     config_name, model_name, args = FAMILIES[kind]
     torch.manual_seed(0)
     config = getattr(transformers, config_name)(**args)
     config._attn_implementation = "eager" if kind == "bloom" else "sdpa"  # BLOOM has no SDPA path
     model = getattr(transformers, model_name)(config).eval()
-
-    class WithCache(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.m = model
-
-        def forward(self, input_ids, attention_mask, position_ids, *past):
-            cache = DynamicCache(config=config)
-            for layer in range(LAYERS):
-                cache.update(past[2 * layer], past[2 * layer + 1], layer)
-            out = self.m(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True)
-            return (out.logits, *(t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)))
 
     example = tuple(torch.from_numpy(x) for x in _feeds(2, 3, 5, seed=0, kv_heads=KV_HEADS.get(kind, 2)).values())
     kw = dict(input_names=NAMES, output_names=OUTPUTS)
@@ -80,7 +67,7 @@ def _export(kind, exporter, path):
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
             contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(WithCache().eval(), example, str(path), dynamo=exporter == "dynamo", **kw)
+        torch.onnx.export(_with_cache(model, config), example, str(path), dynamo=exporter == "dynamo", **kw)
     return str(path)
 
 

@@ -15,7 +15,7 @@ from tvm import relax
 from tvm_fusion_ext.compile.pipeline import prepare
 from tvm_fusion_ext.compile.precision import LowerPrecision
 from tvm_fusion_ext.compile.schedule import schedule
-from tvm_fusion_ext.testing import fused_calls
+from tvm_fusion_ext.testing import fused_calls, quantize_rows_reference
 from tvm_fusion_ext.tools.simt_on_cpu import OpenCLFunction, emulate_relax
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -59,7 +59,6 @@ def test_int8_gated_pair_matches_its_numpy_twin(simt, rows, K, N, run_rows, act,
 def test_int8_dense_matches_its_numpy_twin(simt, rows, K, N, act):
     """The plain int8 dense in the same form (the QKV, output and down projections of a model)."""
     _helpers()
-    from test_precision_gated import _quantize_rows
 
     from tvm_fusion_ext.ops.dense_int8 import quantize_weight
     from tvm_fusion_ext.ops.registry import call_op
@@ -80,7 +79,7 @@ def test_int8_dense_matches_its_numpy_twin(simt, rows, K, N, act):
     x = rng.standard_normal((*rows, K)).astype("float32")
     got = vm["main"](tvm.runtime.tensor(x)).numpy()
     wq, w_scale, _ = quantize_weight(w)
-    xq, x_scale, x_zero = _quantize_rows(x)
+    xq, x_scale, x_zero = quantize_rows_reference(x)
     want = numpy_activation(((xq - x_zero) @ wq.astype(np.float64)) * x_scale * w_scale + b, act)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
