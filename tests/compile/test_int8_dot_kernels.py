@@ -18,7 +18,7 @@ from tvm_fusion_ext.ops.dense_int8 import pack_dot_panels, quantize_weight
 from tvm_fusion_ext.ops.registry import call_op
 from tvm_fusion_ext.schedules.cpu.dot_intrin import AVX2_PMADDWD, AVX512_VNNI, AVX_VNNI, int8_dot_kernel
 from tvm_fusion_ext.targets import resolve_target
-from tvm_fusion_ext.testing import numpy_activation
+from tvm_fusion_ext.testing import numpy_activation, quantize_rows_reference
 
 FLAGS = host.cpu_flags() or set()
 
@@ -45,15 +45,10 @@ def _module(rows, K, N, act="relu", seed=0):
 
 def _quantized_reference(x, w, b, act):
     """numpy: per-row u8 activations, per-channel s8 weights, the integer dot product exactly."""
-    lo = np.minimum(x.min(-1, keepdims=True), 0).astype(np.float32)
-    hi = np.maximum(x.max(-1, keepdims=True), 0).astype(np.float32)
-    scale = ((hi - lo) / np.float32(255)).astype(np.float32)
-    scale = np.where(scale == 0, np.float32(1), scale)
-    zero = np.clip(np.rint(-lo / scale), 0, 255)
-    xq = np.clip(np.rint(x / scale) + zero, 0, 255)
+    xq, scale, zero = quantize_rows_reference(x)
     wq, w_scale, _ = quantize_weight(w)
     acc = (xq - zero) @ wq.astype(np.float64)
-    return numpy_activation(acc * scale.astype(np.float64) * w_scale.astype(np.float64) + b, act)
+    return numpy_activation(acc * scale * w_scale.astype(np.float64) + b, act)
 
 
 def _asm(compiled) -> str:
