@@ -66,9 +66,9 @@ def test_model_bench_writes_contract_json_and_png(tiny_encoder_path, tmp_path, c
 def test_captured_stderr_takes_what_native_code_writes_to_fd_2():
     import os
 
-    from tvm_fusion_ext.tools.bench.peers import _captured_stderr
+    from tvm_fusion_ext.deploy.native_log import captured_stderr
 
-    with _captured_stderr() as lines:
+    with captured_stderr() as lines:
         os.write(2, b"[01:02:03] transform.h:1261: Warning: Fast mode segfaults when there are out-of-bounds indices\n")
         os.write(2, b"something else\n")
         assert lines == []  # filled when the block ends

@@ -356,7 +356,7 @@ def _importer_class():
                     # TVM's map keys converters by name alone; its "Attention" is com.microsoft's
                     sym = convert_onnx_attention(self.bb, inputs, attrs)
                 else:
-                    inputs = _float_sizes_as_tensors(self.bb, inputs)
+                    inputs = _float_sizes_as_tensors(self.bb, inputs, op_name)
                     sym = self._slice_in_range(inputs, node) if op_name == "Slice" and opset >= 10 else None
                     if op_name == "Pad" and opset >= 11:
                         sym = convert_pad_in_range(self.bb, list(inputs), attrs, self._ranges, node)
@@ -450,17 +450,31 @@ def _onnx_type_error(proto) -> str | None:
 _OP_REPR = re.compile(r'ir\.Op\(.*?name="(?P<name>[^"]+)".*?support_level=\d+\)')
 
 
-def _float_sizes_as_tensors(bb, inputs):
+#: ops TVM's importer computes on TIR scalars, so that float arithmetic on sizes (``ceil(seq / 16.0) * 16``, a pad
+#: to a block) stays a size the shapes after it can use
+_SCALAR_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div", "Cast", "Ceil", "Floor", "Round", "Neg", "Abs", "Max",
+                                "Min", "Unsqueeze", "Concat", "Reshape", "Squeeze", "Identity"})
+
+
+def _float_sizes_as_tensors(bb, inputs, op_name: str):
     """A size cast to float (``Shape -> Gather -> Cast(float)``) stays a TIR scalar in TVM's importer, which only its
-    binary converters take: ``Sqrt`` of it (a scale ``1 / sqrt(dim)``) was refused with "requires argument 0 (x) to be
-    a tensor". A float scalar is never a size, so every op gets it as a 0-d tensor."""
+    arithmetic converters take: ``Sqrt`` of it (a scale ``1 / sqrt(dim)``) was refused with "requires argument 0 (x)
+    to be a tensor", and a ``Div`` of a tensor by it failed with TVM's "Check failed". Such an op gets the scalar as a
+    0-d tensor; arithmetic among scalars and constants keeps it a scalar (a size computed in float still sizes a
+    Pad or Reshape)."""
     import tvm
+    from tvm import relax
     from tvm.relax.frontend.onnx import onnx_frontend as of
 
     def is_float_size(x):
         return tvm.ir.is_prim_expr(x) and str(x.ty).startswith(("float", "bfloat"))
 
+    def is_run_time_tensor(x):
+        return isinstance(getattr(x, "ty", None), relax.TensorType) and not isinstance(x, tvm.ir.GenericConst)
+
     if not any(is_float_size(x) for x in inputs):
+        return inputs
+    if op_name in _SCALAR_ARITHMETIC and not any(is_run_time_tensor(x) for x in inputs):
         return inputs
     return of.onnx_input(scalar_tensor(bb, x) if is_float_size(x) else x for x in inputs)  # reads None past its end
 

@@ -389,7 +389,7 @@ class _Packer(relax.PyExprMutator):
         if dims is None or len(dims) < rank - 1:
             return a
         lead = len(dims) - (rank - 2)
-        value = const_value(self.graph.value(a)) if isinstance(a, relax.Constant) else None
+        value = const_value(self.graph.value(a))  # None unless a constant
         if value is not None:  # maybe uniform rather than 1 along B and S: keep its first row
             row = value[(0,) * lead]
             return relax.const(row.reshape((1, *row.shape)), str(value.dtype))
