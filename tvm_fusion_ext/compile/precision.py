@@ -60,7 +60,7 @@ import tvm
 from tvm import relax
 
 from ..errors import InputError
-from ..ops.gated_dense import side_by_side
+from ..ops.gated_dense import gate_product, side_by_side
 from ..ops.registry import call_op, params_of
 from .lowering.operator_calls import bound_constant, operator_call
 
@@ -82,6 +82,11 @@ PRECISION_FEATURES = {
 }
 #: features recorded only when the precision's kernel uses them (the target may have several)
 DOT_PRODUCT_FEATURES = ("avx512vnni", "avxvnni", "avx512bf16")
+
+
+def _row_params(params: dict) -> dict:
+    """The gated dense's parameters its side-by-side dense keeps: how rows known at run time are padded."""
+    return {k: v for k, v in params.items() if k in ("row_block", "row_clamp")}
 
 
 def check_precision(precision: Optional[str]) -> str:
@@ -210,7 +215,7 @@ class _LowerPrecision(relax.PyExprMutator):
                 self.builder_, "fused_dense",
                 {"x": x, "w": relax.const(side_by_side(w).astype(ml_dtypes.bfloat16)),
                  "bias": self._side_by_side_bias(inputs)},
-                {**{k: v for k, v in params.items() if k in ("row_block", "row_clamp")}, "out_dtype": "float32"}))
+                {**_row_params(params), "out_dtype": "float32"}))
             return self._gate_product(dense, params)
         elif self.for_cuda:
             # a bf16 tensor (the same round-to-nearest-even): the tensor-core dense's input; fp32 accumulation
@@ -224,7 +229,7 @@ class _LowerPrecision(relax.PyExprMutator):
             bits = relax.const(side_by_side(w).astype(ml_dtypes.bfloat16).view(np.uint16))
             dense = self.builder_.emit(call_op(self.builder_, "fused_dense",
                                                {"x": x, "w": bits, "bias": self._side_by_side_bias(inputs)},
-                                               {k: v for k, v in params.items() if k in ("row_block", "row_clamp")}))
+                                               _row_params(params)))
             return self._gate_product(dense, params)
         elif self.bf16_dot and op == "fused_dense":
             # the operands of vdpbf16ps: bfloat16 bit patterns (uint16), the weight (K, N); the CPU template packs
@@ -244,7 +249,7 @@ class _LowerPrecision(relax.PyExprMutator):
         """The gated pair as one int8 dense over the gate's and the up projection's columns side by side (K, 2N)
         (one activation quantisation, one smoothing vector: they share x), then ``act(gate) * up``, an elementwise
         kernel on its (rows, 2N) output (ops/gated_dense.py :func:`gate_product`)."""
-        pair = {k: v for k, v in params.items() if k in ("row_block", "row_clamp")}
+        pair = _row_params(params)
         dense = self.builder_.emit(self._int8(dict(inputs, bias=self._side_by_side_bias(inputs)), pair,
                                               side_by_side(w)))
         return self._gate_product(dense, params)
@@ -261,8 +266,6 @@ class _LowerPrecision(relax.PyExprMutator):
 
     def _gate_product(self, dense, params):
         """``act(gate) * up`` on the side-by-side dense's (rows, 2N) output."""
-        from ..ops.gated_dense import gate_product
-
         return self.builder_.call_te(gate_product, dense, params.get("act", "silu"),
                                      params.get("out_dtype") or "float32", primfunc_name_hint="gate_product")
 
