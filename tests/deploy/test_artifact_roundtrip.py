@@ -199,3 +199,20 @@ def test_inputs_reach_the_model_as_private_aligned_copies(value):
         assert not np.shares_memory(view, source)
         source[...] = 0 if value.dtype != bool else False
         np.testing.assert_array_equal(tensor.numpy(), value)
+
+
+@pytest.mark.parametrize("value", [
+    np.zeros((2, 4, 0, 64), np.float32),                                       # a first decode step's past
+    np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (2, 4, 0, 64), (1024, 256, 256, 4)),
+    np.zeros((0,), np.int64),
+])
+def test_inputs_with_no_elements_have_compact_strides(value):
+    """A kernel's argument check wants the compact strides of the shape; numpy exports an empty array's strides as
+    its own layout says (all zeros, or whatever a reshape left), so an empty input must not reach TVM as a view."""
+    import tvm
+
+    from tvm_fusion_ext.deploy.io import input_tensors
+
+    (tensor,) = input_tensors([value], tvm.cpu())
+    compact = [int(np.prod(value.shape[i + 1:])) for i in range(value.ndim)]
+    assert tensor.shape == value.shape and list(tensor.strides) == compact

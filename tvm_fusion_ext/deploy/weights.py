@@ -153,9 +153,18 @@ def cpu_views(arrays: Sequence[np.ndarray]) -> Optional[list]:
     import tvm
 
     try:
-        return [_bf16_view(a) if a.dtype.name == "bfloat16" else tvm.runtime.from_dlpack(a) for a in arrays]
+        return [_empty(a) if a.size == 0 else _bf16_view(a) if a.dtype.name == "bfloat16"
+                else tvm.runtime.from_dlpack(a) for a in arrays]
     except (TypeError, ValueError, BufferError, RuntimeError):  # an exotic numpy
         return None
+
+
+def _empty(array: np.ndarray):
+    """A tensor with no elements (a first decode step's past of length 0): numpy versions export such an array's
+    strides differently (some all zeros), and a kernel's argument check wants the compact strides of its shape."""
+    import tvm
+
+    return tvm.runtime.empty(array.shape, array.dtype.name, tvm.cpu())
 
 
 def _bf16_view(array: np.ndarray):
