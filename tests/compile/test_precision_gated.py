@@ -223,6 +223,7 @@ def test_smoothed_int8_gated_dense_matches_its_numpy_twin_and_is_closer_to_fp32(
 # -- a tiny LLaMA (two SwiGLU MLPs) end to end
 
 
+@pytest.mark.slow   # two symbolic decoder builds (int8 and fp32): minutes of code generation on two cores
 def test_tiny_llama_int8_converts_its_gated_mlps_and_keeps_the_contract(tiny_causal_lm):
     ort = pytest.importorskip("onnxruntime")
     from tvm_fusion_ext.runtime import CompiledModel
