@@ -177,6 +177,10 @@ def _concats(mod, func: relax.Function, past: set, names: Dict[relax.Var, str]) 
             else [func.body.body]:
         uses.setdefault(v, []).append(None)
     for p in past:
+        if p in uses and _crops_sequence(uses[p][0]):
+            _refuse(f"past input '{names[p]}' is cropped along its sequence axis before the new keys/values join it "
+                    f"(a sliding-window cache that drops its oldest positions), which a buffer written in place "
+                    f"cannot do; compile with --kv-cache concat")
         if p in uses:
             _refuse(f"past input '{names[p]}' is read by {_what(uses[p][0])}, not only by its concatenation with "
                     f"the new keys/values (a cross-attention cache, or a cache this build cannot write in place)")
@@ -206,6 +210,17 @@ def _output_vars(func, bindings) -> set:
 def _is_attention(mod, value) -> bool:
     found = operator_call(mod, value) if isinstance(value, relax.Call) else None
     return found is not None and found[0] == "fused_attention"
+
+
+def _crops_sequence(binding) -> bool:
+    """Whether the binding slices its tensor along the sequence axis (2 of ``[batch, heads, past, head_dim]``)."""
+    value = None if binding is None else binding.value
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+            and value.op.name == "relax.strided_slice" and len(value.args) > 1):
+        return False
+    axes = value.args[1]
+    fields = axes.fields if isinstance(axes, relax.Tuple) else []
+    return any(isinstance(f, relax.PrimValue) and int(f.value) in (2, -2) for f in fields)
 
 
 def _what(binding) -> str:

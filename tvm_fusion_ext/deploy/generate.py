@@ -151,7 +151,7 @@ class GenerationStream:
         self.eos = _eos_ids(eos_token_id)
         self.pad = pad_token_id if pad_token_id is not None or self.eos is None else int(self.eos[0])
         self.model, self.io, self.choose = model, DecoderIO(model), choose
-        label = getattr(model, "path", None) or getattr(model, "label", "model")
+        self.label = label = getattr(model, "path", None) or getattr(model, "label", "model")
         self.io.check_room(model, ids.shape[1], int(max_new_tokens), label)
         self.max_new_tokens = int(max_new_tokens)
         self.tokens: np.ndarray = ids.astype(np.int64)
@@ -192,6 +192,7 @@ class GenerationStream:
                 return
             if inplace is None:
                 past = {name: out[present] for name, present in io.present_of.items()}
+                step_mask = io.cached_mask(step_mask, past, self.label)
             step_mask = np.concatenate([step_mask, np.ones((batch, 1), np.int64)], axis=1)
             positions = positions[:, -1:] + 1
             step_ids = nxt[:, None]
