@@ -8,7 +8,10 @@ The decoder is one exported as Optimum (and ONNX Runtime GenAI) export decoders:
 head_dim]`` in; ``logits`` and ``present.{i}.key/value`` out. The first call feeds a past of length 0 (the whole
 prompt at once); every later call one token per row. Positions follow the mask as transformers' ``generate``
 numbers them (a left-padded row's first real token is position 0), so a left-padded batch generates what each
-prompt would alone.
+prompt would alone. A model whose cache drops its oldest positions (a sliding window: Mistral's and Gemma2's
+exports crop ``present`` to the window's last positions) gets each step a mask of the positions its past holds
+and the new ones, its last columns, as the graph lines them up with the keys; a ``present`` longer than the
+step's mask (a static cache), or layers keeping caches of different lengths, are refused in one line.
 
 A model built with the in-place cache (``kv_cache="inplace"``, :mod:`.kv_cache`) is driven the same way, without
 the copies: its past buffers are allocated once on the model's device, at the capacity it was compiled for,
