@@ -100,12 +100,13 @@ class DecoderIO:
         lengths = {name: int(np.shape(value)[self.past_axis(name)]) for name, value in past.items()}
         kept = set(lengths.values())
         if len(kept) > 1:
-            (short, few), (long, many) = min(lengths.items(), key=lambda kv: kv[1]), max(lengths.items(),
-                                                                                         key=lambda kv: kv[1])
-            raise InputError(f"generate: {label}: its layers keep caches of different lengths ({self.present_of[short]} "
-                             f"{few} positions, {self.present_of[long]} {many}: sliding-window layers beside full "
-                             f"ones), which one attention_mask cannot cover; export with a sliding window of at least "
-                             f"the longest generation, or run it with a loop that keeps one mask per layer")
+            short = min(lengths, key=lengths.get)
+            long = max(lengths, key=lengths.get)
+            raise InputError(f"generate: {label}: its layers keep caches of different lengths "
+                             f"({self.present_of[short]} {lengths[short]} positions, {self.present_of[long]} "
+                             f"{lengths[long]}: sliding-window layers beside full ones), which one attention_mask "
+                             f"cannot cover: a prompt and max_new_tokens reaching at most {lengths[short]} positions "
+                             f"fit, or export with a sliding window of at least the longest generation")
         if not kept:
             return mask
         length = kept.pop()
