@@ -231,6 +231,23 @@ def test_a_past_read_by_something_else_is_refused():
         apply_kv_cache(_module(main), "inplace")
 
 
+def test_a_sliding_window_cache_is_refused_naming_the_window():
+    """Mistral's and Gemma2's exports crop the past to the window's last positions before the new keys join it:
+    a buffer written in place cannot drop positions, so the build says so and what to compile instead."""
+    @R.function
+    def main(past_key: R.Tensor(("b", 2, "p", 8), "float32"), new: R.Tensor(("b", 2, "s", 8), "float32")):
+        R.func_attr({"tir_var_upper_bound": {"p": 64}})
+        with R.dataflow():
+            kept = R.strided_slice(past_key, [2], [-7], [9223372036854775807])
+            present = R.concat((kept, new), axis=2)
+            R.output(present)
+        return present
+
+    with pytest.raises(InputError) as info:
+        apply_kv_cache(_module(main), "inplace")
+    assert "cropped to its last 7 positions" in str(info.value) and "--kv-cache concat" in str(info.value), info.value
+
+
 def test_a_cache_passed_through_unchanged_is_refused():
     """An encoder-decoder's cross-attention cache is returned as given, never concatenated."""
     @R.function

@@ -177,6 +177,11 @@ def _concats(mod, func: relax.Function, past: set, names: Dict[relax.Var, str]) 
             else [func.body.body]:
         uses.setdefault(v, []).append(None)
     for p in past:
+        crop = _sequence_crop(uses[p][0]) if p in uses else None
+        if crop is not None:
+            _refuse(f"past input '{names[p]}' is cropped to {crop} before the new keys/values join it (a "
+                    f"sliding-window cache, dropping its oldest positions), which a buffer written in place cannot "
+                    f"do; compile with --kv-cache concat")
         if p in uses:
             _refuse(f"past input '{names[p]}' is read by {_what(uses[p][0])}, not only by its concatenation with "
                     f"the new keys/values (a cross-attention cache, or a cache this build cannot write in place)")
@@ -206,6 +211,34 @@ def _output_vars(func, bindings) -> set:
 def _is_attention(mod, value) -> bool:
     found = operator_call(mod, value) if isinstance(value, relax.Call) else None
     return found is not None and found[0] == "fused_attention"
+
+
+def _sequence_crop(binding) -> Optional[str]:
+    """What a binding that slices a ``[batch, heads, past, head_dim]`` past along its sequence axis keeps ("its last
+    4095 positions"), None when it is no such slice."""
+    value = None if binding is None else binding.value
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+            and value.op.name == "relax.strided_slice" and len(value.args) > 2):
+        return None
+    axes, begins = (_ints(value.args[i]) for i in (1, 2))
+    if axes is None or not any(a in (2, -2) for a in axes):
+        return None
+    begin = begins[axes.index(2) if 2 in axes else axes.index(-2)] if begins and len(begins) == len(axes) else None
+    return f"its last {-begin} positions" if begin is not None and begin < 0 else "a part of its positions"
+
+
+def _ints(expr) -> Optional[List[int]]:
+    """A tuple argument's integers (0.27 puts them in the tuple as IntImms; older TVM wrapped them in PrimValue)."""
+    if not isinstance(expr, relax.Tuple):
+        return None
+    out = []
+    for f in expr.fields:
+        v = getattr(f, "value", None)
+        v = getattr(v, "value", v)
+        if not isinstance(v, int):
+            return None
+        out.append(int(v))
+    return out
 
 
 def _what(binding) -> str:

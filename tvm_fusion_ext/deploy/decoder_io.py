@@ -85,6 +85,38 @@ class DecoderIO:
                          f"{need} positions at the last step, past {limit[1]}; {advice}, or compile with a larger "
                          f"--max-shape")
 
+    def past_axis(self, name: str) -> int:
+        """The axis of a past input that counts cached positions: its first symbolic dim after the batch."""
+        dims = list(self.specs[name][0])
+        return next((i for i, d in enumerate(dims[1:], 1) if not isinstance(d, int)), min(2, len(dims) - 1))
+
+    def cached_mask(self, mask: np.ndarray, past: Mapping[str, np.ndarray], label: str) -> np.ndarray:
+        """The columns of ``mask`` (the step just run: cached + new positions) that the next past holds. A model
+        whose cache keeps every position returns all of them; one that drops its oldest positions (a sliding
+        window: Mistral, Gemma2) returns fewer keys than the mask covered, and the next step's mask must cover
+        only those, its last columns, or the graph lines its padding up with the wrong keys. A cache longer than
+        the mask (a static cache, padded to a fixed length) or layers keeping different lengths cannot be
+        driven by one mask: refused in one line."""
+        lengths = {name: int(np.shape(value)[self.past_axis(name)]) for name, value in past.items()}
+        kept = set(lengths.values())
+        if len(kept) > 1:
+            short = min(lengths, key=lengths.get)
+            long = max(lengths, key=lengths.get)
+            raise InputError(f"generate: {label}: its layers keep caches of different lengths "
+                             f"({self.present_of[short]} {lengths[short]} positions, {self.present_of[long]} "
+                             f"{lengths[long]}: sliding-window layers beside full ones), which one attention_mask "
+                             f"cannot cover: a prompt and max_new_tokens reaching at most {lengths[short]} positions "
+                             f"fit, or export with a sliding window of at least the longest generation")
+        if not kept:
+            return mask
+        length = kept.pop()
+        if length > mask.shape[1]:
+            name = next(iter(lengths))
+            raise InputError(f"generate: {label}: {self.present_of[name]} holds {length} positions after a step whose "
+                             f"attention_mask covered {mask.shape[1]}: the model's cache is not the past followed by "
+                             f"the new tokens (a static cache?), which generate cannot feed back")
+        return mask[:, mask.shape[1] - length:]
+
     def feeds(self, ids, mask, positions, past) -> Dict[str, np.ndarray]:
         feeds = {self.ids: ids.astype(self.specs[self.ids][1]), self.mask: mask.astype(self.specs[self.mask][1])}
         if self.positions is not None:

@@ -8,7 +8,10 @@ The decoder is one exported as Optimum (and ONNX Runtime GenAI) export decoders:
 head_dim]`` in; ``logits`` and ``present.{i}.key/value`` out. The first call feeds a past of length 0 (the whole
 prompt at once); every later call one token per row. Positions follow the mask as transformers' ``generate``
 numbers them (a left-padded row's first real token is position 0), so a left-padded batch generates what each
-prompt would alone.
+prompt would alone. A model whose cache drops its oldest positions (a sliding window: Mistral's and Gemma2's
+exports crop ``present`` to the window's last positions) gets each step a mask of the positions its past holds
+and the new ones, its last columns, as the graph lines them up with the keys; a ``present`` longer than the
+step's mask (a static cache), or layers keeping caches of different lengths, are refused in one line.
 
 A model built with the in-place cache (``kv_cache="inplace"``, :mod:`.kv_cache`) is driven the same way, without
 the copies: its past buffers are allocated once on the model's device, at the capacity it was compiled for,
@@ -151,7 +154,7 @@ class GenerationStream:
         self.eos = _eos_ids(eos_token_id)
         self.pad = pad_token_id if pad_token_id is not None or self.eos is None else int(self.eos[0])
         self.model, self.io, self.choose = model, DecoderIO(model), choose
-        label = getattr(model, "path", None) or getattr(model, "label", "model")
+        self.label = label = getattr(model, "path", None) or getattr(model, "label", "model")
         self.io.check_room(model, ids.shape[1], int(max_new_tokens), label)
         self.max_new_tokens = int(max_new_tokens)
         self.tokens: np.ndarray = ids.astype(np.int64)
@@ -192,6 +195,7 @@ class GenerationStream:
                 return
             if inplace is None:
                 past = {name: out[present] for name, present in io.present_of.items()}
+                step_mask = io.cached_mask(step_mask, past, self.label)
             step_mask = np.concatenate([step_mask, np.ones((batch, 1), np.int64)], axis=1)
             positions = positions[:, -1:] + 1
             step_ids = nxt[:, None]
