@@ -2,7 +2,7 @@
 
 Shape of the schedule::
 
-    parallel for (b, kv head, split):                # B × Hkv × splits tasks: a long cache feeds every core
+    parallel for (split, b, kv head):                # splits × B × Hkv tasks: a long cache feeds every core
         q_group = the group's query rows              # fp32, rotated once for rotary Q
         init the split's (max, sum, out) for the group's query heads
         for key block of the split:
@@ -78,7 +78,14 @@ def decode_attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dic
     # one task per (batch, kv head, split); the split's key blocks are its flash loop
     split = st["dec_split"]
     sb_, sh, ss, sg, sd, rb = sch.get_loops(split)
-    task = sch.fuse(sb_, sh, ss)
+    # the split outermost in the fused task: the task's batch and head then come from divisions by constants and
+    # the batch size (a shape, known non-negative), its split from one by batch × heads. Split inside, batch and
+    # head come from divisions by the split count, which a past passed as a scalar (keys = past + rows) leaves of
+    # unknown sign: the per-task buffers' offsets then stay clamped (min(., 0) of those divisions) in every load
+    # of the fold, which repeats each load hundreds of times through its inlined exp, and TVM's code generation
+    # analysed each one: 30-45 s for this branch alone, 1 s with the split outermost
+    sch.reorder(ss, sb_, sh)
+    task = sch.fuse(ss, sb_, sh)
     sch.parallel(task)
     sch.reorder(rb, sg, sd)
     sch.vectorize(_vector_split(sch, sd, "state_vec", lanes, knobs, 64)[1])
