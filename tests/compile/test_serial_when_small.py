@@ -48,9 +48,10 @@ def test_both_branches_match_numpy(monkeypatch):
         np.testing.assert_array_equal(got, x + y)
 
 
-def test_by_default_only_row_wise_kernels_are_guarded(monkeypatch):
-    """Without the flag a build guards the row-wise templates' kernels (RMSNorm here), not a residual add;
-    ``TFX_SERIAL_WHEN_SMALL=1`` guards every kernel, ``=0`` none."""
+def test_by_default_the_fallback_and_row_wise_kernels_are_guarded(monkeypatch):
+    """Without the flag a build guards the fallback's kernels (a residual add) and the row-wise templates' (RMSNorm);
+    a template left out of the rules keeps its parallel loop; ``TFX_SERIAL_WHEN_SMALL=1`` guards every kernel,
+    ``=0`` none."""
     from tvm_fusion_ext.compile.codegen.serial_when_small import ROW_RULES, serial_when_small_rules
 
     n = tirx.Var("n", "int64")
@@ -67,8 +68,9 @@ def test_by_default_only_row_wise_kernels_are_guarded(monkeypatch):
 
     monkeypatch.delenv("TFX_SERIAL_WHEN_SMALL", raising=False)
     assert serial_when_small_rules() == ROW_RULES
-    rows_only, every = guarded(ROW_RULES), guarded(None)
-    assert len(rows_only) == 1 and "rms" in rows_only[0] and len(every) == 2
+    assert len(guarded(ROW_RULES)) == 2 and len(guarded(None)) == 2
+    without_rmsnorm = guarded(("tfx.layernorm",))
+    assert len(without_rmsnorm) == 1 and "rms" not in without_rmsnorm[0]
     monkeypatch.setenv("TFX_SERIAL_WHEN_SMALL", "0")
     assert serial_when_small_rules() == ()
     monkeypatch.setenv("TFX_SERIAL_WHEN_SMALL", "1")
