@@ -46,3 +46,32 @@ def test_both_branches_match_numpy(monkeypatch):
         x, y = (rng.standard_normal((rows, 1024)).astype("float32") for _ in range(2))
         got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y)).numpy()
         np.testing.assert_array_equal(got, x + y)
+
+
+def test_by_default_the_fallback_and_row_wise_kernels_are_guarded(monkeypatch):
+    """Without the flag a build guards the fallback's kernels (a residual add) and the row-wise templates' (RMSNorm);
+    a template left out of the rules keeps its parallel loop; ``TFX_SERIAL_WHEN_SMALL=1`` guards every kernel,
+    ``=0`` none."""
+    from tvm_fusion_ext.compile.codegen.serial_when_small import ROW_RULES, serial_when_small_rules
+
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType([n, 1024], "float32"))
+    y = relax.Var("y", relax.TensorType([n, 1024], "float32"))
+    w = relax.const(np.ones(1024, "float32"))
+    mod = build_module([x, y], lambda bb: relax.op.add(bb.emit(relax.op.nn.rms_norm(x, w, axes=[-1])), y))
+    scheduled = schedule(prepare(mod, TARGET)[0], TARGET)
+
+    def guarded(rules):
+        out = SerialWhenSmall(rules)(scheduled)
+        return sorted(gv.name_hint for gv, f in out.functions_items()
+                      if isinstance(f, tirx.PrimFunc) and "tfx.serial_when_small" in (f.attrs or {}))
+
+    monkeypatch.delenv("TFX_SERIAL_WHEN_SMALL", raising=False)
+    assert serial_when_small_rules() == ROW_RULES
+    assert len(guarded(ROW_RULES)) == 2 and len(guarded(None)) == 2
+    without_rmsnorm = guarded(("tfx.layernorm",))
+    assert len(without_rmsnorm) == 1 and "rms" not in without_rmsnorm[0]
+    monkeypatch.setenv("TFX_SERIAL_WHEN_SMALL", "0")
+    assert serial_when_small_rules() == ()
+    monkeypatch.setenv("TFX_SERIAL_WHEN_SMALL", "1")
+    assert serial_when_small_rules() is None

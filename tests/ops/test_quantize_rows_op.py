@@ -128,3 +128,55 @@ def test_same_values_as_the_stock_quantisation_with_run_time_rows(dtype, smooth)
         for fused, stock in zip(out[:3], out[3:]):
             assert fused.dtype == stock.dtype and fused.shape == stock.shape
             np.testing.assert_array_equal(fused, stock)
+
+
+def _quantize_rows_module(rows, K, dtype):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, K), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.Tuple(list(quantize_rows(bb, x, dtype, fused=True))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16"])
+def test_run_time_rows_run_serial_when_few_and_match_the_numpy_twin(dtype, monkeypatch):
+    """Every build guards the row quantisation's parallel row loop (a decode step's single row stays on the calling
+    thread); both branches give the numpy twin's values, bit for bit, a few rows (serial) or many (parallel)."""
+    from tvm_fusion_ext.compile.codegen.serial_when_small import MIN_PARALLEL_WORK, SerialWhenSmall, \
+        serial_when_small_rules
+    from tvm_fusion_ext.compile.pipeline import prepare
+    from tvm_fusion_ext.compile.schedule import schedule
+    from tvm_fusion_ext.testing import quantize_rows_reference
+    from tvm_fusion_ext.tir_nodes import collect
+
+    monkeypatch.delenv("TFX_SERIAL_WHEN_SMALL", raising=False)
+    K = 1024
+    mod = _quantize_rows_module(tvm.tirx.Var("n", "int64"), K, dtype)
+    guarded = SerialWhenSmall(serial_when_small_rules())(schedule(prepare(mod, TARGET, fuse_graph=False)[0], TARGET))
+    kernels = [f for _, f in guarded.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert [("tfx.serial_when_small" in (f.attrs or {})) for f in kernels] == [True]
+    kinds = {int(lp.kind) for lp in collect(kernels[0].body, tvm.tirx.For)}
+    assert {int(tvm.tirx.ForKind.PARALLEL), int(tvm.tirx.ForKind.SERIAL)} <= kinds
+
+    compiled = compile_model(mod, TARGET, fuse_graph=False)
+    vm = relax.VirtualMachine(compiled.executable, tvm.cpu())
+    for n in (1, 3, 17, 2 * MIN_PARALLEL_WORK // K):  # 17 rows: serial; 64 rows: the parallel branch
+        x = _rows((n, K), seed=n)
+        q, scale, zero = (o.numpy() for o in vm["main"](tvm.runtime.tensor(x)))
+        want_q, want_scale, want_zero = quantize_rows_reference(x)
+        np.testing.assert_array_equal(scale, want_scale.astype(np.float32))
+        np.testing.assert_array_equal(zero, want_zero.astype(np.int32))
+        np.testing.assert_array_equal(q, want_q.astype(dtype))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_static_rows_match_the_numpy_twin(rows):
+    (q, scale, zero), _, _ = _run_kernel((rows, 1024), "uint8", False)
+    from tvm_fusion_ext.testing import quantize_rows_reference
+
+    want_q, want_scale, want_zero = quantize_rows_reference(_rows((rows, 1024), seed=2 + 1024))
+    np.testing.assert_array_equal(scale, want_scale.astype(np.float32))
+    np.testing.assert_array_equal(zero, want_zero.astype(np.int32))
+    np.testing.assert_array_equal(q, want_q.astype("uint8"))

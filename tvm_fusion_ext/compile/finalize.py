@@ -41,10 +41,11 @@ def finalize(mod: tvm.IRModule, target: tvm.target.Target):
     """``tvm.compile`` of a scheduled module: the executable (``relax.VirtualMachine(ex, dev)`` runs it)."""
     if TargetInfo.of(target).is_cuda:
         return tvm.compile(mod, target, relax_pipeline=finalize_pipeline(target))
-    from .codegen.serial_when_small import SerialWhenSmall, serial_when_small_enabled
+    from .codegen.serial_when_small import SerialWhenSmall, serial_when_small_rules
     from .codegen.weight_prefetch import TIR_PIPELINE, InsertWeightPrefetch
 
     mod = InsertWeightPrefetch()(mod)
-    if serial_when_small_enabled():
-        mod = SerialWhenSmall()(mod)
+    rules = serial_when_small_rules()
+    if rules != ():
+        mod = SerialWhenSmall(rules)(mod)
     return tvm.compile(mod, target, relax_pipeline=finalize_pipeline(target), tir_pipeline=TIR_PIPELINE)
