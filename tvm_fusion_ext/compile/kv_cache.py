@@ -32,6 +32,7 @@ from tvm.script import tirx as T
 
 from ..errors import InputError
 from ..ops.registry import call_op, params_of
+from ..transform.graph import static_ints
 from .lowering.operator_calls import operator_call
 
 KV_CACHES = ("concat", "inplace")
@@ -220,25 +221,11 @@ def _sequence_crop(binding) -> Optional[str]:
     if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
             and value.op.name == "relax.strided_slice" and len(value.args) > 2):
         return None
-    axes, begins = (_ints(value.args[i]) for i in (1, 2))
+    axes, begins = (static_ints(value.args[i]) for i in (1, 2))
     if axes is None or not any(a in (2, -2) for a in axes):
         return None
     begin = begins[axes.index(2) if 2 in axes else axes.index(-2)] if begins and len(begins) == len(axes) else None
     return f"its last {-begin} positions" if begin is not None and begin < 0 else "a part of its positions"
-
-
-def _ints(expr) -> Optional[List[int]]:
-    """A tuple argument's integers (0.27 puts them in the tuple as IntImms; older TVM wrapped them in PrimValue)."""
-    if not isinstance(expr, relax.Tuple):
-        return None
-    out = []
-    for f in expr.fields:
-        v = getattr(f, "value", None)
-        v = getattr(v, "value", v)
-        if not isinstance(v, int):
-            return None
-        out.append(int(v))
-    return out
 
 
 def _what(binding) -> str:

@@ -146,9 +146,9 @@ def last_axis_slice(v) -> Optional[tuple]:
     dims = shape_dims(v.args[0])
     if dims is None:
         return None
-    axes = _static_ints(v.args[1])
-    begin, end = _static_ints(v.args[2]), _static_ints(v.args[3])
-    strides = _static_ints(v.args[4]) if len(v.args) > 4 else [1] * len(axes or [])
+    axes = static_ints(v.args[1])
+    begin, end = static_ints(v.args[2]), static_ints(v.args[3])
+    strides = static_ints(v.args[4]) if len(v.args) > 4 else [1] * len(axes or [])
     if axes is None or begin is None or end is None or strides is None or len(axes) != 1:
         return None
     if axes[0] % len(dims) != len(dims) - 1:
@@ -156,7 +156,7 @@ def last_axis_slice(v) -> Optional[tuple]:
     return v.args[0], begin[0], end[0], strides[0]
 
 
-def _static_ints(e) -> Optional[List[int]]:
+def static_ints(e) -> Optional[List[int]]:
     """The integers of a tuple / shape of static values, else None."""
     fields = getattr(e, "fields", None)
     if fields is None:

@@ -47,14 +47,6 @@ ROW_RULES = ("tfx.quantize_rows", "tfx.rmsnorm", "tfx.layernorm")
 ROW_OPS = ("fused_quantize_rows", "fused_rmsnorm", "fused_layernorm")
 
 
-def serial_when_small_enabled() -> bool:
-    """Whether builds guard every kernel (``TFX_SERIAL_WHEN_SMALL=1``), not only the fallback's and the row-wise
-    templates'."""
-    import os
-
-    return os.environ.get("TFX_SERIAL_WHEN_SMALL") == "1"
-
-
 def serial_when_small_rules() -> Optional[Tuple[str, ...]]:
     """The templates whose kernels a build guards besides the fallback's: None for every kernel
     (``TFX_SERIAL_WHEN_SMALL=1``), ``()`` for none at all (``=0``), else :data:`ROW_RULES`."""
