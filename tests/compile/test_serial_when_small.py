@@ -75,3 +75,30 @@ def test_by_default_the_fallback_and_row_wise_kernels_are_guarded(monkeypatch):
     assert serial_when_small_rules() == ()
     monkeypatch.setenv("TFX_SERIAL_WHEN_SMALL", "1")
     assert serial_when_small_rules() is None
+
+
+def test_a_rotary_embedding_no_template_takes_is_guarded_and_matches_numpy():
+    """The fallback schedules our rotary embedding (no CPU template): a decode step's one token per sequence
+    rotates 1024 values, so its kernel is guarded like the other fallback kernels."""
+    from tvm_fusion_ext.ops import call_op
+
+    seq = tirx.Var("seq", "int64")
+    x = relax.Var("x", relax.TensorType([1, 4, seq, 64], "float32"))
+    cos = relax.Var("cos", relax.TensorType([1, seq, 64], "float32"))
+    sin = relax.Var("sin", relax.TensorType([1, seq, 64], "float32"))
+    mod = build_module([x, cos, sin], lambda bb: call_op(bb, "fused_rope", {"x": x, "cos": cos, "sin": sin},
+                                                          {"style": "half"}))
+    from tvm_fusion_ext.compile.codegen.serial_when_small import ROW_RULES
+
+    guarded = SerialWhenSmall(ROW_RULES)(schedule(prepare(mod, TARGET, fuse_graph=False)[0], TARGET))
+    assert [str(f.attrs["tfx.op"]) for _, f in guarded.functions_items()
+            if isinstance(f, tirx.PrimFunc) and "tfx.serial_when_small" in (f.attrs or {})] == ["fused_rope"]
+
+    vm = relax.VirtualMachine(compile_model(mod, TARGET, fuse_graph=False).executable, tvm.cpu())
+    rng = np.random.default_rng(1)
+    for length in (1, 300):  # 256 values: serial; 76800: parallel
+        a = rng.standard_normal((1, 4, length, 64)).astype("float32")
+        c, s = (rng.standard_normal((1, length, 64)).astype("float32") for _ in range(2))
+        rotated_half = np.concatenate([-a[..., 32:], a[..., :32]], axis=-1)
+        got = vm["main"](*(tvm.runtime.tensor(t) for t in (a, c, s))).numpy()
+        np.testing.assert_allclose(got, a * c[:, None] + rotated_half * s[:, None], rtol=1e-5, atol=1e-5)

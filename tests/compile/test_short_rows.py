@@ -132,3 +132,60 @@ def test_some_variant_is_thinner_than_the_symbolic_tile():
     variants as tall as the tile are dropped, and at least one thinner variant remains on every host."""
     assert min(short_rows.SHORT_ROW_BLOCKS) < symbolic_mr(TARGET)
     assert list(short_rows.SHORT_ROW_BLOCKS) == sorted(short_rows.SHORT_ROW_BLOCKS)
+
+
+#: wide enough that a task holds a group of column panels (dense: 64 panels of 16; gated: 128 of 8)
+N_WIDE = 1024
+TWO_CORES = resolve_target({"kind": "llvm", "num-cores": 2})
+
+
+def _wide_module(op):
+    rng = np.random.default_rng(1)
+    x = relax.Var("x", relax.TensorType([tirx.Var("batch", "int64"), tirx.Var("seq", "int64"), K], "float32"))
+    if op == "fused_dense":
+        w = (rng.standard_normal((K, N_WIDE)) / np.sqrt(K)).astype("float32")
+        inputs, params = {"x": x, "w": relax.const(w)}, {"act": "none"}
+        reference = lambda a: a.astype("float64") @ w  # noqa: E731
+    else:
+        w = (rng.standard_normal((K, N_WIDE, 2)) / np.sqrt(K)).astype("float32")
+        inputs, params = {"x": x, "w": relax.const(w)}, {"act": "silu"}
+
+        def reference(a):
+            gate, up = a.astype("float64") @ w[..., 0], a.astype("float64") @ w[..., 1]
+            return gate / (1 + np.exp(-gate)) * up
+    return build_module([x], lambda bb: call_op(bb, op, inputs, params)), reference
+
+
+def test_side_by_side_panels_fill_the_accumulators_of_a_thin_tile():
+    from tvm_fusion_ext.schedules.cpu.dense import side_by_side_panels
+
+    assert side_by_side_panels(1, 8, 2) == 4  # one row: four 16-column panels, eight AVX2 accumulators
+    assert side_by_side_panels(2, 8, 2) == 2
+    assert side_by_side_panels(4, 8, 2) == 1  # a 4-row tile already has eight
+    assert side_by_side_panels(1, 3, 2) == 3  # a divisor of the task's group
+    assert side_by_side_panels(1, 1, 2) == 1
+
+
+@pytest.mark.parametrize("op", ["fused_dense", "fused_gated_dense"])
+def test_thin_tiles_reading_panels_side_by_side_match_numpy_and_every_row_count(op, monkeypatch):
+    """The 1- and 2-row variants read several column panels per k step; each output still sums over K in the same
+    order, so a row's values do not depend on how many rows came with it."""
+    from tvm_fusion_ext.schedules.cpu import dense
+
+    mod, reference = _wide_module(op)
+    lowered = prepare(mod, TWO_CORES, fuse_graph=False)[0]
+    side_by_side = _kernel(schedule(lowered, TWO_CORES), op).script()
+    monkeypatch.setattr(dense, "THIN_TILE_ACCUMULATORS", 1)
+    one_panel = _kernel(schedule(lowered, TWO_CORES), op).script()
+    monkeypatch.undo()
+    assert side_by_side != one_panel  # the thin variants' loop nests changed
+
+    vm = relax.VirtualMachine(compile_model(mod, TWO_CORES, fuse_graph=False).executable, tvm.cpu())
+    x = np.random.default_rng(2).standard_normal((1, 9, K)).astype("float32")
+    first_rows = []
+    for seq in (1, 2, 3, 9):
+        got = vm["main"](tvm.runtime.tensor(np.ascontiguousarray(x[:, :seq]))).numpy()
+        np.testing.assert_allclose(got, reference(x[:, :seq]), rtol=1e-5, atol=1e-5, err_msg=f"{op}, {seq} rows")
+        first_rows.append(got[0, 0])
+    for row in first_rows[1:]:
+        np.testing.assert_array_equal(row, first_rows[0])

@@ -14,14 +14,15 @@ iterations of the loops nested inside (sizes that are only known inside count as
 variable out of its scope). Loops of static extent keep what the schedule chose (the fallback already keeps
 small static kernels serial). Both branches compute the same values in the same order per element.
 
-Every build guards the kernels of the fallback schedule (residual adds, splits, transposes, copies) and of the
-row-wise templates (:data:`ROW_RULES`: int8's row quantisation, RMSNorm, LayerNorm): one parallel task per row or
-per element block. On a decode step they are the calls that pay the pool for a row of work: int8's row quantisation
-in front of each of a LLaMA-1024 step's 25 int8 denses took 16-66 µs a call for 1024 values on the loaded 2-core
-VM (2-7 µs on the calling thread), its residual adds, QKV splits and head transposes as much. The other templates'
-kernels (attention, dense) are guarded only on request (``TFX_SERIAL_WHEN_SMALL=1`` when compiling): a
-padding-free encoder's packed attention (query tiles over a run-time token count) fails to compile with the guard
-(a division by zero while TVM folds the copy's index expressions). ``TFX_SERIAL_WHEN_SMALL=0`` guards none.
+Every build guards the kernels of the fallback schedule (residual adds, splits, transposes, copies, rotary
+embeddings) and of the row-wise templates (:data:`ROW_RULES`: int8's row quantisation, RMSNorm, LayerNorm): one
+parallel task per row or per element block. On a decode step they are the calls that pay the pool for a row of work:
+int8's row quantisation in front of each of a LLaMA-1024 step's 25 int8 denses took 16-66 µs a call for 1024 values
+on the loaded 2-core VM (2-7 µs on the calling thread), its residual adds, QKV splits and head transposes as much.
+The other templates' kernels (attention, dense) are guarded only on request (``TFX_SERIAL_WHEN_SMALL=1`` when
+compiling): a padding-free encoder's packed attention (query tiles over a run-time token count) fails to compile
+with the guard (a division by zero while TVM folds the copy's index expressions). ``TFX_SERIAL_WHEN_SMALL=0`` guards
+none.
 """
 
 from __future__ import annotations
@@ -80,12 +81,14 @@ def SerialWhenSmall(rules: Optional[Sequence[str]] = None) -> tvm.transform.Pass
 
 
 def _only_these_templates(func: tirx.PrimFunc, rules: set, ops: set) -> bool:
-    """Whether ``func`` is the fallback's (no operator of ours, no template's block) or only these templates'."""
+    """Whether ``func`` is the fallback's (no template's block: a stock operator, or one of ours that no CPU
+    template takes, such as the rotary embedding) or only these templates'."""
+    templates = {str(b.annotations["schedule_rule"]) for b in collect(func.body, s_tir.SBlock)
+                 if "schedule_rule" in b.annotations}
+    if not templates:
+        return True
     op = func.attrs.get("tfx.op") if func.attrs is not None else None
-    if op is not None and str(op) not in ops:
-        return False
-    return all(str(b.annotations["schedule_rule"]) in rules for b in collect(func.body, s_tir.SBlock)
-               if "schedule_rule" in b.annotations)
+    return (op is None or str(op) in ops) and templates <= rules
 
 
 def _guard(loop: tirx.For):

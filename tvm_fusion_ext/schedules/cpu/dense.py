@@ -341,7 +341,14 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         if group > 1:
             # a task runs `group` column panels under each row tile: x is streamed once per group, not per panel
             par, tile = sch.split(j0, [None, group])
-            sch.reorder(par, i0, tile, k0, k1, i1, j1, *kk)
+            vectors = max(1, loop_extent(sch, j1) * _itemsize(sch, block) // (64 if wide_vectors(target) else 32))
+            side = side_by_side_panels(int(row_block), group, vectors) if dot is None else 1
+            if side > 1:
+                tile, beside = sch.split(tile, [None, side])
+                sch.reorder(par, i0, tile, k0, k1, i1, beside, j1)
+                sch.unroll(beside)
+            else:
+                sch.reorder(par, i0, tile, k0, k1, i1, j1, *kk)
         else:
             par, tile = j0, i0
             sch.reorder(j0, i0, k0, k1, i1, j1, *kk)
@@ -361,6 +368,22 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         sch.transform_block_layout(acc, flatten_rows_map(batch_shape, 1, idx_dtype))
     sch.reverse_compute_at(acc, i0, preserve_unit_loops=True)
     _finish(sch, block, sch.fuse(ip_, j0), i1, j1, k0, knobs, acc, dot)
+
+
+#: accumulator vectors a thin row tile should keep in flight (see :func:`side_by_side_panels`)
+THIN_TILE_ACCUMULATORS = 8
+
+
+def side_by_side_panels(row_block: int, group: int, vectors_per_panel: int = 2) -> int:
+    """Column panels a row tile of ``row_block`` rows reads in the same k step. One row against one 16-column
+    panel is two accumulator chains, each waiting on the FMA latency at every k, and one stream of weights: the
+    core then reads about two thirds of what the memory gives it. Panels side by side add independent chains and
+    streams; each output still sums over K in the same order."""
+    side = 1
+    for d in divisors(group):
+        if row_block * vectors_per_panel * d <= THIN_TILE_ACCUMULATORS:
+            side = d
+    return side
 
 
 def prefetch_next_task(sch: s_tir.Schedule, block, k_steps, panels_ahead: int) -> None:

@@ -33,7 +33,8 @@ from ...targets import TargetInfo
 from ..common import flatten_rows_map, knob_decision, op_params, static_extents_reason
 from ..rule import Knobs, TemplateRule
 from .dense import (KC_MAX, MR_MAX, UNROLL_STEPS, default_ip, default_kc, default_mr, loop_extent, panel_group,
-                    prefetch_next_task, read_padded_rows_in_place, row_block_for, row_independent_knobs, wide_vectors)
+                    prefetch_next_task, read_padded_rows_in_place, row_block_for, row_independent_knobs,
+                    side_by_side_panels, wide_vectors)
 
 #: columns per panel: 2·nr accumulators per row, so mr=4 rows of 8 columns keep 8 AVX2 (4 AVX-512) registers
 #: of accumulators with room for the weight panel and the broadcast
@@ -69,6 +70,8 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
     j0, j1 = sch.split(cols, [None, nr])
     n_tiles = loop_extent(sch, j0)
     row_block = params.get("row_block")
+    itemsize = tvm.DataType(sch.get(block).reads[0].source.dtype).bits // 8
+    side = 1
     if row_block is None:
         M = loop_extent(sch, rows)
         mr = default_mr(M, target)
@@ -87,7 +90,13 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
                             TargetInfo.of(target).cores)
         if group > 1:  # x streamed once per group of panels, not per panel (see dense.panel_group)
             par, tile = sch.split(j0, [None, group])
-            sch.reorder(par, i0, tile, i1, j1)
+            vector_bytes = 64 if wide_vectors(target) else 32
+            side = side_by_side_panels(int(row_block), group, max(1, 2 * nr * itemsize // vector_bytes))
+            if side > 1:  # `side` panels of the group read in the same k step (see dense.side_by_side_panels)
+                tile, beside = sch.split(tile, [None, side])
+                sch.reorder(par, i0, tile, i1, beside, j1)
+            else:
+                sch.reorder(par, i0, tile, i1, j1)
         else:
             par, tile = j0, i0
             sch.reorder(j0, i0, i1, j1)
@@ -101,7 +110,12 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
     k_dec = knob_decision(knobs.get("k"), [K // kc, kc])
     k0, k1 = sch.split(a_k, sch.sample_perfect_tile(a_k, n=2, max_innermost_factor=max(KC_MAX, k_dec[-1]),
                                                     decision=k_dec))
-    sch.reorder(k0, k1, a_rows, a_cols, a_half)
+    if side > 1:  # the panels side by side in each k step: one accumulator pair per panel
+        a_side, a_cols = sch.split(a_cols, [side, nr])
+        sch.reorder(k0, k1, a_rows, a_side, a_cols, a_half)
+        sch.unroll(a_side)
+    else:
+        sch.reorder(k0, k1, a_rows, a_cols, a_half)
     # this thread's next task: the next group of panels (symbolic rows) or the next panel
     prefetch_next_task(sch, block, k1, group if row_block is not None else 1)
     sch.parallel(par)  # before decompose_reduction, which leaves a block the parallel check refuses
