@@ -108,6 +108,22 @@ def test_rotary_query():
     close(got, reference(rotated, a["k"], a["v"], None, 0.125), tol=5e-5)
 
 
+@pytest.mark.parametrize("D", [64, 20])
+def test_q_k_takes_dot_products_along_the_head_dim_when_the_vector_divides_it(D):
+    """A head dim of whole vectors: K rows are read where they lie, partial sums per lane (no key-contiguous copy
+    of K); any other head dim keeps the copy. Both against numpy."""
+    B, H, HKV, P = 2, 8, 2, 70
+    a = inputs(B, H, HKV, P, D, seed=D)
+    params = {"scale": float(D ** -0.5), "split_blocks": 1}
+    func = make_prim_func("fused_attention", _types(a), params).with_attr("global_symbol", "main")
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
+    decode_attention_cpu(sch, sch.get_sblock("dec_out"), TARGET)
+    script = sch.mod.script()
+    assert ('T.sblock("dec_kt")' in script) == (D % 8 != 0)  # AVX2: 8 lanes
+    assert ("dec_qk_rf" in script) == (D % 8 == 0)
+    close(run(a, params), reference(a["q"], a["k"], a["v"], None, params["scale"]))
+
+
 def test_knobs_change_the_schedule_not_the_result():
     a = inputs(1, 16, 4, 300, 64, seed=11)
     want = reference(a["q"], a["k"], a["v"], None, 0.125)
