@@ -99,8 +99,9 @@ def decode_attention(ops: DecodeOperands, *, B, S, T, H, HKV, D, DV, scale: floa
     def clamped(sp, jb, jj):
         return tirx.min(key(sp, jb, jj), T - c(1) if last_key is None else last_key)
 
-    # K copied key-contiguous per block: the q·kᵀ micro-kernel's vector runs over keys; the template keeps the
-    # copy of one block under its split (an L1 tile), so K is read from memory once
+    # K copied key-contiguous per block, for a q·kᵀ micro-kernel whose vector runs over keys (a template keeps the
+    # copy of one block under its split, an L1 tile, so K is read from memory once); the CPU template inlines it
+    # when the head dim is whole vectors and takes dot products along the head dim instead
     kt = te.compute((B, HKV, splits, sb, D, kb),
                     lambda b, hk, sp, jb, d, jj: ops.k(b, hk, clamped(sp, jb, jj), d).astype(ACC),
                     name="dec_kt", attrs={"schedule_rule": "None"})
