@@ -341,7 +341,7 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         if group > 1:
             # a task runs `group` column panels under each row tile: x is streamed once per group, not per panel
             par, tile = sch.split(j0, [None, group])
-            vectors = max(1, loop_extent(sch, j1) * _itemsize(sch, block) // (64 if wide_vectors(target) else 32))
+            vectors = panel_row_vectors(loop_extent(sch, j1) * _itemsize(sch, block), target)
             side = side_by_side_panels(int(row_block), group, vectors) if dot is None else 1
             if side > 1:
                 tile, beside = sch.split(tile, [None, side])
@@ -372,6 +372,11 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
 
 #: accumulator vectors a thin row tile should keep in flight (see :func:`side_by_side_panels`)
 THIN_TILE_ACCUMULATORS = 8
+
+
+def panel_row_vectors(row_bytes: int, target: Optional[tvm.target.Target]) -> int:
+    """Accumulator vectors one row of a weight panel fills on ``target``."""
+    return max(1, row_bytes * 8 // TargetInfo.of(target).vector_bits)
 
 
 def side_by_side_panels(row_block: int, group: int, vectors_per_panel: int = 2) -> int:

@@ -33,8 +33,8 @@ from ...targets import TargetInfo
 from ..common import flatten_rows_map, knob_decision, op_params, static_extents_reason
 from ..rule import Knobs, TemplateRule
 from .dense import (KC_MAX, MR_MAX, UNROLL_STEPS, default_ip, default_kc, default_mr, loop_extent, panel_group,
-                    prefetch_next_task, read_padded_rows_in_place, row_block_for, row_independent_knobs,
-                    side_by_side_panels, wide_vectors)
+                    panel_row_vectors, prefetch_next_task, read_padded_rows_in_place, row_block_for,
+                    row_independent_knobs, side_by_side_panels, wide_vectors)
 
 #: columns per panel: 2·nr accumulators per row, so mr=4 rows of 8 columns keep 8 AVX2 (4 AVX-512) registers
 #: of accumulators with room for the weight panel and the broadcast
@@ -75,8 +75,7 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
     if row_block is None:
         M = loop_extent(sch, rows)
         mr = default_mr(M, target)
-        ip = default_ip(M // mr, n_tiles, TargetInfo.of(target).cores,
-                        mr * K * tvm.DataType(sch.get(block).reads[0].source.dtype).bits // 8)
+        ip = default_ip(M // mr, n_tiles, TargetInfo.of(target).cores, mr * K * itemsize)
         i_dec = knob_decision(knobs.get("i"), [ip, M // (ip * mr), mr])
         ip_, i0, i1 = sch.split(rows, sch.sample_perfect_tile(
             rows, n=3, max_innermost_factor=max(MR_MAX, i_dec[-1]), decision=i_dec))
@@ -86,12 +85,10 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
         # rows known only at run time: the accumulator is padded to row_block (= the tile), the epilogue's
         # last tile predicated; LoopPartition separates it so the full tiles' epilogue vectorises
         i0, i1 = sch.split(rows, [None, int(row_block)])
-        group = panel_group(n_tiles, K * 2 * nr * tvm.DataType(sch.get(block).reads[0].source.dtype).bits // 8,
-                            TargetInfo.of(target).cores)
+        group = panel_group(n_tiles, K * 2 * nr * itemsize, TargetInfo.of(target).cores)
         if group > 1:  # x streamed once per group of panels, not per panel (see dense.panel_group)
             par, tile = sch.split(j0, [None, group])
-            vector_bytes = 64 if wide_vectors(target) else 32
-            side = side_by_side_panels(int(row_block), group, max(1, 2 * nr * itemsize // vector_bytes))
+            side = side_by_side_panels(int(row_block), group, panel_row_vectors(2 * nr * itemsize, target))
             if side > 1:  # `side` panels of the group read in the same k step (see dense.side_by_side_panels)
                 tile, beside = sch.split(tile, [None, side])
                 sch.reorder(par, i0, tile, i1, beside, j1)
