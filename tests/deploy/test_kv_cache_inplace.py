@@ -12,7 +12,7 @@ import pytest
 import tvm
 from tvm.script import relax as R
 
-from tvm_fusion_ext.compile.kv_cache import apply_kv_cache, check_kv_cache
+from tvm_fusion_ext.compile.kv_cache import apply_kv_cache, check_kv_cache, drop_crops_within_capacity
 from tvm_fusion_ext.errors import InputError
 from tvm_fusion_ext.models.causal_lm import past_names, present_names
 
@@ -245,7 +245,43 @@ def test_a_sliding_window_cache_is_refused_naming_the_window():
 
     with pytest.raises(InputError) as info:
         apply_kv_cache(_module(main), "inplace")
-    assert "cropped to its last 7 positions" in str(info.value) and "--kv-cache concat" in str(info.value), info.value
+    text = str(info.value)
+    assert "cropped to its last 7 positions" in text and "capacity of 64" in text, text
+    assert "--kv-cache concat" in text and "at most 7 positions" in text and "\n" not in text, text
+
+
+def test_a_sliding_window_no_shorter_than_the_capacity_writes_in_place():
+    """A window whose crop keeps at least the capacity's positions never drops one (Mistral-7B's 4096-token
+    window under a 2048-position cache): the crops of the past and of the present go, the new rows are written
+    into the buffer, and its filled prefix equals the exported concatenation. The same crop under a larger
+    capacity stays, and is refused."""
+    @R.function
+    def main(past_key: R.Tensor(("b", 2, "p", 8), "float32"), new: R.Tensor(("b", 2, "s", 8), "float32")):
+        R.func_attr({"tir_var_upper_bound": {"p": 7}})
+        with R.dataflow():
+            kept = R.strided_slice(past_key, [2], [-7], [9223372036854775807])
+            joined = R.concat((kept, new), axis=2)
+            present = R.strided_slice(joined, [2], [-7], [9223372036854775807])
+            R.output(present)
+        return present
+
+    mod = _module(main)
+    assert drop_crops_within_capacity(mod, "concat").same_as(mod)
+    with pytest.raises(InputError, match="fewer than the capacity of 64"):
+        apply_kv_cache(drop_crops_within_capacity(_module(main.with_attr("tir_var_upper_bound", {"p": 64})),
+                                                  "inplace"), "inplace")
+    out, report = apply_kv_cache(drop_crops_within_capacity(_module(main), "inplace"), "inplace")
+    assert report.capacity == 7 and "strided_slice" not in out.script() and "call_tir_inplace" in out.script()
+    ex = tvm.compile(out, target="llvm")
+    vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(0)
+    for past, new in ((0, 3), (5, 1), (6, 1)):
+        buffer = rng.standard_normal((1, 2, 7, 8)).astype("float32")
+        rows = rng.standard_normal((1, 2, new, 8)).astype("float32")
+        want = np.concatenate([buffer[:, :, :past][:, :, -7:], rows], axis=2)[:, :, -7:]
+        got = vm["main"](tvm.runtime.tensor(buffer), tvm.runtime.tensor(rows),
+                         tvm.runtime.tensor(np.array([past], np.int64))).numpy()
+        np.testing.assert_array_equal(got[:, :, :past + new], want, err_msg=f"past {past}, {new} new")
 
 
 def test_a_cache_passed_through_unchanged_is_refused():

@@ -10,7 +10,8 @@ transformers' own ``generate`` on the same model.
   graph lines its columns up with the cache), or the left-padded row's padding lands on the wrong keys and its
   tokens drift from transformers' after the window passes (the whole mask gave wrong tokens, silently, before
   2026-11-29). The in-place build cannot drop positions from a buffer: refused in one line naming the sliding
-  window.
+  window. A window wider than the cache's capacity (64 over 32 positions) never drops one: that build drops
+  the crop and generates in place.
 * BLOOM: ALiBi, no ``position_ids`` input.
 * Falcon (7B's layout): multi-query attention (one K/V head for every query head), rotary positions.
 
@@ -36,6 +37,9 @@ FAMILIES = {
     "mistral": ("MistralConfig", "MistralForCausalLM",
                 dict(num_hidden_layers=1, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=128, vocab_size=1000, max_position_embeddings=128, sliding_window=8)),
+    "mistral-wide": ("MistralConfig", "MistralForCausalLM",
+                     dict(num_hidden_layers=1, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                          intermediate_size=128, vocab_size=1000, max_position_embeddings=128, sliding_window=64)),
     "bloom": ("BloomConfig", "BloomForCausalLM", dict(n_layer=1, hidden_size=64, n_head=4, vocab_size=1000)),
     "falcon": ("FalconConfig", "FalconForCausalLM",
                dict(num_hidden_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=1000,
@@ -133,8 +137,6 @@ def _compile(path, out, kv_cache, kv_heads, head_dim):
 @pytest.mark.parametrize("kv_cache", ["concat", "inplace"])
 @pytest.mark.parametrize("kind", ["bloom", "falcon", "mistral"])
 def test_generated_tokens_equal_onnxruntime_and_transformers(family, tmp_path, kind, kv_cache):
-    from tvm_fusion_ext.deploy import generate
-
     model, path, kv_heads, head_dim = family(kind)
     if kind == "mistral" and kv_cache == "inplace":
         with pytest.raises(InputError) as info:
@@ -142,7 +144,25 @@ def test_generated_tokens_equal_onnxruntime_and_transformers(family, tmp_path, k
         assert "\n" not in str(info.value) and "sliding-window" in str(info.value), info.value
         assert "--kv-cache concat" in str(info.value), info.value
         return
-    artifact = _compile(path, tmp_path / "art", kv_cache, kv_heads, head_dim)
+    _generates_as_onnxruntime_and_transformers(kind, model, path, _compile(path, tmp_path / "art", kv_cache, kv_heads,
+                                                                          head_dim), kv_cache)
+
+
+@pytest.mark.slow
+def test_a_window_wider_than_the_capacity_generates_in_place(family, tmp_path):
+    import onnx
+
+    model, path, kv_heads, head_dim = family("mistral-wide")
+    crops = [n for n in onnx.load(path).graph.node if n.op_type == "Slice"]
+    assert crops, "the export no longer crops its cache: this test would not test the crop"
+    artifact = _compile(path, tmp_path / "art", "inplace", kv_heads, head_dim)
+    assert artifact.manifest["kv_cache"]["mode"] == "inplace"
+    _generates_as_onnxruntime_and_transformers("mistral-wide", model, path, artifact, "inplace")
+
+
+def _generates_as_onnxruntime_and_transformers(kind, model, path, artifact, kv_cache):
+    from tvm_fusion_ext.deploy import generate
+
     if kind == "bloom":
         assert "position_ids" not in artifact.input_specs  # ALiBi: positions come from the mask
     for ids, mask in PROMPTS:

@@ -15,10 +15,16 @@ generation loop allocates the buffers once and passes them back every step with 
 length see ``past_length``: the past dim stays the same symbolic variable, now defined by ``past_length`` instead
 of by the buffers' shape.
 
+A sliding-window export (Mistral's, Gemma2's) crops its past, and its present, to the window's last ``window - 1``
+positions. When the capacity is no longer than that, no crop ever drops a position (a step that would hold more
+than the capacity is refused before it runs): :func:`drop_crops_within_capacity` removes them before fusion, so
+the attention and its grouped K/V heads fuse on the plain ``past + new`` keys. A shorter window would drop the
+oldest positions of a buffer written in place, and is refused.
+
 What it refuses, in one line: a model without past inputs, a past read by anything other than its concatenation
 with the new keys/values along the sequence axis (an encoder-decoder's cross-attention cache is passed through
-unchanged, for one), a concatenation whose result feeds anything other than a fused attention and the outputs,
-and a past dim pinned to a number (``--shape``).
+unchanged, for one), a sliding window shorter than the capacity, a concatenation whose result feeds anything
+other than a fused attention and the outputs, and a past dim pinned to a number (``--shape``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax, sym, tirx
 from tvm.script import tirx as T
 
 from ..errors import InputError
@@ -85,6 +91,64 @@ def apply_kv_cache(mod: tvm.IRModule, mode: str):
     return _inplace(mod)
 
 
+def drop_crops_within_capacity(mod: tvm.IRModule, mode: str) -> tvm.IRModule:
+    """For ``inplace``, before fusion: each crop of a past, or of its concatenation with the new keys/values, to
+    last positions at least as many as the capacity is replaced by what it crops (it never drops a position)."""
+    if check_kv_cache(mode) != "inplace" or "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        return mod
+    func = mod["main"]
+    bounds = func.attrs.get("tir_var_upper_bound") if func.attrs else None
+    past = {p for p, _ in _past_inputs(func)[2]}
+    dims = {p.ty.shape.values[2] for p in past if isinstance(p.ty, relax.TensorType) and p.ty.shape is not None
+            and len(p.ty.shape.values) == 4}
+    if len(dims) != 1 or bounds is None or str(next(iter(dims))) not in bounds:
+        return mod  # _inplace refuses it, naming why
+    dim = dims.pop()
+    return _CropDropper(mod, past, dim, int(bounds[str(dim)])).run()
+
+
+@relax.expr_functor.mutator
+class _CropDropper(relax.PyExprMutator):
+    """Drops the crops; shapes the graph computed from a cropped length (a repeat of grouped K/V heads expanded to
+    it) are simplified knowing the past holds at most ``capacity`` positions, so they read ``past + new`` again."""
+
+    def __init__(self, mod, past, dim, capacity):
+        super().__init__(mod)
+        self.mod, self.capacity = mod, capacity
+        self.cached = set(past)  # pasts, and concatenations of a past with new rows along the sequence axis
+        self.analyzer = sym.Analyzer()
+        self.analyzer.bind(dim, tvm.ir.Range(0, capacity + 1))
+
+    def visit_shape_expr_(self, op):
+        return relax.ShapeExpr([self.analyzer.simplify(v) for v in op.values])
+
+    def run(self) -> tvm.IRModule:
+        gv = self.mod.get_global_var("main")
+        self.builder_.update_func(gv, self.visit_expr(self.mod["main"]))
+        return self.builder_.get()
+
+    def visit_var_binding_(self, binding):
+        value = binding.value
+        kept = _kept_positions(binding)
+        if kept is not None and kept >= self.capacity and value.args[0] in self.cached:
+            self.set_var_remap(binding.var, self.visit_expr(value.args[0]))
+            self.cached.add(binding.var)
+            return
+        if (isinstance(value, relax.Call) and value.op == _CONCAT and isinstance(value.args[0], relax.Tuple)
+                and value.attrs.axis is not None and int(value.attrs.axis) in (2, -2)
+                and value.args[0].fields and value.args[0].fields[0] in self.cached):
+            self.cached.add(binding.var)
+        super().visit_var_binding_(binding)
+
+
+def _past_inputs(func: relax.Function):
+    """``(input names, number of inputs, [(past param, name)])``: the ONNX inputs named as a KV cache's past."""
+    names = [str(n) for n in func.attrs["onnx_input_names"]] if func.attrs and "onnx_input_names" in func.attrs \
+        else [p.name for p in func.params]
+    num_input = int(func.attrs["num_input"]) if func.attrs and "num_input" in func.attrs else len(func.params)
+    return names, num_input, [(p, n) for p, n in zip(func.params[:num_input], names) if "past" in n.lower()]
+
+
 def _refuse(text: str):
     raise InputError(f"kv_cache=inplace: {text}")
 
@@ -92,10 +156,7 @@ def _refuse(text: str):
 def _inplace(mod: tvm.IRModule):
     gv = mod.get_global_var("main")
     func = mod[gv]
-    names = [str(n) for n in func.attrs["onnx_input_names"]] if func.attrs and "onnx_input_names" in func.attrs \
-        else [p.name for p in func.params]
-    num_input = int(func.attrs["num_input"]) if func.attrs and "num_input" in func.attrs else len(func.params)
-    past = [(p, n) for p, n in zip(func.params[:num_input], names) if "past" in n.lower()]
+    names, num_input, past = _past_inputs(func)
     if not past:
         _refuse(f"the model has no past (KV cache) inputs (inputs: {', '.join(names[:num_input])})")
     if PAST_LENGTH in names:
@@ -105,7 +166,7 @@ def _inplace(mod: tvm.IRModule):
     if bounds is None or str(length) not in bounds:
         _refuse(f"the past length '{length}' has no upper bound to size the cache by (give --max-shape)")
     capacity = int(bounds[str(length)])
-    concats = _concats(mod, func, {p for p, _ in past}, dict(past))
+    concats = _concats(mod, func, {p for p, _ in past}, dict(past), capacity)
     buffers = {}
     for p, name in past:
         b, h, _, d = p.ty.shape.values
@@ -149,7 +210,8 @@ def _past_dim(past) -> tirx.Var:
     return dims.pop()
 
 
-def _concats(mod, func: relax.Function, past: set, names: Dict[relax.Var, str]) -> Dict[relax.Var, tuple]:
+def _concats(mod, func: relax.Function, past: set, names: Dict[relax.Var, str],
+             capacity: int) -> Dict[relax.Var, tuple]:
     """``{concat result var: (past var, new var)}``, after checking that nothing else reads a past or a present."""
     uses: Dict[relax.Var, list] = {}
     concats = {}
@@ -178,11 +240,12 @@ def _concats(mod, func: relax.Function, past: set, names: Dict[relax.Var, str]) 
             else [func.body.body]:
         uses.setdefault(v, []).append(None)
     for p in past:
-        crop = _sequence_crop(uses[p][0]) if p in uses else None
-        if crop is not None:
-            _refuse(f"past input '{names[p]}' is cropped to {crop} before the new keys/values join it (a "
-                    f"sliding-window cache, dropping its oldest positions), which a buffer written in place cannot "
-                    f"do; compile with --kv-cache concat")
+        kept = _kept_positions(uses[p][0]) if p in uses else None
+        if kept is not None:
+            _refuse(f"past input '{names[p]}' is cropped to its last {kept} positions before the new keys/values "
+                    f"join it (a sliding-window cache), fewer than the capacity of {capacity}: a buffer written in "
+                    f"place cannot drop its oldest positions; compile with --kv-cache concat, or bound the past to "
+                    f"at most {kept} positions (--max-shape)")
         if p in uses:
             _refuse(f"past input '{names[p]}' is read by {_what(uses[p][0])}, not only by its concatenation with "
                     f"the new keys/values (a cross-attention cache, or a cache this build cannot write in place)")
@@ -214,18 +277,20 @@ def _is_attention(mod, value) -> bool:
     return found is not None and found[0] == "fused_attention"
 
 
-def _sequence_crop(binding) -> Optional[str]:
-    """What a binding that slices a ``[batch, heads, past, head_dim]`` past along its sequence axis keeps ("its last
-    4095 positions"), None when it is no such slice."""
+def _kept_positions(binding) -> Optional[int]:
+    """How many last positions a binding that slices a ``[batch, heads, past, head_dim]`` tensor along its sequence
+    axis keeps (``x[:, :, -n:]``: n), None when it is no such crop."""
     value = None if binding is None else binding.value
     if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-            and value.op.name == "relax.strided_slice" and len(value.args) > 2):
+            and value.op.name == "relax.strided_slice" and len(value.args) > 3):
         return None
-    axes, begins = (static_ints(value.args[i]) for i in (1, 2))
-    if axes is None or not any(a in (2, -2) for a in axes):
+    axes, begins, ends = (static_ints(value.args[i]) for i in (1, 2, 3))
+    strides = static_ints(value.args[4]) if len(value.args) > 4 else None
+    if not axes or not begins or not ends or len(axes) != 1 or axes[0] not in (2, -2):
         return None
-    begin = begins[axes.index(2) if 2 in axes else axes.index(-2)] if begins and len(begins) == len(axes) else None
-    return f"its last {-begin} positions" if begin is not None and begin < 0 else "a part of its positions"
+    if begins[0] >= 0 or ends[0] < 0 or (strides and strides[0] != 1):
+        return None
+    return -begins[0]
 
 
 def _what(binding) -> str:

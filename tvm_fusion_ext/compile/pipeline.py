@@ -79,7 +79,7 @@ def _prepare(mod, target, fuse_graph, remove_padding, knobs, kernel_knobs, preci
              calibration=None, kv_cache="concat"):
     """:func:`prepare`, also returning the PrecisionReport (which exists without fusion too) and the
     KVCacheReport."""
-    from .kv_cache import apply_kv_cache, check_kv_cache
+    from .kv_cache import apply_kv_cache, check_kv_cache, drop_crops_within_capacity
     from .precision import apply_precision
 
     target = resolved_target(target)
@@ -89,7 +89,7 @@ def _prepare(mod, target, fuse_graph, remove_padding, knobs, kernel_knobs, preci
 
         raise InputError("kv_cache=inplace rewrites the fused attention's cache: it needs fusion (drop --no-fusion)")
     if fuse_graph:
-        mod, report = fuse(mod, remove_padding)
+        mod, report = fuse(drop_crops_within_capacity(mod, kv_cache), remove_padding)
     mod, kv_report = apply_kv_cache(mod, kv_cache)
     mod, precision_report = apply_precision(mod, precision, target, calibration)
     if report is not None:
