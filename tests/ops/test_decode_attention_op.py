@@ -8,8 +8,10 @@ import pytest
 import tvm
 from tvm import relax, s_tir
 
+from tvm_fusion_ext.compile.codegen.row_prefetch import InsertRowPrefetch
 from tvm_fusion_ext.ops.registry import make_prim_func
-from tvm_fusion_ext.schedules.cpu.decode_attention import DecodeAttentionCPU, decode_attention_cpu
+from tvm_fusion_ext.schedules.cpu.decode_attention import (PREFETCH_KEYS_AHEAD, DecodeAttentionCPU,
+                                                             decode_attention_cpu)
 from tvm_fusion_ext.schedules.registry import get_template
 from tvm_fusion_ext.testing import decode_attention_reference as reference
 from tvm_fusion_ext.testing import past_mask
@@ -25,7 +27,7 @@ def run(arrays, params, knobs=None, out_shape=None):
     func = make_prim_func("fused_attention", _types(arrays), params).with_attr("global_symbol", "main")
     sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
     decode_attention_cpu(sch, sch.get_sblock("dec_out"), TARGET, knobs)
-    lib = tvm.compile(sch.mod, target=TARGET)
+    lib = tvm.compile(InsertRowPrefetch()(sch.mod), target=TARGET)  # as a build compiles it: K/V rows prefetched
     q = arrays["q"]
     out = tvm.runtime.empty(out_shape or (q.shape[0], 1, q.shape[2], arrays["v"].shape[-1]), str(q.dtype), tvm.cpu())
     lib(*[tvm.runtime.tensor(a) for a in arrays.values() if a is not None], out)
@@ -122,6 +124,31 @@ def test_q_k_takes_dot_products_along_the_head_dim_when_the_vector_divides_it(D)
     assert ('T.sblock("dec_kt")' in script) == (D % 8 != 0)  # AVX2: 8 lanes
     assert ("dec_qk_rf" in script) == (D % 8 == 0)
     close(run(a, params), reference(a["q"], a["k"], a["v"], None, params["scale"]))
+
+
+@pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
+@pytest.mark.parametrize("D", [64, 20])
+def test_the_key_loop_prefetches_k_rows_ahead_and_v_rows_at_their_key(layout, D):
+    """Per key of q·kᵀ: one prefetch per cache line of the K row PREFETCH_KEYS_AHEAD keys on and of the key's V row
+    (read by p·v a little later), whatever the layout; the kernel's result is unchanged (``run`` compiles with the
+    prefetches). A head dim that keeps the K copy has no such loop."""
+    B, H, HKV, P = 2, 8, 2, 200
+    a = inputs(B, H, HKV, P, D, seed=3)
+    params = {"scale": float(D ** -0.5), "split_blocks": 2}
+    if layout == "BHSD":
+        a = dict(a, k=np.ascontiguousarray(a["k"].transpose(0, 2, 1, 3)),
+                 v=np.ascontiguousarray(a["v"].transpose(0, 2, 1, 3)))
+        params.update(k_layout="BHSD", v_layout="BHSD")
+    func = make_prim_func("fused_attention", _types(a), params).with_attr("global_symbol", "main")
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
+    decode_attention_cpu(sch, sch.get_sblock("dec_out"), TARGET)
+    script = InsertRowPrefetch()(sch.mod).script()
+    lines = D * 4 // 64
+    assert script.count("T.prefetch(") == (2 * lines if D % 8 == 0 else 0), script
+    if D % 8 == 0:
+        assert script.count(f"+ {PREFETCH_KEYS_AHEAD}") >= lines, "K rows are not prefetched ahead"
+    k, v = (a[n] if layout == "BSHD" else a[n].transpose(0, 2, 1, 3) for n in ("k", "v"))
+    close(run(a, params), reference(a["q"], k, v, None, params["scale"]))
 
 
 def test_knobs_change_the_schedule_not_the_result():

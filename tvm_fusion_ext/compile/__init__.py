@@ -35,6 +35,7 @@ The stages sit at the top of the package; the passes each stage runs are grouped
 ``variants.short_rows``        ``DispatchShortRows``: short requests' dense row tiles
 **codegen/**                   what ``finalize`` and artifacts add around TVM's code generation
 ``codegen.weight_prefetch``    ``InsertWeightPrefetch``, ``TIR_PIPELINE``: CPU weight prefetch, stacked accumulators
+``codegen.row_prefetch``       ``InsertRowPrefetch``: CPU prefetch of the rows a loop reads next (decode K/V rows)
 ``codegen.shape_reuse``        ``ReuseShapeValues``: each shape value computed once
 ``codegen.shape_functions``    ``ShapeFunctionsNoAlias``: shape functions ``noalias``, so kernels keep theirs
 ``codegen.weights``            ``lift_weights``: large constants lifted out of ``main`` into parameters (artifacts)

@@ -42,9 +42,10 @@ def finalize(mod: tvm.IRModule, target: tvm.target.Target):
     if TargetInfo.of(target).is_cuda:
         return tvm.compile(mod, target, relax_pipeline=finalize_pipeline(target))
     from .codegen.serial_when_small import SerialWhenSmall, serial_when_small_rules
+    from .codegen.row_prefetch import InsertRowPrefetch
     from .codegen.weight_prefetch import TIR_PIPELINE, InsertWeightPrefetch
 
-    mod = InsertWeightPrefetch()(mod)
+    mod = InsertRowPrefetch()(InsertWeightPrefetch()(mod))
     rules = serial_when_small_rules()
     if rules != ():
         mod = SerialWhenSmall(rules)(mod)

@@ -12,10 +12,17 @@ from tvm import s_tir
 #: loop annotation "BUFFER:AHEAD" on a GEMM's k-step loop: each step prefetches its row of the packed weight
 #: panel AHEAD panels on (compile/codegen/weight_prefetch.py inserts the prefetches)
 PREFETCH_KEY = "tfx.prefetch_weight"
+#: loop annotation: rows of named buffers to prefetch ahead of each iteration (compile/codegen/row_prefetch.py)
+ROW_PREFETCH_KEY = "tfx.prefetch_rows"
 
 
 def prefetch_annotation(buffer_name: str, panels_ahead: int) -> str:
     return f"{buffer_name}:{int(panels_ahead)}"
+
+
+def row_prefetch_annotation(rows) -> str:
+    """The :data:`ROW_PREFETCH_KEY` value for ``[(buffer name, rows ahead), ...]``."""
+    return ",".join(f"{name}+{int(ahead)}" for name, ahead in rows)
 
 
 def inline_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
