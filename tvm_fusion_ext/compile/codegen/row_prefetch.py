@@ -18,7 +18,6 @@ accumulators stay in registers.
 
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Tuple
 
 import tvm
@@ -27,9 +26,8 @@ from tvm import s_tir, tirx
 
 from ...schedules.common import ROW_PREFETCH_KEY
 from ...tir_nodes import collect, substitute
+from .weight_prefetch import LINE_BYTES, annotated_loop_pass
 
-#: bytes per cache line on every x86-64 and Arm64 host we target
-LINE_BYTES = 64
 #: ``llvm.prefetch`` locality 3: into L1, the row is read a few iterations later
 LOCALITY_L1 = 3
 
@@ -80,31 +78,12 @@ def _prefetches(loop: tirx.For, buffers: Dict[str, tirx.Buffer]) -> List[tirx.St
 
 def InsertRowPrefetch() -> tvm.transform.Pass:  # noqa: N802
     """Module pass: every loop annotated with :data:`ROW_PREFETCH_KEY` gets its prefetches (see the module doc)."""
+    return annotated_loop_pass("tfx.InsertRowPrefetch", ROW_PREFETCH_KEY,
+                               lambda loop, func: _prefetches(loop, _buffers_read(func)))
 
-    @tvm.transform.module_pass(opt_level=0, name="tfx.InsertRowPrefetch")
-    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        out = None
-        for gv, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc):
-                continue
-            buffers = {}
-            for load in collect(func.body, tvm.ir.expr.TensorLoad):
-                buffers.setdefault(str(load.source.name), load.source)
 
-            def rewrite(stmt):
-                if not (isinstance(stmt, tirx.For) and stmt.annotations is not None
-                        and ROW_PREFETCH_KEY in stmt.annotations):
-                    return stmt
-                annotations = {k: v for k, v in stmt.annotations.items() if k != ROW_PREFETCH_KEY}
-                prefetches = _prefetches(stmt, buffers)
-                body = tirx.SeqStmt(prefetches + [stmt.body]) if prefetches else stmt.body
-                return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
-                                annotations, stmt.step, stmt.span)
-
-            body = tvm_ffi.structural_map(func.body, (tirx.For, rewrite))
-            if not body.same_as(func.body):
-                out = out if out is not None else mod.clone()
-                out[gv] = func.with_body(body)
-        return out if out is not None else mod
-
-    return _pass
+def _buffers_read(func: tirx.PrimFunc) -> Dict[str, tirx.Buffer]:
+    buffers: Dict[str, tirx.Buffer] = {}
+    for load in collect(func.body, tvm.ir.expr.TensorLoad):
+        buffers.setdefault(str(load.source.name), load.source)
+    return buffers

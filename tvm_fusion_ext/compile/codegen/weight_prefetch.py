@@ -73,14 +73,33 @@ def _prefetches(loop: tirx.For) -> List[tirx.Stmt]:
     return []
 
 
-def _rewrite(stmt):
-    if not (isinstance(stmt, tirx.For) and stmt.annotations is not None and PREFETCH_KEY in stmt.annotations):
-        return stmt
-    annotations = {k: v for k, v in stmt.annotations.items() if k != PREFETCH_KEY}
-    prefetches = _prefetches(stmt)
-    body = tirx.SeqStmt(prefetches + [stmt.body]) if prefetches else stmt.body
-    return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, annotations,
-                    stmt.step, stmt.span)
+def annotated_loop_pass(name: str, key: str, prefix) -> tvm.transform.Pass:
+    """Module pass: every loop annotated with ``key`` gets ``prefix(loop, func)`` (statements) at the top of its
+    body, and loses the annotation. The prefetch passes' common walk."""
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        out = None
+        for gv, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+
+            def rewrite(stmt, func=func):
+                if not (isinstance(stmt, tirx.For) and stmt.annotations is not None and key in stmt.annotations):
+                    return stmt
+                annotations = {k: v for k, v in stmt.annotations.items() if k != key}
+                stmts = prefix(stmt, func)
+                body = tirx.SeqStmt(stmts + [stmt.body]) if stmts else stmt.body
+                return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
+                                annotations, stmt.step, stmt.span)
+
+            body = tvm_ffi.structural_map(func.body, (tirx.For, rewrite))
+            if not body.same_as(func.body):
+                out = out if out is not None else mod.clone()
+                out[gv] = func.with_body(body)
+        return out if out is not None else mod
+
+    return _pass
 
 
 #: accumulator tiles up to this size stay on the stack (TVM puts every "local" buffer in a workspace otherwise)
@@ -128,17 +147,4 @@ tvm.tirx.register_tir_pipeline(TIR_PIPELINE, _tfx_pipeline)
 
 def InsertWeightPrefetch() -> tvm.transform.Pass:  # noqa: N802
     """Module pass: every loop annotated with :data:`PREFETCH_KEY` gets its prefetches (see the module doc)."""
-
-    @tvm.transform.module_pass(opt_level=0, name="tfx.InsertWeightPrefetch")
-    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        out = None
-        for gv, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc):
-                continue
-            body = tvm_ffi.structural_map(func.body, (tirx.For, _rewrite))
-            if not body.same_as(func.body):
-                out = out if out is not None else mod.clone()
-                out[gv] = func.with_body(body)
-        return out if out is not None else mod
-
-    return _pass
+    return annotated_loop_pass("tfx.InsertWeightPrefetch", PREFETCH_KEY, lambda loop, _func: _prefetches(loop))
