@@ -7,9 +7,9 @@ on L3 or DRAM. Measured on the 2-core Zen 3 VM with the q·kᵀ loop alone in C 
 rows 16 ahead; a cache that fits L2 gained nothing.
 
 Contract with the templates: the loop over a kernel's rows is annotated :data:`ROW_PREFETCH_KEY` =
-``"NAME+AHEAD,..."`` (``"k+16,v+0"``). NAME is the buffer that loop's block reads one row per iteration (the first
-NAME; later ones name buffers the kernel reads, of the same shape, read with the same indices: V beside K); AHEAD how many rows
-on. A row is the buffer's last dim (a head's elements, whatever the layout).
+``"NAME+AHEAD,..."`` (``"k+16,v+0"``). The first NAME is the buffer that loop's block reads one row per iteration;
+later ones name other buffers the kernel reads, of the same shape, prefetched at the same indices (V beside K).
+AHEAD is how many rows on. A row is the buffer's last dim (a head's elements, whatever the layout).
 :func:`InsertRowPrefetch`, on the scheduled module before lowering, puts at the top of that loop one
 ``llvm.prefetch`` (into L1) per cache line of each named row. ``llvm.prefetch`` never faults, so a look past the
 end of a buffer is harmless; the loop's inner loops (the row's elements, the vector lanes) hold no call, so their
