@@ -231,20 +231,26 @@ def test_a_past_read_by_something_else_is_refused():
         apply_kv_cache(_module(main), "inplace")
 
 
-def test_a_sliding_window_cache_is_refused_naming_the_window():
-    """Mistral's and Gemma2's exports crop the past to the window's last positions before the new keys join it:
-    a buffer written in place cannot drop positions, so the build says so and what to compile instead."""
+def _sliding_window(capacity: int) -> tvm.IRModule:
+    """A Mistral-style cache: the past cropped to its last 7 positions, joined by the new rows, the present cropped
+    the same way; the past bounded by ``capacity``."""
     @R.function
     def main(past_key: R.Tensor(("b", 2, "p", 8), "float32"), new: R.Tensor(("b", 2, "s", 8), "float32")):
-        R.func_attr({"tir_var_upper_bound": {"p": 64}})
         with R.dataflow():
             kept = R.strided_slice(past_key, [2], [-7], [9223372036854775807])
-            present = R.concat((kept, new), axis=2)
+            joined = R.concat((kept, new), axis=2)
+            present = R.strided_slice(joined, [2], [-7], [9223372036854775807])
             R.output(present)
         return present
 
+    return _module(main.with_attr("tir_var_upper_bound", {"p": capacity}))
+
+
+def test_a_sliding_window_cache_is_refused_naming_the_window():
+    """Mistral's and Gemma2's exports crop the past to the window's last positions before the new keys join it:
+    a buffer written in place cannot drop positions, so the build says so and what to compile instead."""
     with pytest.raises(InputError) as info:
-        apply_kv_cache(_module(main), "inplace")
+        apply_kv_cache(drop_crops_within_capacity(_sliding_window(64), "inplace"), "inplace")
     text = str(info.value)
     assert "cropped to its last 7 positions" in text and "capacity of 64" in text, text
     assert "--kv-cache concat" in text and "at most 7 positions" in text and "\n" not in text, text
@@ -255,22 +261,11 @@ def test_a_sliding_window_no_shorter_than_the_capacity_writes_in_place():
     window under a 2048-position cache): the crops of the past and of the present go, the new rows are written
     into the buffer, and its filled prefix equals the exported concatenation. The same crop under a larger
     capacity stays, and is refused."""
-    @R.function
-    def main(past_key: R.Tensor(("b", 2, "p", 8), "float32"), new: R.Tensor(("b", 2, "s", 8), "float32")):
-        R.func_attr({"tir_var_upper_bound": {"p": 7}})
-        with R.dataflow():
-            kept = R.strided_slice(past_key, [2], [-7], [9223372036854775807])
-            joined = R.concat((kept, new), axis=2)
-            present = R.strided_slice(joined, [2], [-7], [9223372036854775807])
-            R.output(present)
-        return present
-
-    mod = _module(main)
+    mod = _sliding_window(7)
     assert drop_crops_within_capacity(mod, "concat").same_as(mod)
     with pytest.raises(InputError, match="fewer than the capacity of 64"):
-        apply_kv_cache(drop_crops_within_capacity(_module(main.with_attr("tir_var_upper_bound", {"p": 64})),
-                                                  "inplace"), "inplace")
-    out, report = apply_kv_cache(drop_crops_within_capacity(_module(main), "inplace"), "inplace")
+        apply_kv_cache(drop_crops_within_capacity(_sliding_window(64), "inplace"), "inplace")
+    out, report = apply_kv_cache(drop_crops_within_capacity(mod, "inplace"), "inplace")
     assert report.capacity == 7 and "strided_slice" not in out.script() and "call_tir_inplace" in out.script()
     ex = tvm.compile(out, target="llvm")
     vm = tvm.relax.VirtualMachine(ex, tvm.cpu())

@@ -134,9 +134,8 @@ class _CropDropper(relax.PyExprMutator):
             self.set_var_remap(binding.var, self.visit_expr(value.args[0]))
             self.cached.add(binding.var)
             return
-        if (isinstance(value, relax.Call) and value.op == _CONCAT and isinstance(value.args[0], relax.Tuple)
-                and value.attrs.axis is not None and int(value.attrs.axis) in (2, -2)
-                and value.args[0].fields and value.args[0].fields[0] in self.cached):
+        joined = _joined(value)  # with new rows, or alone (an exporter's one-input Concat)
+        if joined is not None and joined[2] in (2, -2) and joined[0] in self.cached:
             self.cached.add(binding.var)
         super().visit_var_binding_(binding)
 
@@ -221,20 +220,18 @@ def _concats(mod, func: relax.Function, past: set, names: Dict[relax.Var, str],
         return [expr] if isinstance(expr, relax.Var) else list(relax.analysis.free_vars(expr))
 
     for b in bindings:
-        value = b.value
-        if (isinstance(value, relax.Call) and value.op == _CONCAT and isinstance(value.args[0], relax.Tuple)
-                and len(value.args[0].fields) == 2 and value.args[0].fields[0] in past):
-            axis = int(value.attrs.axis) if value.attrs.axis is not None else 0
+        joined = _joined(b.value)
+        if joined is not None and len(joined[1]) == 1 and joined[0] in past:
+            cached, (new,), axis = joined
             if axis not in (2, -2):
-                _refuse(f"past input '{names[value.args[0].fields[0]]}' is concatenated along axis {axis}, not the "
-                        f"sequence axis")
-            if value.args[0].fields[0] in {p for p, _ in concats.values()}:
-                _refuse(f"past input '{names[value.args[0].fields[0]]}' is concatenated twice")
-            concats[b.var] = (value.args[0].fields[0], value.args[0].fields[1])
-            for v in reads(value.args[0].fields[1]):
+                _refuse(f"past input '{names[cached]}' is concatenated along axis {axis}, not the sequence axis")
+            if cached in {p for p, _ in concats.values()}:
+                _refuse(f"past input '{names[cached]}' is concatenated twice")
+            concats[b.var] = (cached, new)
+            for v in reads(new):
                 uses.setdefault(v, []).append(b)
             continue
-        for v in reads(value):
+        for v in reads(b.value):
             uses.setdefault(v, []).append(b)
     for v in relax.analysis.free_vars(func.body.body) if not isinstance(func.body.body, relax.Var) \
             else [func.body.body]:
@@ -260,6 +257,15 @@ def _concats(mod, func: relax.Function, past: set, names: Dict[relax.Var, str],
                 _refuse(f"the concatenation of past input '{names[concats[var][0]]}' is read by {_what(user)}, "
                         f"not only by the attention and the outputs")
     return concats
+
+
+def _joined(value):
+    """``(first, [the others], axis)`` when ``value`` is a concatenation, else None."""
+    if not (isinstance(value, relax.Call) and value.op == _CONCAT and isinstance(value.args[0], relax.Tuple)
+            and value.args[0].fields):
+        return None
+    first, *others = value.args[0].fields
+    return first, others, int(value.attrs.axis) if value.attrs.axis is not None else 0
 
 
 def _output_vars(func, bindings) -> set:
