@@ -117,3 +117,31 @@ def test_kv_cache_family_fuses_and_matches_ort(export_dir, run_ort, kind, export
         with pytest.raises(InputError) as info:
             compiled.run(feeds)
         assert "\n" not in str(info.value) and "do not fit together" in str(info.value), info.value
+
+
+@pytest.mark.slow
+def test_a_dynamo_export_with_a_window_wider_than_the_capacity_runs_in_place(export_dir, run_ort):
+    """torch's dynamo exporter names each past's length apart when a window's crop hides that they are equal; the
+    in-place build defines them all by ``past_length``, drops the crops (the window, 64, keeps more than the
+    capacity, 32) and matches ONNX Runtime's logits from an empty past to a full buffer."""
+    from tvm_fusion_ext.compile.artifact import compile_artifact
+    from tvm_fusion_ext.deploy import load
+
+    FAMILIES["mistral-wide"] = (*FAMILIES["mistral"][:2], dict(FAMILIES["mistral"][2], sliding_window=64))
+    path = _export("mistral-wide", "dynamo", export_dir / "mistral-wide-kv-dynamo.onnx")
+    pasts = [i for i in load_onnx(path)["main"].params if "past" in i.name]
+    assert len({str(p.ty.shape.values[2]) for p in pasts}) > 1, "the export no longer names the pasts apart"
+    out = export_dir / "mistral-wide-inplace"
+    compile_artifact(path, str(out), target={"kind": "llvm", "num-cores": 2}, kv_cache="inplace",
+                     max_shapes={"past_key_values.*": [2, 2, 32, 16], "attention_mask": [2, 33]})
+    artifact = load(str(out))
+    for batch, new, past in ((2, 5, 0), (2, 1, 5), (1, 3, 20), (2, 1, 31)):
+        feeds = _feeds(batch, new, past, seed=past)
+        want = run_ort(path, feeds)
+        buffers = {n: np.zeros((batch, 2, 32, 16), np.float32) for n in NAMES[3:]}
+        for n in NAMES[3:]:
+            buffers[n][:, :, :past] = feeds[n]
+        got = artifact.run({**{k: feeds[k] for k in NAMES[:3]}, **buffers, "past_length": np.array([past], np.int64)})
+        valid = feeds["attention_mask"][:, past:] == 1
+        np.testing.assert_allclose(got["logits"][valid], want[0][valid], rtol=1e-4, atol=1e-4,
+                                   err_msg=f"{new} new, past {past}")

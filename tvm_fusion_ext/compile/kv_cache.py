@@ -92,19 +92,48 @@ def apply_kv_cache(mod: tvm.IRModule, mode: str):
 
 
 def drop_crops_within_capacity(mod: tvm.IRModule, mode: str) -> tvm.IRModule:
-    """For ``inplace``, before fusion: each crop of a past, or of its concatenation with the new keys/values, to
+    """For ``inplace``, before fusion: the pasts the new keys/values join get one length variable (the one
+    ``past_length`` will define), and each crop of a past, or of its concatenation with the new keys/values, to
     last positions at least as many as the capacity is replaced by what it crops (it never drops a position)."""
     if check_kv_cache(mode) != "inplace" or "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         return mod
     func = mod["main"]
     bounds = func.attrs.get("tir_var_upper_bound") if func.attrs else None
-    past = {p for p, _ in _past_inputs(func)[2]}
-    dims = {p.ty.shape.values[2] for p in past if isinstance(p.ty, relax.TensorType) and p.ty.shape is not None
-            and len(p.ty.shape.values) == 4}
-    if len(dims) != 1 or bounds is None or str(next(iter(dims))) not in bounds:
-        return mod  # _inplace refuses it, naming why
-    dim = dims.pop()
-    return _CropDropper(mod, past, dim, int(bounds[str(dim)])).run()
+    past = [p for p, _ in _past_inputs(func)[2]]
+    dims = []
+    for p in _joined_pasts(func, past):
+        shape = p.ty.shape.values if isinstance(p.ty, relax.TensorType) and p.ty.shape is not None else None
+        if shape is None or len(shape) != 4 or not isinstance(shape[2], tirx.Var):
+            return mod  # _inplace refuses it, naming why
+        if not any(shape[2].same_as(d) for d in dims):
+            dims.append(shape[2])
+    if not dims or bounds is None or str(dims[0]) not in bounds:
+        return mod
+    if len(dims) > 1:
+        # torch's dynamo exporter names the pasts' lengths alike only when the graph shows them equal, which a
+        # crop hides; one past_length defines every past the new rows join, so they are one variable here
+        gv = mod.get_global_var("main")
+        mod = mod.clone()
+        mod[gv] = func = func.bind_symbolic_vars({d: dims[0] for d in dims[1:]})
+        past = [p for p, _ in _past_inputs(func)[2]]
+    return _CropDropper(mod, set(past), dims[0], int(bounds[str(dims[0])])).run()
+
+
+def _joined_pasts(func: relax.Function, past: list) -> list:
+    """The pasts the new rows are concatenated to along the sequence axis (directly, or after a crop or a
+    one-input concatenation): a self-attention cache, not a cross-attention one passed through."""
+    source = {p: p for p in past}
+    joined = set()
+    for b in (b for block in func.body.blocks for b in block.bindings):
+        cat = _joined(b.value)
+        if _kept_positions(b) is not None and b.value.args[0] in source:
+            source[b.var] = source[b.value.args[0]]
+        elif cat is not None and cat[2] in (2, -2) and cat[0] in source:
+            if cat[1]:
+                joined.add(source[cat[0]])
+            else:
+                source[b.var] = source[cat[0]]
+    return [p for p in past if p in joined]
 
 
 @relax.expr_functor.mutator
