@@ -126,6 +126,25 @@ def test_q_k_takes_dot_products_along_the_head_dim_when_the_vector_divides_it(D)
     close(run(a, params), reference(a["q"], a["k"], a["v"], None, params["scale"]))
 
 
+@pytest.mark.parametrize("key_block", [8, 64])
+def test_the_row_max_and_row_sum_reduce_in_vector_partials(key_block):
+    """A key block's row max and row sum run as vector partials over its keys and a short tail per query head (a
+    plain reduction is a scalar chain with a select and a mask load per key); the last block's padding keys and a
+    left-padded past still give numpy's result."""
+    B, H, HKV, P, D = 2, 8, 2, 77, 64
+    mask = past_mask(B, P, pad=(0, P), left=True)  # the second sequence has no past
+    a = inputs(B, H, HKV, P, D, seed=key_block, mask=mask)
+    params = {"scale": 0.125, "split_blocks": 2, "key_block": key_block}
+    func = make_prim_func("fused_attention", _types(a), params).with_attr("global_symbol", "main")
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
+    decode_attention_cpu(sch, sch.get_sblock("dec_out"), TARGET)
+    script = sch.mod.script()
+    for partials in ("dec_bmax_rf_update", "dec_bsum_rf_update"):
+        body = script.split(f'T.sblock("{partials}")')[0].rsplit("for ", 1)[1]
+        assert body.startswith(("ax0 in T.vectorized(8)", "ax0 in T.vectorized(T.int64(8))")), body
+    close(run(a, params), reference(a["q"], a["k"], a["v"], mask, 0.125))
+
+
 @pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
 @pytest.mark.parametrize("D", [64, 20])
 def test_the_key_loop_prefetches_k_rows_ahead_and_v_rows_at_their_key(layout, D):

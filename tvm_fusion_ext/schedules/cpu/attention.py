@@ -89,7 +89,8 @@ def _rfactor_row_reduce(sch, blk, lanes):
     """
     r = sch.get_loops(blk)[-1]
     _, r1 = sch.split(r, [None, min(lanes, int(sch.get(r).extent))])  # key blocks are powers of two ≥ 8
-    return sch.rfactor(r1, 4)  # partials indexed [b, h, i, key block, lane]: lanes contiguous
+    # partials indexed [<the reduction's output index>, lane] (prefill: [b, h, i, key block, lane]): lanes contiguous
+    return sch.rfactor(r1, len(sch.get(blk).writes[0].region))
 
 
 def _vectorize_partials(sch, rf):
