@@ -70,6 +70,26 @@ def test_packed_dense_prefetches_the_next_panel(rows):
     assert "prefetcht1" in asm
 
 
+@pytest.mark.parametrize("op", ["fused_dense", "fused_gated_dense"])
+def test_one_and_two_row_branches_stream_without_the_next_task_prefetch(op):
+    """A call of one or two rows (a decode step) reads each panel once and the hardware prefetchers keep up: its
+    branches of a symbolic kernel carry no prefetch; the branches of wider row tiles keep theirs."""
+    from tvm_fusion_ext.ops.gated_dense import interleave_weights
+
+    w, b = _weights()
+    x = relax.Var("x", relax.TensorType([tirx.Var("batch", "int64"), tirx.Var("seq", "int64"), K], "float32"))
+    inputs = {"x": x, "w": relax.const(w), "bias": relax.const(b)} if op == "fused_dense" else \
+        {"x": x, "w": relax.const(interleave_weights(w, w)), "bias": None}
+    mod = build_module([x], lambda bb: bb.emit(call_op(bb, op, inputs, {"act": "gelu"})))
+    kernel = next(s for s in _kernel_scripts(InsertWeightPrefetch()(_scheduled(mod, resolve_target(TARGET))))
+                  if op in s)
+    one_row, rest = kernel.split("if batch * seq <= T.int64(2):")
+    two_rows, wider = rest.split("if batch * seq <= T.int64(4):")
+    assert "if batch * seq <= T.int64(1):" in one_row
+    assert "T.prefetch" not in one_row and "T.prefetch" not in two_rows
+    assert "T.prefetch" in wider
+
+
 @pytest.mark.parametrize("seq", [1, 5, 24, 40])
 def test_prefetching_kernel_matches_numpy(seq):
     """The last task's prefetch looks past the end of W: harmless, and the result is the dense layer's."""

@@ -352,7 +352,7 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         else:
             par, tile = j0, i0
             sch.reorder(j0, i0, k0, k1, i1, j1, *kk)
-        prefetch_next_task(sch, block, k1, group)
+        prefetch_next_task(sch, block, k1, group, row_block)
         epilogue = _write_back_real_rows(sch, block, tile, idx_dtype)
         # LoopPartition then separates the full row tiles from the last one: a predicate in the write-back
         # keeps LLVM from vectorising the epilogue (GELU costs ~40 flops per element)
@@ -391,10 +391,22 @@ def side_by_side_panels(row_block: int, group: int, vectors_per_panel: int = 2) 
     return side
 
 
-def prefetch_next_task(sch: s_tir.Schedule, block, k_steps, panels_ahead: int) -> None:
+#: row tiles this thin (a decode step's one or two rows per call) stream their weights without the next task's
+#: prefetch: see :func:`prefetch_next_task`
+STREAMING_ROW_BLOCK = 2
+
+
+def prefetch_next_task(sch: s_tir.Schedule, block, k_steps, panels_ahead: int, row_block=None) -> None:
     """Each k step prefetches its row of the panel this thread's next task reads (``panels_ahead`` panels on), so
     that task does not wait on DRAM for its first row tile (compile/codegen/weight_prefetch.py). Packed weights only: a
-    plain (K, N) weight's next columns are not the next bytes."""
+    plain (K, N) weight's next columns are not the next bytes.
+
+    Not for row tiles of at most :data:`STREAMING_ROW_BLOCK` rows (``row_block``): such a kernel reads each panel once,
+    a few FMAs per byte, and the hardware's stream prefetchers keep up with it; a software prefetch only adds a
+    stream per task. LLaMA-1024's dense and gated dense kernels alone, weights cold, calls of the two builds
+    interleaved (2-core Zen 3 VM): without it 1-14 % faster at one and two rows, with it 8-12 % faster at four."""
+    if row_block is not None and int(row_block) <= STREAMING_ROW_BLOCK:
+        return
     if op_params(sch).get("w_layout") == "packed":
         sch.annotate(k_steps, PREFETCH_KEY, prefetch_annotation(sch.get(block).reads[1].source.name, panels_ahead))
 

@@ -114,7 +114,7 @@ def gated_dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target:
     else:
         sch.reorder(k0, k1, a_rows, a_cols, a_half)
     # this thread's next task: the next group of panels (symbolic rows) or the next panel
-    prefetch_next_task(sch, block, k1, group if row_block is not None else 1)
+    prefetch_next_task(sch, block, k1, group if row_block is not None else 1, row_block)
     sch.parallel(par)  # before decompose_reduction, which leaves a block the parallel check refuses
     lanes = sch.fuse(a_cols, a_half)  # gate and up of nr columns: one contiguous 2·nr panel row
     sch.unroll(a_rows)
