@@ -13,7 +13,7 @@ from tvm_fusion_ext.compile.pipeline import compile_model, prepare
 from tvm_fusion_ext.compile.schedule import schedule
 from tvm_fusion_ext.compile.variants import decode
 from tvm_fusion_ext.ops import call_op
-from tvm_fusion_ext.ops.decode_attention import DEFAULT_SPLIT_BLOCKS
+from tvm_fusion_ext.ops.decode_attention import DECODE_KEY_BLOCK, DEFAULT_SPLIT_BLOCKS
 from tvm_fusion_ext.ops.registry import make_prim_func, params_of
 from tvm_fusion_ext.schedules.cpu.decode_attention import decode_attention_cpu
 from tvm_fusion_ext.targets import resolve_target
@@ -104,7 +104,8 @@ def test_one_row_requests_branch_to_the_decode_kernel_before_every_other_branch(
 
 def test_static_one_row_attention_takes_the_decode_form():
     one_row = _kernel(prepare(_module({"scale": 0.125}, rows=1), TARGET, fuse_graph=False)[0])
-    assert params_of(one_row)["split_blocks"] == DEFAULT_SPLIT_BLOCKS and params_of(one_row)["key_block"] == 64
+    assert params_of(one_row)["split_blocks"] == DEFAULT_SPLIT_BLOCKS
+    assert params_of(one_row)["key_block"] == DECODE_KEY_BLOCK  # symbolic keys
     static_keys = _kernel(prepare(_module({"scale": 0.125}, rows=1, keys=20), TARGET, fuse_graph=False)[0])
     assert params_of(static_keys)["key_block"] == 32  # a short static cache: a block that covers it
     two_rows = _kernel(prepare(_module({"scale": 0.125}, rows=2), TARGET, fuse_graph=False)[0])

@@ -54,7 +54,8 @@ def test_template_is_registered():
     (2, 4, 4, 0, 64, 4),       # no past: the new key alone
     (1, 16, 4, 1, 64, 4),
     (2, 8, 1, 7, 128, 1),      # MQA: eight query heads on one K/V head
-    (1, 16, 4, 129, 64, 1),    # 130 keys: three key blocks, three splits, the last one key long
+    (1, 16, 4, 129, 64, 1),    # 130 keys: two 128-key blocks, two splits, the last two keys long
+    (1, 16, 4, 300, 64, 2),    # 301 keys: three blocks, two splits, the last one block long
     (3, 8, 8, 129, 128, 2),
     (1, 32, 4, 1000, 64, 4),   # GQA 8: four splits
     (1, 4, 1, 1000, 128, 2),
@@ -173,7 +174,7 @@ def test_the_key_loop_prefetches_k_rows_ahead_and_v_rows_at_their_key(layout, D)
 def test_knobs_change_the_schedule_not_the_result():
     a = inputs(1, 16, 4, 300, 64, seed=11)
     want = reference(a["q"], a["k"], a["v"], None, 0.125)
-    knobs = {"qk_rows": 1, "pv_rows": 0, "unroll": 0, "qk_vec": [8, 8], "pv_vec": [16, 4], "p_vec": [2, 32]}
+    knobs = {"qk_rows": 1, "pv_rows": 0, "unroll": 0, "qk_vec": [8, 8], "pv_vec": [16, 4], "p_vec": [4, 32]}
     close(run(a, {"scale": 0.125, "split_blocks": 2}, knobs), want)
 
 
