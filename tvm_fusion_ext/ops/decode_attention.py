@@ -39,14 +39,14 @@ ACC = "float32"
 #: row max and sum, the fold into the split's state) spreads over many keys; a one-token cache computes the rest
 #: of its block as masked padding (a few microseconds)
 DECODE_KEY_BLOCK = 128
-#: key blocks per split by default: 256 keys per task (a cache of 512 keys gives 3 splits per K/V head). The last
-#: split computes its padding blocks too (masked), so long splits waste up to split_blocks - 1 blocks and leave
-#: fewer tasks for the cores at batch 1; short ones add partials to combine and per-task work. LLaMA-1024's 16
-#: heads on 4 K/V heads, d 64, the kernel alone, calls interleaved, 2-core Zen 3 VM, ms at (batch, past) = (1, 511)
-#: / (4, 511) / (1, 2047) / (4, 2047): 64-key blocks, 2 per split 0.110 / 0.367 / 0.374 / 1.497; 128-key blocks,
-#: 1 per split 0.101 / 0.330 / 0.343 / 1.433, 2 per split 0.102 / 0.332 / 0.338 / 1.330, 4 per split 0.099 /
-#: 0.311 / 0.325 / 1.226; 256-key blocks, 2 per split 0.100 / 0.300 / 0.301 / 1.230. Two 128-key blocks keep
-#: eight tasks for a batch-1 step over 512 cached keys of 4 K/V heads, for hosts with more cores than these
+#: key blocks per split by default: 256 keys per task (512 keys, a past of 511 and the new one, make 2 splits per
+#: K/V head). The last split computes its padding blocks too (masked), so long splits waste up to split_blocks - 1
+#: blocks and leave fewer tasks for the cores at batch 1; short ones add partials to combine and per-task work.
+#: LLaMA-1024's 16 heads on 4 K/V heads, d 64, the kernel alone, calls interleaved, 2-core Zen 3 VM, ms at (batch,
+#: past) = (1, 511) / (4, 511) / (1, 2047) / (4, 2047): 64-key blocks, 2 per split 0.110 / 0.367 / 0.374 / 1.497;
+#: 128-key blocks, 1 per split 0.101 / 0.330 / 0.343 / 1.433, 2 per split 0.102 / 0.332 / 0.338 / 1.330, 4 per
+#: split 0.099 / 0.311 / 0.325 / 1.226; 256-key blocks, 2 per split 0.100 / 0.300 / 0.301 / 1.230. Two 128-key
+#: blocks keep eight tasks for a batch-1 step over 512 keys of 4 K/V heads, for hosts with more cores than these
 DEFAULT_SPLIT_BLOCKS = 2
 
 
