@@ -70,7 +70,8 @@ def _group_kernel(sch, block, rows_knob, vec_knob, lanes, knobs):
 
 
 def _vectorize_row_partials(sch, partials):
-    # under the key block, the partials' loops come in block-var order: (..., group row, lane, key)
+    # under the key block, the partials' loops come in block-var order: (lane, b, kv head, split, block, group row,
+    # key); each group row's keys then run over whole vectors of lanes
     lane, *_, rows, keys = sch.get_loops(partials)[-7:]
     sch.reorder(rows, keys, lane)
     sch.vectorize(lane)
