@@ -398,7 +398,8 @@ def _decode_form(q, k, v, mask, q_cos, q_sin, k_cos, k_sin, q_layout, k_layout, 
 
     operands = DecodeOperands(q=lambda b, h, d: q_read(b, h, zero, d), k=k_read,
                               v=lambda b, hk, j, d: _at(v, v_layout, b, hk, j, d, v_head_start),
-                              mask=mask_read if mask is not None else None)
+                              mask=mask_read if mask is not None else None,
+                              mask_per_head=mask is not None and len(mask.shape) >= 3 and _dim(mask.shape[-3]) != 1)
     return decode_attention(operands, B=B, S=S, T=T, H=H, HKV=HKV, D=D, DV=DV, scale=scale, softcap=softcap,
                             causal=causal, out_layout=out_layout, out_dtype=str(q.dtype), key_block=kb,
                             split_blocks=sb, symbolic=symbolic, last_key=last)

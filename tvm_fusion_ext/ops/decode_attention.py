@@ -72,12 +72,14 @@ def decode_params(params: dict, keys, key_block: Optional[int] = None, split_blo
 class DecodeOperands:
     """What the decode form reads, as index functions prepared by ``fused_attention`` (head ranges, rotary
     tables and layouts already applied): ``q(b, h, d)`` at query row 0, ``k(b, hk, j, d)``, ``v(b, hk, j, d)``,
-    ``mask(b, h, j)`` (None without a mask) — each in any dtype; fp32 is taken."""
+    ``mask(b, h, j)`` (None without a mask) — each in any dtype; fp32 is taken. ``mask_per_head``: whether the
+    mask differs between heads (else it is read once per key for all heads)."""
 
     q: Callable
     k: Callable
     v: Callable
     mask: Optional[Callable]
+    mask_per_head: bool = True
 
 
 def decode_attention(ops: DecodeOperands, *, B, S, T, H, HKV, D, DV, scale: float, softcap: float, causal: bool,
@@ -116,24 +118,38 @@ def decode_attention(ops: DecodeOperands, *, B, S, T, H, HKV, D, DV, scale: floa
         qg[b, hk, g, rd] * kt[b, hk, sp, jb, rd, jj], axis=rd),
         name="dec_qk", attrs={"schedule_rule": "None"})
 
+    def visible(sp, jb, jj):
+        j = key(sp, jb, jj)
+        if causal:  # row 0 of S sees keys j <= T - S (all of them when S = 1)
+            return tirx.all(j < T, j <= T - S)
+        return j < T
+
+    # what every head of a key adds to its score, once per key: the mask (when the heads share it) where the key
+    # is visible, -inf where not. A mask read past the cache's end is clamped, which makes the read a gather
+    shared = ops.mask is None or not ops.mask_per_head
+    if shared:
+        bias = te.compute((B, splits, sb, kb), lambda b, sp, jb, jj: tirx.Select(
+            visible(sp, jb, jj), f32(0.0) if ops.mask is None else ops.mask(b, c(0), clamped(sp, jb, jj)).astype(ACC),
+            neg_inf), name="dec_bias", attrs={"schedule_rule": "None"})
+
     def score(b, hk, sp, jb, g, jj):
         s = qk[b, hk, sp, jb, g, jj] * f32(scale)
         if softcap:
             s = f32(softcap) * tirx.tanh(s * f32(1.0 / softcap))
-        if ops.mask is not None:
-            s = s + ops.mask(b, hk * G + g, clamped(sp, jb, jj)).astype(ACC)
-        j = key(sp, jb, jj)
-        visible = j < T
-        if causal:  # row 0 of S sees keys j <= T - S (all of them when S = 1)
-            visible = tirx.all(visible, j <= T - S)
-        return tirx.Select(visible, s, neg_inf)
+        if shared:
+            return s + bias[b, sp, jb, jj]
+        s = s + ops.mask(b, hk * G + g, clamped(sp, jb, jj)).astype(ACC)
+        return tirx.Select(visible(sp, jb, jj), s, neg_inf)
 
+    # the scores once per block: the row max and the exps both read them (a template inlines them where its
+    # threads would compute each score once anyway)
+    scores = te.compute((B, HKV, splits, sb, G, kb), score, name="dec_s", attrs={"schedule_rule": "None"})
     jj1 = te.reduce_axis((0, kb), name="jj1")
-    bmax = te.compute((B, HKV, splits, sb, G), lambda b, hk, sp, jb, g: te.max(score(b, hk, sp, jb, g, jj1), axis=jj1),
+    bmax = te.compute((B, HKV, splits, sb, G), lambda b, hk, sp, jb, g: te.max(scores[b, hk, sp, jb, g, jj1], axis=jj1),
                       name="dec_bmax", attrs={"schedule_rule": "None"})
 
     def prob(b, hk, sp, jb, g, jj):
-        s = score(b, hk, sp, jb, g, jj)
+        s = scores[b, hk, sp, jb, g, jj]
         return tirx.Select(s >= lowest, fast_exp(s - bmax[b, hk, sp, jb, g], bind=False), f32(0.0))
 
     p = te.compute((B, HKV, splits, sb, G, kb), prob, name="dec_p", attrs={"schedule_rule": "None"})

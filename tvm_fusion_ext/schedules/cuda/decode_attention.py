@@ -88,6 +88,9 @@ def _cooperative(sch, loops, heads, lanes):
 
 def decode_attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = None) -> None:
     st = decode_stages(sch, block)
+    for name in ("dec_s", "dec_bias"):  # each lane computes its key's score where the row max and the exps read it
+        if name in st:
+            sch.compute_inline(st.pop(name))
     max_threads = int(target.attrs.get("max_num_threads", 1024) or 1024)
     split = st["dec_split"]
     sb_, sh, ss, sg, sd, rb = sch.get_loops(split)
