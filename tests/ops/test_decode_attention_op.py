@@ -146,6 +146,33 @@ def test_the_row_max_and_row_sum_reduce_in_vector_partials(key_block):
     close(run(a, params), reference(a["q"], a["k"], a["v"], mask, 0.125))
 
 
+@pytest.mark.parametrize("mask_heads", [0, 1, 8])
+def test_each_score_is_computed_once_and_a_shared_mask_is_read_once_per_key(mask_heads):
+    """The scores are a stage of their own (the row max and the exps read them); a mask the heads share (or none)
+    is read once per key for the whole group, a per-head mask per query head. Left-padded and empty pasts, and
+    the last split's padding keys, against numpy."""
+    B, H, HKV, P, D = 2, 8, 2, 150, 64
+    mask = None
+    if mask_heads:
+        mask = past_mask(B, P, pad=(3, P), left=True)  # (B, 1, 1, P + 1); the second sequence has no past
+        mask = np.ascontiguousarray(np.repeat(mask, mask_heads, axis=1))
+        if mask_heads > 1:
+            mask[0, ::2, :, 40:60] = -np.inf  # even heads of the first sequence skip some keys
+    a = inputs(B, H, HKV, P, D, seed=mask_heads, mask=mask)
+    params = {"scale": 0.125, "split_blocks": 2, "key_block": 32}
+    func = make_prim_func("fused_attention", _types(a), params).with_attr("global_symbol", "main")
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
+    decode_attention_cpu(sch, sch.get_sblock("dec_out"), TARGET)
+    script = sch.mod.script()
+    assert 'T.sblock("dec_s")' in script
+    shared = mask_heads <= 1
+    assert ('T.sblock("dec_bias")' in script) == shared
+    if mask is not None:  # the mask is read in one block only: the bias (once per key) or the scores (per head)
+        readers = [blk for blk in script.split("T.sblock(")[1:] if "mask[" in blk.split("T.writes")[0]]
+        assert [r.split('"')[1] for r in readers] == ["dec_bias" if shared else "dec_s"], readers
+    close(run(a, params), reference(a["q"], a["k"], a["v"], mask, 0.125))
+
+
 @pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
 @pytest.mark.parametrize("D", [64, 20])
 def test_the_key_loop_prefetches_k_rows_ahead_and_v_rows_at_their_key(layout, D):

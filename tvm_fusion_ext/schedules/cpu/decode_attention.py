@@ -171,7 +171,7 @@ def decode_attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dic
         _group_kernel(sch, st["dec_qk"], "qk_rows", "qk_vec", lanes, knobs)
     # the scores, and the mask's reads past a clamp (a gather), once per block rather than in both the row max
     # and the exps, for every query head of the group (the kernel alone, LLaMA-1024's heads, 2-core Zen 3 VM, calls
-    # interleaved: 10-20 % faster at batch 1 and 4, past 511 and 2047)
+    # interleaved: 8-20 % faster at batch 1 and 4, past 511 and 2047)
     for name in ("dec_s", "dec_bias"):
         if name in st:
             sch.vectorize(_vector_split(sch, sch.get_loops(st[name])[-1], "s_vec", lanes, knobs, 64)[1])
