@@ -173,6 +173,24 @@ def test_each_score_is_computed_once_and_a_shared_mask_is_read_once_per_key(mask
     close(run(a, params), reference(a["q"], a["k"], a["v"], mask, 0.125))
 
 
+@pytest.mark.parametrize("out_layout", ["BSHD", "BHSD"])
+def test_the_merge_of_the_splits_runs_under_the_output_loop(out_layout):
+    """Two launches of the thread pool: the splits' tasks, then one loop over output rows that merges each row's
+    splits and divides (a one-row call feels every launch); both output layouts against numpy."""
+    B, H, HKV, P, D = 2, 8, 2, 300, 64
+    a = inputs(B, H, HKV, P, D, seed=11, mask=past_mask(B, P, pad=(0, 7), left=True))
+    params = {"scale": 0.125, "split_blocks": 1, "key_block": 64, "out_layout": out_layout}
+    func = make_prim_func("fused_attention", _types(a), params).with_attr("global_symbol", "main")
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
+    decode_attention_cpu(sch, sch.get_sblock("dec_out"), TARGET)
+    script = sch.mod.script()
+    assert script.count("T.parallel(") == 2, script
+    assert script.index('T.sblock("dec_merge_init")') > script.rindex("T.parallel(")
+    got = run(a, params, out_shape=(B, H, 1, D) if out_layout == "BHSD" else None)
+    want = reference(a["q"], a["k"], a["v"], a["mask"], 0.125)
+    close(got.transpose(0, 2, 1, 3) if out_layout == "BHSD" else got, want)
+
+
 @pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
 @pytest.mark.parametrize("D", [64, 20])
 def test_the_key_loop_prefetches_k_rows_ahead_and_v_rows_at_their_key(layout, D):
