@@ -9,6 +9,7 @@ import tvm
 from tvm import relax, s_tir
 
 from tvm_fusion_ext.compile.codegen.row_prefetch import InsertRowPrefetch
+from tvm_fusion_ext.ops.decode_attention import decode_key_block
 from tvm_fusion_ext.ops.registry import make_prim_func
 from tvm_fusion_ext.schedules.cpu.decode_attention import (PREFETCH_KEYS_AHEAD, DecodeAttentionCPU,
                                                              decode_attention_cpu)
@@ -61,8 +62,10 @@ def test_template_is_registered():
     (1, 4, 1, 1000, 128, 2),
 ])
 def test_against_numpy(B, H, HKV, P, D, split_blocks):
+    """Blocks of at most 128 keys, so that short caches span several blocks and splits (one block a split: no
+    fold of blocks)."""
     a = inputs(B, H, HKV, P, D, seed=P + H)
-    params = {"scale": float(D ** -0.5), "split_blocks": split_blocks}
+    params = {"scale": float(D ** -0.5), "split_blocks": split_blocks, "key_block": min(128, decode_key_block(P + 1))}
     close(run(a, params), reference(a["q"], a["k"], a["v"], None, params["scale"]))
 
 
@@ -173,6 +176,23 @@ def test_each_score_is_computed_once_and_a_shared_mask_is_read_once_per_key(mask
     close(run(a, params), reference(a["q"], a["k"], a["v"], mask, 0.125))
 
 
+@pytest.mark.parametrize("split_blocks", [1, 3])
+def test_a_split_of_one_block_takes_its_state_without_a_fold(split_blocks):
+    """One key block a split: its max, sum and output are the split's as they are, with no exponential per query
+    head and head dim (the online fold's rescaling); several blocks fold. Both against numpy, with a left-padded
+    past that leaves whole blocks without a visible key."""
+    B, H, HKV, P, D = 2, 8, 2, 200, 64
+    mask = past_mask(B, P, pad=(0, 150), left=True)
+    a = inputs(B, H, HKV, P, D, seed=split_blocks, mask=mask)
+    params = {"scale": 0.125, "split_blocks": split_blocks, "key_block": 32}
+    func = make_prim_func("fused_attention", _types(a), params).with_attr("global_symbol", "main")
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}), seed=1)
+    decode_attention_cpu(sch, sch.get_sblock("dec_out"), TARGET)
+    fold = sch.mod.script().split('T.sblock("dec_split_update")')[1].split("T.sblock(")[0]
+    assert ("T.floor(" in fold) == (split_blocks > 1), fold  # fast_exp rounds with floor
+    close(run(a, params), reference(a["q"], a["k"], a["v"], mask, 0.125))
+
+
 @pytest.mark.parametrize("out_layout", ["BSHD", "BHSD"])
 def test_the_merge_of_the_splits_runs_under_the_output_loop(out_layout):
     """Two launches of the thread pool: the splits' tasks, then one loop over output rows that merges each row's
@@ -220,7 +240,7 @@ def test_knobs_change_the_schedule_not_the_result():
     a = inputs(1, 16, 4, 300, 64, seed=11)
     want = reference(a["q"], a["k"], a["v"], None, 0.125)
     knobs = {"qk_rows": 1, "pv_rows": 0, "unroll": 0, "qk_vec": [8, 8], "pv_vec": [16, 4], "p_vec": [4, 32]}
-    close(run(a, {"scale": 0.125, "split_blocks": 2}, knobs), want)
+    close(run(a, {"scale": 0.125, "split_blocks": 2, "key_block": 128}, knobs), want)
 
 
 def test_refusals():

@@ -32,22 +32,23 @@ from typing import Callable, Optional
 
 from tvm import te, tirx
 
-from .online_softmax import fast_exp, online_softmax_reducer
+from .online_softmax import fast_exp, online_softmax_reducer, single_triple_reducer
 
 ACC = "float32"
 #: keys per block when the key count is known only at run time: long enough that each block's fixed work (its
-#: row max and sum, the fold into the split's state) spreads over many keys; a one-token cache computes the rest
-#: of its block as masked padding (a few microseconds)
-DECODE_KEY_BLOCK = 128
-#: key blocks per split by default: 256 keys per task (512 keys, a past of 511 and the new one, make 2 splits per
-#: K/V head). The last split computes its padding blocks too (masked), so long splits waste up to split_blocks - 1
-#: blocks and leave fewer tasks for the cores at batch 1; short ones add partials to combine and per-task work.
-#: LLaMA-1024's 16 heads on 4 K/V heads, d 64, the kernel alone, calls interleaved, 2-core Zen 3 VM, ms at (batch,
-#: past) = (1, 511) / (4, 511) / (1, 2047) / (4, 2047): 64-key blocks, 2 per split 0.110 / 0.367 / 0.374 / 1.497;
-#: 128-key blocks, 1 per split 0.101 / 0.330 / 0.343 / 1.433, 2 per split 0.102 / 0.332 / 0.338 / 1.330, 4 per
-#: split 0.099 / 0.311 / 0.325 / 1.226; 256-key blocks, 2 per split 0.100 / 0.300 / 0.301 / 1.230. Two 128-key
-#: blocks keep eight tasks for a batch-1 step over 512 keys of 4 K/V heads, for hosts with more cores than these
-DEFAULT_SPLIT_BLOCKS = 2
+#: row max and sum, per query head) spreads over many keys; a one-token cache computes the rest of its block as
+#: masked padding (a few microseconds)
+DECODE_KEY_BLOCK = 256
+#: key blocks per split by default: one, 256 keys per task (512 keys, a past of 511 and the new one, make 2 splits
+#: per K/V head, eight tasks for a batch-1 step of 4 K/V heads). A split of one block has no fold (whose
+#: rescaling takes an exponential per query head and head dim); longer splits waste up to split_blocks - 1 blocks
+#: of padding in the last split and leave fewer tasks for the cores at batch 1, shorter ones add partials to
+#: combine. LLaMA-1024's 16 heads on 4 K/V heads, d 64, the kernel alone, calls interleaved, 2-core Zen 3 VM, ms
+#: at (batch, past) = (1, 511) / (4, 511) / (1, 2047) / (4, 2047): 128-key blocks, 2 per split 0.104 / 0.349 /
+#: 0.349 / 1.49-2.2; 1 per split 0.098 / 0.335 / 0.319 / 2.17-2.22; 256-key blocks, 1 per split 0.093 / 0.312 /
+#: 0.306 / 1.36-2.08 (a busy hour: batch 4, past 2047 moved between runs; 1.36 against 1.49 in the quietest). Short
+#: pasts too: 0.056 -> 0.052 ms at (1, 0), 0.137 -> 0.122 at (4, 100), 128-key blocks 2 per split -> 256 keys 1
+DEFAULT_SPLIT_BLOCKS = 1
 
 
 def decode_key_block(keys) -> int:
@@ -167,11 +168,14 @@ def decode_attention(ops: DecodeOperands, *, B, S, T, H, HKV, D, DV, scale: floa
         name="dec_bo", attrs={"schedule_rule": "None"})
 
     online = online_softmax_reducer()
+    # a split of one key block takes its block's max, sum and output as they are: the fold's rescaling would take
+    # an exponential per query head and head dim (the reduction over one block stays, for the templates' loops)
+    fold = online if int(split_blocks) > 1 else single_triple_reducer()
     rb = te.reduce_axis((0, sb), name="rb")
     s_max, s_sum, s_out = te.compute(
         (B, HKV, splits, G, DV),
-        lambda b, hk, sp, g, d: online((bmax[b, hk, sp, rb, g], bsum[b, hk, sp, rb, g], bo[b, hk, sp, rb, g, d]),
-                                       axis=rb),
+        lambda b, hk, sp, g, d: fold((bmax[b, hk, sp, rb, g], bsum[b, hk, sp, rb, g], bo[b, hk, sp, rb, g, d]),
+                                     axis=rb),
         name="dec_split", attrs={"schedule_rule": "None"})
     rs = te.reduce_axis((0, splits), name="rs")
     _, m_sum, m_out = te.compute(

@@ -46,8 +46,15 @@ def online_softmax_reducer():
         ey = tirx.Select(x_wins, e, f32(1.0))
         return tirx.max(x[0], y[0]), x[1] * ex + y[1] * ey, x[2] * ex + y[2] * ey
 
-    def identity(t0, t1, t2):
-        # lowest finite, not -inf: exp(-inf - -inf) would be NaN
-        return tirx.min_value(t0), tirx.const(0, t1), tirx.const(0, t2)
+    return te.comm_reducer(combine, _identity, name="online_softmax")
 
-    return te.comm_reducer(combine, identity, name="online_softmax")
+
+def single_triple_reducer():
+    """The fold of a reduction over one triple: that triple as it is. The online fold would give the same (the
+    identity's sum and numerator are 0, and the triple's own factor is 1) after an exponential per element."""
+    return te.comm_reducer(lambda x, y: y, _identity, name="single_triple")
+
+
+def _identity(t0, t1, t2):
+    # lowest finite, not -inf: exp(-inf - -inf) would be NaN
+    return tirx.min_value(t0), tirx.const(0, t1), tirx.const(0, t2)
