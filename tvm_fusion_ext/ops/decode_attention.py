@@ -7,7 +7,7 @@ flash-decoding does:
 
 * cuts the keys into *splits* of ``split_blocks`` key blocks (``key_block`` keys each); per
   (batch, K/V head, split) it folds its blocks into a partial max, sum and unnormalised output with the
-  online softmax of the prefill form (``dec_split``);
+  online softmax of the prefill form (``dec_split``; a split of one block takes its block's state as it is);
 * computes those partials for all ``group = H / Hkv`` query heads of a K/V head together: each K/V row is
   loaded once and used by every query head that shares it;
 * combines the splits with the same online-softmax fold (``dec_merge``), then divides (``dec_out``).

@@ -16,7 +16,7 @@ Shape of the schedule::
             p = exp(s - bmax)                        # keys vectorised
             bsum = row sum                           # vector partials, as the max
             bo = p · v_block                         # head dim vectorised, V rows streamed once
-            fold (bmax, bsum, bo) into the split's state
+            fold (bmax, bsum, bo) into the split's state    # taken as they are when the split is one block
     parallel for (b, row, head):
         merge the head's splits (online softmax)      # head dim vectorised
         out = merged out / merged sum
