@@ -52,7 +52,8 @@ from .attention import ROW_STEPS, UNROLL, _rfactor_row_reduce, _vector_split
 #: ahead alike; outputs bitwise unchanged
 PREFETCH_KEYS_AHEAD = 16
 
-STAGES = ("dec_merge", "dec_split", "dec_bo", "dec_bsum", "dec_p", "dec_bmax", "dec_qk", "dec_kt", "dec_q")
+STAGES = ("dec_merge", "dec_split", "dec_bo", "dec_bsum", "dec_p", "dec_bmax", "dec_s", "dec_qk", "dec_kt",
+          "dec_q")
 
 
 def decode_stages(sch: s_tir.Schedule, out) -> dict:
@@ -175,9 +176,8 @@ def decode_attention_cpu(sch: s_tir.Schedule, block, target, knobs: Optional[dic
     # the scores, and the mask's reads past a clamp (a gather), once per block rather than in both the row max
     # and the exps, for every query head of the group (the kernel alone, LLaMA-1024's heads, 2-core Zen 3 VM, calls
     # interleaved: 8-20 % faster at batch 1 and 4, past 511 and 2047)
-    for name in ("dec_s", "dec_bias"):
-        if name in st:
-            sch.vectorize(_vector_split(sch, sch.get_loops(st[name])[-1], "s_vec", lanes, knobs, 64)[1])
+    for name in ("dec_s", "dec_bias") if "dec_bias" in st else ("dec_s",):
+        sch.vectorize(_vector_split(sch, sch.get_loops(st[name])[-1], "s_vec", lanes, knobs, 64)[1])
     sch.vectorize(_vector_split(sch, sch.get_loops(st["dec_p"])[-1], "p_vec", 2 * lanes, knobs, 64)[1])
     _group_kernel(sch, st["dec_bo"], "pv_rows", "pv_vec", lanes, knobs)
 

@@ -39,8 +39,8 @@ from ..common import categorical
 from ..rule import Knobs, TemplateRule
 from .tensorcore import WARP
 
-STAGES = ("dec_merge", "dec_split", "dec_bo", "dec_bsum", "dec_p", "dec_bmax", "dec_qk", "dec_kt", "dec_vt",
-          "dec_q")
+STAGES = ("dec_merge", "dec_split", "dec_bo", "dec_bsum", "dec_p", "dec_bmax", "dec_s", "dec_qk", "dec_kt",
+          "dec_vt", "dec_q")
 UNROLL = (0, 16, 64)
 #: keys per tile on CUDA: a key per lane of a warp
 CUDA_DECODE_KEY_BLOCK = WARP
@@ -88,9 +88,9 @@ def _cooperative(sch, loops, heads, lanes):
 
 def decode_attention_cuda(sch: s_tir.Schedule, block, target, knobs: Optional[dict] = None) -> None:
     st = decode_stages(sch, block)
-    for name in ("dec_s", "dec_bias"):  # each lane computes its key's score where the row max and the exps read it
-        if name in st:
-            sch.compute_inline(st.pop(name))
+    # each lane computes its key's score where the row max and the exps read it
+    for name in ("dec_s", "dec_bias") if "dec_bias" in st else ("dec_s",):
+        sch.compute_inline(st.pop(name))
     max_threads = int(target.attrs.get("max_num_threads", 1024) or 1024)
     split = st["dec_split"]
     sb_, sh, ss, sg, sd, rb = sch.get_loops(split)
