@@ -1,6 +1,6 @@
 """Symbolic CPU dense kernels branch to 1-, 2- and 4-row-tile variants for requests of a few rows
 (compile/variants/short_rows.py): every branch against numpy at the row counts on both sides of each boundary, for the
-dense and the gated dense, and the kernels the pass must leave alone."""
+dense, the gated dense and the int8 dense, and the kernels the pass must leave alone."""
 
 import warnings
 
@@ -189,3 +189,74 @@ def test_thin_tiles_reading_panels_side_by_side_match_numpy_and_every_row_count(
         first_rows.append(got[0, 0])
     for row in first_rows[1:]:
         np.testing.assert_array_equal(row, first_rows[0])
+
+
+def _int8_module(n=N_WIDE, seed=3):
+    """A ``fused_dense`` over symbolic rows, quantized by the int8 build (``fused_dense_int8``)."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((K, n)) / np.sqrt(K)).astype("float32")
+    b = rng.standard_normal(n).astype("float32")
+    x = relax.Var("x", relax.TensorType([tirx.Var("batch", "int64"), tirx.Var("seq", "int64"), K], "float32"))
+    mod = build_module([x], lambda bb: call_op(bb, "fused_dense", {"x": x, "w": relax.const(w),
+                                                                   "bias": relax.const(b)}, {"act": "relu"}))
+
+    def reference(a):  # per-row u8 activations, per-channel s8 weights, the integer dot product exactly
+        from tvm_fusion_ext.ops.dense_int8 import quantize_weight
+        from tvm_fusion_ext.testing import quantize_rows_reference
+
+        aq, scale, zero = quantize_rows_reference(a)
+        wq, w_scale, _ = quantize_weight(w)
+        return np.maximum((aq - zero) @ wq.astype(np.float64) * scale * w_scale.astype(np.float64) + b, 0)
+    return mod, reference
+
+
+def _needs_avx2():
+    from tvm_fusion_ext.deploy import host
+
+    return pytest.mark.skipif("avx2" not in (host.cpu_flags() or set()),
+                              reason="the int8 kernel runs on AVX2's vpmaddwd (this CPU lacks avx2, /proc/cpuinfo)")
+
+
+@_needs_avx2()
+def test_int8_dense_branches_to_thin_tiles_and_every_branch_matches_numpy(monkeypatch):
+    """A decode step's one row per sequence: the int8 kernel, tiled like the float one, gets the same run-time
+    choice, its thin tiles reading several column panels per k step (one dot-product accumulator per ``lanes``
+    columns). Integer sums are exact, so a row's values do not depend on the tile that computed them."""
+    from tvm_fusion_ext.schedules.cpu import dense
+
+    mod, reference = _int8_module()
+    lowered = prepare(mod, TWO_CORES, fuse_graph=False, precision="int8")[0]
+    kernel = _kernel(schedule(lowered, TWO_CORES), "fused_dense_int8")
+    thinner = [rows for rows in short_rows.SHORT_ROW_BLOCKS if rows < symbolic_mr(TWO_CORES)]
+    assert str(kernel.attrs["tfx.short_row_blocks"]) == ",".join(map(str, thinner))
+    monkeypatch.setattr(dense, "THIN_TILE_ACCUMULATORS", 1)
+    one_panel = _kernel(schedule(lowered, TWO_CORES), "fused_dense_int8").script()
+    monkeypatch.undo()
+    assert kernel.script() != one_panel  # the thin variants read panels side by side
+
+    vm = relax.VirtualMachine(compile_model(mod, TWO_CORES, fuse_graph=False, precision="int8").executable,
+                              tvm.cpu())
+    x = (np.random.default_rng(4).standard_normal((1, 9, K)) + 0.3).astype("float32")
+    first_rows = []
+    for seq in (1, 2, 3, 4, 5, 9):
+        got = vm["main"](tvm.runtime.tensor(np.ascontiguousarray(x[:, :seq]))).numpy()
+        np.testing.assert_allclose(got, reference(x[:, :seq]), rtol=1e-5, atol=1e-4, err_msg=f"{seq} rows")
+        first_rows.append(got[0, 0])
+    for row in first_rows[1:]:
+        np.testing.assert_array_equal(row, first_rows[0])
+
+
+@pytest.mark.parametrize("mcpu,instruction", [("znver4", "vpdpbusd"), ("alderlake", "vpdpbusd"),
+                                              ("x86-64-v3", "vpmaddwd")])
+def test_int8_thin_tiles_compile_for_each_dot_product_instruction(mcpu, instruction, caplog):
+    """Compiled for each CPU class (run nowhere): every thin variant takes the instruction (none dropped)."""
+    target = resolve_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    caplog.set_level("INFO", logger="tvm_fusion_ext.compile.variants.short_rows")
+    mod = _int8_module(n=256)[0]
+    kernel = _kernel(schedule(prepare(mod, target, fuse_graph=False, precision="int8")[0], target),
+                     "fused_dense_int8")
+    thinner = [rows for rows in short_rows.SHORT_ROW_BLOCKS if rows < symbolic_mr(target)]
+    assert str(kernel.attrs["tfx.short_row_blocks"]) == ",".join(map(str, thinner))
+    compiled = compile_model(mod, target, fuse_graph=False, precision="int8")
+    assert "no run-time branches" not in caplog.text
+    assert instruction in compiled.executable.mod.imports[0].inspect_source("asm")

@@ -341,11 +341,14 @@ def dense_cpu(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: tvm.t
         if group > 1:
             # a task runs `group` column panels under each row tile: x is streamed once per group, not per panel
             par, tile = sch.split(j0, [None, group])
-            vectors = panel_row_vectors(loop_extent(sch, j1) * _itemsize(sch, block), target)
-            side = side_by_side_panels(int(row_block), group, vectors) if dot is None else 1
+            if dot is None:
+                vectors = panel_row_vectors(loop_extent(sch, j1) * _itemsize(sch, block), target)
+            else:  # a dot-product instruction fills one accumulator per `lanes` columns
+                vectors = loop_extent(sch, j1) // dot.lanes
+            side = side_by_side_panels(int(row_block), group, vectors)
             if side > 1:
                 tile, beside = sch.split(tile, [None, side])
-                sch.reorder(par, i0, tile, k0, k1, i1, beside, j1)
+                sch.reorder(par, i0, tile, k0, k1, i1, beside, j1, *kk)
                 sch.unroll(beside)
             else:
                 sch.reorder(par, i0, tile, k0, k1, i1, j1, *kk)
