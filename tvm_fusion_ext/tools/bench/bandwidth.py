@@ -4,14 +4,15 @@ A decode step (one new token per sequence) does a few flops per byte: it is boun
 once per step and every cached key and value once. Its limit is ``(weight bytes + cache bytes) / read
 bandwidth``. The bandwidth is measured in the same run as the step (a shared machine's bandwidth moves with its
 load): numpy's fp32 matrix-vector product over a matrix far larger than the last-level cache, on BLAS's threads,
-is a read stream (the vector and the result stay in cache).
+is a read stream (the vector and the result stay in cache). :func:`time_beside_bandwidth` interleaves it with the
+step's calls, so both are measured in the same seconds.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import numpy as np
 
@@ -42,27 +43,68 @@ def last_level_cache_bytes() -> Optional[int]:
     return best
 
 
-def read_bandwidth(repeat: int = 10) -> Dict[str, float]:
-    """``{"gb_per_s", "median_gb_per_s", "bytes", "best_ms", "median_ms", "llc_bytes"}``: ``repeat`` fp32 GEMVs
-    (after one warm-up) over a matrix of ``max(8 × LLC, 256 MiB)`` (capped at 1 GiB), in 10^9 bytes per second.
-    ``gb_per_s`` is the best call's, as STREAM reports: other processes only ever slow a call down, so the best
-    is the closest to what the memory gives (the median is kept beside it)."""
-    llc = last_level_cache_bytes()
-    size = min(max(LLC_MULTIPLE * (llc or 0), MIN_STREAM_BYTES), MAX_STREAM_BYTES)
-    cols = 4096
-    rows = size // (4 * cols)
-    matrix = np.ones((rows, cols), np.float32)  # written once: every page is mapped before timing
-    vector = np.ones(cols, np.float32)
-    matrix @ vector
-    samples = []
-    for _ in range(repeat):
+class ReadStream:
+    """The host's read stream: numpy's fp32 GEMV over a matrix of ``max(8 × LLC, 256 MiB)`` (capped at 1 GiB),
+    allocated, touched and called once here, then timed as often as asked."""
+
+    def __init__(self):
+        self.llc = last_level_cache_bytes()
+        size = min(max(LLC_MULTIPLE * (self.llc or 0), MIN_STREAM_BYTES), MAX_STREAM_BYTES)
+        cols = 4096
+        self.matrix = np.ones((size // (4 * cols), cols), np.float32)  # written once: every page mapped
+        self.vector = np.ones(cols, np.float32)
+        self.matrix @ self.vector
+
+    def seconds(self) -> float:
         start = time.perf_counter()
-        matrix @ vector
-        samples.append(time.perf_counter() - start)
-    median, best = float(np.median(samples)), float(min(samples))
-    return {"gb_per_s": matrix.nbytes / best / 1e9, "median_gb_per_s": matrix.nbytes / median / 1e9,
-            "bytes": int(matrix.nbytes), "best_ms": best * 1e3, "median_ms": median * 1e3, "llc_bytes": llc,
-            "method": "numpy fp32 GEMV, best of %d" % repeat}
+        self.matrix @ self.vector
+        return time.perf_counter() - start
+
+    def summary(self, samples, method: str) -> Dict[str, float]:
+        """``{"gb_per_s", "median_gb_per_s", "best_gb_per_s", "bytes", "best_ms", "median_ms", "llc_bytes",
+        "method"}`` of ``samples`` (seconds), in 10^9 bytes per second; ``gb_per_s`` is the median's."""
+        best, median = float(min(samples)), float(np.median(samples))
+        return {"gb_per_s": self.matrix.nbytes / median / 1e9, "median_gb_per_s": self.matrix.nbytes / median / 1e9,
+                "best_gb_per_s": self.matrix.nbytes / best / 1e9, "bytes": int(self.matrix.nbytes),
+                "best_ms": best * 1e3, "median_ms": median * 1e3, "llc_bytes": self.llc, "method": method}
+
+
+#: BLAS's worker threads keep spinning for tens of milliseconds after a call, and a runtime's may too: a decode
+#: step started right after a numpy GEMV took twice its time for 60-80 ms (2-core Zen 3 VM), so each block of
+#: :func:`time_beside_bandwidth` starts after this pause
+SETTLE_SECONDS = 0.15
+
+
+def time_beside_bandwidth(name: str, call: Callable[[], object], repeat: int, rounds: int = 4, gemvs: int = 4,
+                          stream: Optional[ReadStream] = None):
+    """``(Timing, bandwidth)``: ``call`` timed ``repeat`` times in ``rounds`` blocks, each block after a block of
+    ``gemvs`` GEMVs, so that the step and the bandwidth it is divided by are measured in the same seconds and by
+    the same statistic: ``bandwidth["gb_per_s"]`` is the GEMVs' median, as the step's figure is its calls'
+    median. A shared host's bandwidth moves by half within minutes (numpy's GEMV read 28-45 GB/s across ten runs
+    of an hour on a 2-core VM), and a best call catches the quietest moment of a busy host where a median does
+    not: measured once, or as a best, the limit was a quiet moment's against a busy moment's step.
+    ``best_gb_per_s`` (the fastest GEMV, STREAM's figure) and ``rounds_gb_per_s`` (each block's median) are kept
+    beside it. Each block of calls begins with one untimed call, after :data:`SETTLE_SECONDS`."""
+    from ..timing import Timing
+
+    stream = stream or ReadStream()
+    rounds = max(1, min(rounds, repeat))
+    call()
+    samples, gemv, blocks = [], [], []
+    for r in range(rounds):
+        time.sleep(SETTLE_SECONDS)
+        block = [stream.seconds() for _ in range(gemvs)]
+        gemv += block
+        blocks.append(float(np.median(block)))
+        time.sleep(SETTLE_SECONDS)
+        call()
+        for _ in range(repeat // rounds + (r < repeat % rounds)):
+            start = time.perf_counter()
+            call()
+            samples.append((time.perf_counter() - start) * 1e3)
+    host = stream.summary(gemv, f"numpy fp32 GEMV, median of {len(gemv)} in {rounds} blocks between the step's")
+    host["rounds_gb_per_s"] = [stream.matrix.nbytes / b / 1e9 for b in blocks]
+    return Timing(name, samples), host
 
 
 def streamed_weight_bytes(path: str, batch: int) -> Dict[str, int]:

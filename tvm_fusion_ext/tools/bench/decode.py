@@ -9,10 +9,10 @@ and is the reference of ``max_abs_diff``.
 
 Bytes per step are the weights (every initializer read whole, except a table only gathered from: a row per
 token; see :func:`.bandwidth.streamed_weight_bytes`) plus the cached keys and values read; achieved GB/s is
-that over the median step; ``of limit`` divides it by the host's read bandwidth measured in the same run
-(:func:`.bandwidth.read_bandwidth`). A bf16 or int8 artifact streams fewer bytes than the file: our row's bytes
-(and the memory limit's) are the artifact's weights, its lookup tables counted by the rows read, plus the cache;
-ONNX Runtime's row keeps the file's.
+that over the median step; ``of limit`` divides it by the host's read bandwidth, measured in blocks between the
+runtime's own blocks of calls (:func:`.bandwidth.time_beside_bandwidth`). A bf16 or int8 artifact streams fewer
+bytes than the file: our row's bytes (and the memory limit's) are the artifact's weights, its lookup tables counted
+by the rows read, plus the cache; ONNX Runtime's row keeps the file's.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from typing import Callable, Dict, Optional, Sequence
 from ...deploy.kv_cache import exported_outputs, exported_specs, inplace_feeds, is_inplace
 from ...deploy.manifest import is_artifact
 from ...errors import InputError, ModelLoadError
-from ..timing import time_block
-from .bandwidth import read_bandwidth, streamed_weight_bytes
+from .bandwidth import ReadStream, streamed_weight_bytes, time_beside_bandwidth
 from ...frontend.decode_inputs import decode_feeds, decode_shapes, onnx_specs, past_bytes, vocab_of
 from .model import max_abs_diff
 from .peers import environment, ort_session, set_thread_spinning
@@ -95,29 +94,35 @@ def bench_decode(path: str, past: int, batch: int = 1, onnx: Optional[str] = Non
         ref = sess.run(None, ort_feeds)
     rows = [Row(OURS, max_abs_diff=max_abs_diff([got[n] for n in model.output_names], ref) if ref else None,
                 note=note)]
-    rows[0].timing = time_block(OURS, model.bind(run_feeds), repeat=repeat)
+    stream = ReadStream()
+    rows[0].timing, host = time_beside_bandwidth(OURS, model.bind(run_feeds), repeat, stream=stream)
+    bandwidth = {OURS: host}
     if "ort" in against:
         if sess is None:
             why = "no ONNX file (pass --onnx FILE)" if onnx_path is None else "onnxruntime not installed"
             rows.append(Row(ORT, note=f"n/a ({why})"))
         else:
-            rows.append(Row(ORT, time_block(ORT, lambda: sess.run(None, ort_feeds), repeat=repeat), 0.0,
-                            note="reference", extra={"intra_op_threads": threads}))
-    host = read_bandwidth()
+            timing, bandwidth[ORT] = time_beside_bandwidth(ORT, lambda: sess.run(None, ort_feeds), repeat,
+                                                           stream=stream)
+            rows.append(Row(ORT, timing, 0.0, note="reference", extra={"intra_op_threads": threads}))
+    del stream  # 256 MiB or more, freed before the kernel profile
     limit_ms = ours_bytes / (host["gb_per_s"] * 1e9) * 1e3
     for r in rows:
         if r.timing is not None:
-            # each runtime's share is of its own limit: the bytes it streams over the host's read bandwidth
+            # each runtime's share is of its own limit: the bytes it streams over the read bandwidth measured
+            # between its own blocks of calls
             gbs = (ours_bytes if r.name == OURS else step_bytes) / (r.timing.median * 1e-3) / 1e9
-            r.extra.update(gb_per_s=gbs, share_of_limit=gbs / host["gb_per_s"])
+            beside = bandwidth[r.name]["gb_per_s"]
+            r.extra.update(gb_per_s=gbs, share_of_limit=gbs / beside, host_read_gb_per_s=beside)
     ort_row = next((r for r in rows if r.name == ORT and r.timing is not None), None)
     ort_median = ort_row.timing.median if ort_row is not None else None
     out(f"decode step: batch {batch}, past {past}, 1 new token per row; {_mb(weight_bytes)} weights + "
         f"{_mb(cache_bytes)} cached K/V = {_mb(step_bytes)} per step"
         + (f" ({precision} artifact: {_mb(ours_bytes)} per step; the limit and our share are of those)"
            if ours_bytes != step_bytes else ""))
-    out(f"host read bandwidth ({host['method']} over {_mb(host['bytes'])}, same run): {host['gb_per_s']:.1f} GB/s"
-        f" -> limit {limit_ms:.3f} ms per step")
+    beside_ort = f"; {bandwidth[ORT]['gb_per_s']:.1f} beside ONNX Runtime's" if ORT in bandwidth else ""
+    out(f"host read bandwidth ({host['method']}, over {_mb(host['bytes'])}): {host['gb_per_s']:.1f} GB/s beside "
+        f"our step (best {host['best_gb_per_s']:.1f}){beside_ort} -> limit {limit_ms:.3f} ms per step")
     out(format_decode(rows, limit_ms))
     profile = kernel_profile(model, run_feeds, repeat, out) if kernels else None
     return {
