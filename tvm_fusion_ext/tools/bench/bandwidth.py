@@ -16,6 +16,8 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
+from ..timing import Timing
+
 #: the GEMV matrix is at least this many times the last-level cache, and at least ``MIN_STREAM_BYTES``
 LLC_MULTIPLE, MIN_STREAM_BYTES, MAX_STREAM_BYTES = 8, 256 << 20, 1 << 30
 
@@ -76,7 +78,7 @@ SETTLE_SECONDS = 0.15
 
 
 def time_beside_bandwidth(name: str, call: Callable[[], object], repeat: int, rounds: int = 4, gemvs: int = 4,
-                          stream: Optional[ReadStream] = None):
+                          stream: Optional[ReadStream] = None, max_seconds: float = 20.0):
     """``(Timing, bandwidth)``: ``call`` timed ``repeat`` times in ``rounds`` blocks, each block after a block of
     ``gemvs`` GEMVs, so that the step and the bandwidth it is divided by are measured in the same seconds and by
     the same statistic: ``bandwidth["gb_per_s"]`` is the GEMVs' median, as the step's figure is its calls'
@@ -84,13 +86,13 @@ def time_beside_bandwidth(name: str, call: Callable[[], object], repeat: int, ro
     of an hour on a 2-core VM), and a best call catches the quietest moment of a busy host where a median does
     not: measured once, or as a best, the limit was a quiet moment's against a busy moment's step.
     ``best_gb_per_s`` (the fastest GEMV, STREAM's figure) and ``rounds_gb_per_s`` (each block's median) are kept
-    beside it. Each block of calls begins with one untimed call, after :data:`SETTLE_SECONDS`."""
-    from ..timing import Timing
-
+    beside it. Each block of calls begins with one untimed call, after :data:`SETTLE_SECONDS`. As
+    :func:`~..timing.time_block`, the timing stops early after ``max_seconds`` once each block has a call."""
     stream = stream or ReadStream()
     rounds = max(1, min(rounds, repeat))
     call()
     samples, gemv, blocks = [], [], []
+    budget_end = time.perf_counter() + max_seconds
     for r in range(rounds):
         time.sleep(SETTLE_SECONDS)
         block = [stream.seconds() for _ in range(gemvs)]
@@ -98,7 +100,9 @@ def time_beside_bandwidth(name: str, call: Callable[[], object], repeat: int, ro
         blocks.append(float(np.median(block)))
         time.sleep(SETTLE_SECONDS)
         call()
-        for _ in range(repeat // rounds + (r < repeat % rounds)):
+        for k in range(repeat // rounds + (r < repeat % rounds)):
+            if k and time.perf_counter() > budget_end:
+                break
             start = time.perf_counter()
             call()
             samples.append((time.perf_counter() - start) * 1e3)
