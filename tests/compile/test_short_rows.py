@@ -191,8 +191,9 @@ def test_thin_tiles_reading_panels_side_by_side_match_numpy_and_every_row_count(
         np.testing.assert_array_equal(row, first_rows[0])
 
 
-def _int8_module(n=N_WIDE, seed=3):
-    """A ``fused_dense`` over symbolic rows, quantized by the int8 build (``fused_dense_int8``)."""
+def _wide_dense_module(n=N_WIDE, seed=3):
+    """A ``fused_dense`` over symbolic rows (the int8 build makes it ``fused_dense_int8``, the bf16 build a dense on
+    bf16 weights) and the int8 build's numpy reference."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((K, n)) / np.sqrt(K)).astype("float32")
     b = rng.standard_normal(n).astype("float32")
@@ -224,7 +225,7 @@ def test_int8_dense_branches_to_thin_tiles_and_every_branch_matches_numpy(monkey
     columns). Integer sums are exact, so a row's values do not depend on the tile that computed them."""
     from tvm_fusion_ext.schedules.cpu import dense
 
-    mod, reference = _int8_module()
+    mod, reference = _wide_dense_module()
     lowered = prepare(mod, TWO_CORES, fuse_graph=False, precision="int8")[0]
     kernel = _kernel(schedule(lowered, TWO_CORES), "fused_dense_int8")
     thinner = [rows for rows in short_rows.SHORT_ROW_BLOCKS if rows < symbolic_mr(TWO_CORES)]
@@ -246,17 +247,24 @@ def test_int8_dense_branches_to_thin_tiles_and_every_branch_matches_numpy(monkey
         np.testing.assert_array_equal(row, first_rows[0])
 
 
-@pytest.mark.parametrize("mcpu,instruction", [("znver4", "vpdpbusd"), ("alderlake", "vpdpbusd"),
-                                              ("x86-64-v3", "vpmaddwd")])
-def test_int8_thin_tiles_compile_for_each_dot_product_instruction(mcpu, instruction, caplog):
-    """Compiled for each CPU class (run nowhere): every thin variant takes the instruction (none dropped)."""
+@pytest.mark.parametrize("mcpu,precision,op,instruction", [
+    ("znver4", "int8", "fused_dense_int8", "vpdpbusd"), ("alderlake", "int8", "fused_dense_int8", "vpdpbusd"),
+    ("x86-64-v3", "int8", "fused_dense_int8", "vpmaddwd"), ("znver4", "bf16", "fused_dense", "vdpbf16ps")])
+def test_thin_tiles_compile_for_each_dot_product_instruction(mcpu, precision, op, instruction, caplog, monkeypatch):
+    """Compiled for each CPU class (run nowhere): every thin variant takes the instruction (none dropped), its
+    panels side by side."""
+    from tvm_fusion_ext.schedules.cpu import dense
+
     target = resolve_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
     caplog.set_level("INFO", logger="tvm_fusion_ext.compile.variants.short_rows")
-    mod = _int8_module(n=256)[0]
-    kernel = _kernel(schedule(prepare(mod, target, fuse_graph=False, precision="int8")[0], target),
-                     "fused_dense_int8")
+    mod = _wide_dense_module(n=1024)[0]
+    lowered = prepare(mod, target, fuse_graph=False, precision=precision)[0]
+    kernel = _kernel(schedule(lowered, target), op)
     thinner = [rows for rows in short_rows.SHORT_ROW_BLOCKS if rows < symbolic_mr(target)]
     assert str(kernel.attrs["tfx.short_row_blocks"]) == ",".join(map(str, thinner))
-    compiled = compile_model(mod, target, fuse_graph=False, precision="int8")
+    monkeypatch.setattr(dense, "THIN_TILE_ACCUMULATORS", 1)
+    assert _kernel(schedule(lowered, target), op).script() != kernel.script()
+    monkeypatch.undo()
+    compiled = compile_model(mod, target, fuse_graph=False, precision=precision)
     assert "no run-time branches" not in caplog.text
     assert instruction in compiled.executable.mod.imports[0].inspect_source("asm")
